@@ -1,0 +1,133 @@
+"""Torch reference of MiniMax Sparse Attention (MSA): the project's single statement of its semantics.
+
+Every other MSA path (the CPU path inside SGLang, the Triton kernels) is tested against these
+functions, so they favour obviousness over speed: dense fp32 tensors, one request at a time.
+
+Shapes, for one request whose key/value sequence has ``L`` tokens and which asks ``n`` queries:
+    q   [n, Hq, D]     main-branch queries (already normed and rotated)
+    k,v [L, Hkv, D]    main-branch keys and values for positions 0 .. L-1
+    iq  [n, Hkv, Di]   index queries, one head per KV group
+    ik  [L, Di]        index keys, one head shared by every group
+    q_pos [n]          absolute position of every query (each < L)
+
+Semantics (per query at position p, index head r, block size B):
+  * visible blocks are 0 .. p // B; the own block may be partial;
+  * block score = max over tokens j <= p of the block of dot(iq[p, r], ik[j]), in fp32;
+  * the newest ``local_blocks`` visible blocks and the first ``init_blocks`` blocks are forced in
+    and occupy slots of the top-k; a forced block that would also rank is counted once;
+  * the top-k blocks are chosen (all visible ones when fewer than k are visible);
+  * query heads of group r attend exactly the keys of the chosen blocks with j <= p.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class MSAParams:
+    """The sparse-selection knobs of one MSA layer (M3: block 128, top-16, 1 local, 0 init)."""
+
+    block_size: int
+    topk: int
+    local_blocks: int = 1
+    init_blocks: int = 0
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if self.topk < 1:
+            raise ValueError(f"topk must be >= 1, got {self.topk}")
+        if self.local_blocks < 0 or self.init_blocks < 0:
+            raise ValueError("local_blocks and init_blocks must be >= 0")
+        if self.local_blocks + self.init_blocks > self.topk:
+            raise ValueError(
+                f"local_blocks ({self.local_blocks}) + init_blocks ({self.init_blocks}) "
+                f"exceed topk ({self.topk}): forced blocks must fit in the top-k slots"
+            )
+
+
+def num_blocks(length: int, block_size: int) -> int:
+    return (length + block_size - 1) // block_size
+
+
+def block_scores(iq: torch.Tensor, ik: torch.Tensor, q_pos: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Causal block-max scores ``[n, Hkv, num_blocks]`` in fp32; -inf marks invisible blocks."""
+    length = ik.shape[0]
+    nb = num_blocks(length, block_size)
+    scores = torch.einsum("nhd,ld->nhl", iq.float(), ik.float())
+    token_pos = torch.arange(length, device=ik.device)
+    causal = token_pos[None, :] <= q_pos[:, None]
+    scores = scores.masked_fill(~causal[:, None, :], float("-inf"))
+    pad = nb * block_size - length
+    if pad:
+        scores = torch.nn.functional.pad(scores, (0, pad), value=float("-inf"))
+    return scores.view(scores.shape[0], scores.shape[1], nb, block_size).amax(dim=-1)
+
+
+def select_blocks(scores: torch.Tensor, q_pos: torch.Tensor, params: MSAParams) -> torch.Tensor:
+    """Chosen block ids ``[n, Hkv, topk]`` (int64), ascending, padded with -1 at the end."""
+    n, heads, nb = scores.shape
+    own_block = (q_pos // params.block_size)[:, None]
+    block_ids = torch.arange(nb, device=scores.device)[None, :]
+    visible = block_ids <= own_block
+    forced = visible & ((block_ids > own_block - params.local_blocks) | (block_ids < params.init_blocks))
+    ranking = scores.masked_fill(forced[:, None, :], float("inf"))
+    ranking = ranking.masked_fill(~visible[:, None, :], float("-inf"))
+    k = min(params.topk, nb)
+    values, chosen = ranking.topk(k, dim=-1)
+    chosen = chosen.masked_fill(values == float("-inf"), nb)  # invisible: sort past every real id
+    chosen = chosen.sort(dim=-1).values
+    chosen = chosen.masked_fill(chosen == nb, -1)
+    if k < params.topk:
+        chosen = torch.nn.functional.pad(chosen, (0, params.topk - k), value=-1)
+    return chosen
+
+
+def sparse_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    selected: torch.Tensor,
+    q_pos: torch.Tensor,
+    block_size: int,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """GQA over the chosen blocks only, token-causal inside them; returns ``[n, Hq, Dv]``."""
+    n, hq, d = q.shape
+    length, hkv, dv = v.shape
+    group = hq // hkv
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    nb = num_blocks(length, block_size)
+    chosen = torch.zeros(n, hkv, nb + 1, dtype=torch.bool, device=q.device)
+    chosen.scatter_(2, selected.masked_fill(selected < 0, nb), True)
+    token_pos = torch.arange(length, device=q.device)
+    allowed = chosen[:, :, token_pos // block_size] & (token_pos[None, None, :] <= q_pos[:, None, None])
+    logits = torch.einsum("ngqd,lgd->ngql", q.float().view(n, hkv, group, d), k.float()) * scale
+    logits = logits.masked_fill(~allowed[:, :, None, :], float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    out = torch.einsum("ngql,lgd->ngqd", probs, v.float())
+    return out.reshape(n, hq, dv).to(q.dtype)
+
+
+def msa_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    iq: torch.Tensor,
+    ik: torch.Tensor,
+    q_pos: torch.Tensor,
+    params: MSAParams,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One request's MSA: returns (output ``[n, Hq, Dv]``, selected blocks ``[n, Hkv, topk]``)."""
+    if iq.shape[1] != k.shape[1]:
+        raise ValueError(f"index heads ({iq.shape[1]}) must equal KV heads ({k.shape[1]})")
+    if q_pos.numel() and int(q_pos.max()) >= k.shape[0]:
+        raise ValueError(f"query position {int(q_pos.max())} has no key (kv length {k.shape[0]})")
+    scores = block_scores(iq, ik, q_pos, params.block_size)
+    selected = select_blocks(scores, q_pos, params)
+    return sparse_attention(q, k, v, selected, q_pos, params.block_size, scale), selected

@@ -1,0 +1,83 @@
+"""SGLang on a plain CPU with torch-native operators: no sgl_kernel, no CUDA graphs, gloo.
+
+Modelled on SGLang's in-tree MPS platform. SGLang's own CPU engine (``SGLANG_USE_CPU_ENGINE``)
+needs the compiled sgl_kernel CPU build; this platform needs nothing beyond torch, which is what
+lets the project's tests serve a tiny M3 on any CI machine.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import psutil
+import torch
+from sglang.srt.platforms.device_mixin import DeviceMixin, PlatformEnum
+from sglang.srt.platforms.interface import PlatformCapabilities, SRTPlatform
+
+
+class TorchNativeCpuDeviceMixin(DeviceMixin):
+    """Device queries answered by the host: one device, the process's RAM."""
+
+    _enum: PlatformEnum = PlatformEnum.OOT
+    device_name: str = "cpu"
+    device_type: str = "cpu"
+
+    def get_device_total_memory(self, device_id: int = 0) -> int:
+        return int(psutil.virtual_memory().total)
+
+    def get_current_memory_usage(self, device: Optional[torch.device] = None) -> float:
+        return float(psutil.Process().memory_info().rss)
+
+    def get_available_memory(self, device_id: int = 0) -> tuple[int, int]:
+        memory = psutil.virtual_memory()
+        return int(memory.available), int(memory.total)
+
+    def get_device(self, device_id: int = 0) -> torch.device:
+        return torch.device("cpu")
+
+    def set_device(self, device: torch.device) -> None:
+        if torch.device(device).type != "cpu":
+            raise ValueError(f"the {type(self).__name__} platform cannot select device {device}")
+
+    def get_device_name(self, device_id: int = 0) -> str:
+        return "cpu"
+
+    def get_device_uuid(self, device_id: int = 0) -> str:
+        return "cpu:0"
+
+    def get_device_capability(self, device_id: int = 0):
+        return None
+
+    def get_torch_distributed_backend_str(self) -> str:
+        return "gloo"
+
+    def get_torch_profiler_activity_str(self) -> str:
+        return "CPU"
+
+    def get_torch_profiler_activity(self) -> torch.profiler.ProfilerActivity:
+        return torch.profiler.ProfilerActivity.CPU
+
+
+class TorchNativeCpuPlatform(TorchNativeCpuDeviceMixin, SRTPlatform):
+    """The SRT platform: torch-native attention, eager execution, pytorch sampling."""
+
+    capabilities = PlatformCapabilities()
+
+    def get_default_attention_backend(self) -> str:
+        return "torch_native"
+
+    def get_compile_backend(self, mode: str | None = None) -> str:
+        return "eager"
+
+    def get_dispatch_key_name(self) -> str:
+        return "native"
+
+    def apply_server_args_defaults(self, server_args) -> None:
+        server_args.device = "cpu"
+        server_args.disable_cuda_graph = True
+        server_args.sampling_backend = "pytorch"
+        if server_args.attention_backend is None:
+            server_args.attention_backend = "torch_native"
+        for name in ("prefill_attention_backend", "decode_attention_backend"):
+            if getattr(server_args, name, None) is None:
+                setattr(server_args, name, server_args.attention_backend)
