@@ -1,0 +1,312 @@
+"""MiniMax M3 vision tower, projector and patch merge as plain torch modules.
+
+The VL model class calls :class:`MiniMaxM3VisionEncoder` with the patch rows and grids made by
+``sglang_m3.multimodal`` and scatters the returned rows at the image / video placeholder tokens.
+
+Layout of one media item (image: ``t == 1``; video: ``t`` = frames / temporal patch): its
+``t * h * w`` patch rows come block-major over 2x2 merge blocks, so every 4 consecutive rows form
+one merged token. The tower is a pre-norm CLIP-style ViT whose attention rotates queries and
+keys with a 3D (t, h, w) RoPE. Attention is limited to one media item (optionally to segments of
+``vision_segment_max_frames`` temporal patches, when a checkpoint config sets it): results do not
+depend on which other images happen to share the batch. Transformers' reference runs every item
+of one call in a single attention window, which only coincides with this for one item per call.
+
+Weight names follow the original checkpoint (``vision_tower.vision_model...``,
+``multi_modal_projector.linear_1/2``, ``patch_merge_mlp.linear_1/2``). Transformers'
+``save_pretrained`` writes the ViT MLP as ``...layers.N.block_sparse_moe.fc1`` (its reverse rename
+of the text MoE also hits the vision layers), so that spelling is accepted too.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+VISION_PREFIX = "vision_tower.vision_model."
+
+
+def _field(config: Any, name: str, default: Any = None) -> Any:
+    """Reads ``name`` from a transformers config object or a plain dict."""
+    if isinstance(config, dict):
+        return config.get(name, default)
+    return getattr(config, name, default)
+
+
+@dataclass(frozen=True)
+class VisionDims:
+    """The sizes the vision path needs, read once from the VL config."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_channels: int
+    patch_size: int
+    temporal_patch_size: int
+    spatial_merge_size: int
+    layer_norm_eps: float
+    rope_theta: float
+    projector_hidden_size: int
+    text_hidden_size: int
+    segment_max_frames: int | None
+
+    @classmethod
+    def from_config(cls, config: Any) -> "VisionDims":
+        vision = _field(config, "vision_config")
+        text = _field(config, "text_config")
+        if vision is None or text is None:
+            raise ValueError("the VL config needs both vision_config and text_config")
+        rope = _field(vision, "rope_parameters") or {}
+        text_hidden = int(_field(text, "hidden_size"))
+        act = _field(vision, "hidden_act", "gelu")
+        if act != "gelu":
+            raise ValueError(f"vision_config.hidden_act {act!r} is not supported (M3 uses 'gelu')")
+        return cls(
+            hidden_size=int(_field(vision, "hidden_size")),
+            intermediate_size=int(_field(vision, "intermediate_size")),
+            num_layers=int(_field(vision, "num_hidden_layers")),
+            num_heads=int(_field(vision, "num_attention_heads")),
+            num_channels=int(_field(vision, "num_channels", 3)),
+            patch_size=int(_field(vision, "patch_size", 14)),
+            temporal_patch_size=int(_field(vision, "temporal_patch_size", 2)),
+            spatial_merge_size=int(_field(vision, "spatial_merge_size", 2)),
+            layer_norm_eps=float(_field(vision, "layer_norm_eps", 1e-5)),
+            rope_theta=float(rope.get("rope_theta", _field(vision, "rope_theta", 10000.0))),
+            projector_hidden_size=int(_field(config, "projector_hidden_size", text_hidden)),
+            text_hidden_size=text_hidden,
+            segment_max_frames=_field(vision, "vision_segment_max_frames"),
+        )
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def patch_dim(self) -> int:
+        return self.num_channels * self.temporal_patch_size * self.patch_size**2
+
+
+def _as_grid_list(grid_thw: torch.Tensor | Sequence[Sequence[int]]) -> list[tuple[int, int, int]]:
+    rows = grid_thw.tolist() if isinstance(grid_thw, torch.Tensor) else grid_thw
+    return [(int(t), int(h), int(w)) for t, h, w in rows]
+
+
+class AxialRotaryEmbedding(nn.Module):
+    """3D RoPE: equal frequency bands for t, h and w on the first ``3 * band`` pairs of a head.
+
+    ``band = (head_dim // 3) // 2`` frequencies per axis; the remaining head channels (2 of 80 on
+    M3) pass through unrotated. Rotation is rotate-half over the rotated span.
+    """
+
+    def __init__(self, head_dim: int, theta: float, spatial_merge_size: int):
+        super().__init__()
+        axis_dim = 2 * ((head_dim // 3) // 2)
+        inv_freq = 1.0 / (theta ** (torch.arange(0, axis_dim, 2, dtype=torch.float32) / axis_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.spatial_merge_size = spatial_merge_size
+
+    def positions(self, grids: list[tuple[int, int, int]]) -> torch.Tensor:
+        """``[rows, 3]`` (t, h, w) indices in the block-major order the processor emits."""
+        m = self.spatial_merge_size
+        device = self.inv_freq.device
+        per_item = []
+        for t, h, w in grids:
+            hh = torch.arange(h, device=device).view(h // m, m, 1, 1).expand(h // m, m, w // m, m)
+            ww = torch.arange(w, device=device).view(1, 1, w // m, m).expand(h // m, m, w // m, m)
+            hh = hh.permute(0, 2, 1, 3).reshape(-1).repeat(t)
+            ww = ww.permute(0, 2, 1, 3).reshape(-1).repeat(t)
+            tt = torch.arange(t, device=device).repeat_interleave(h * w)
+            per_item.append(torch.stack([tt, hh, ww], dim=-1))
+        return torch.cat(per_item)
+
+    def forward(self, grids: list[tuple[int, int, int]], dtype: torch.dtype):
+        angles = self.positions(grids).float()[..., None] * self.inv_freq  # [rows, 3, band]
+        angles = angles.flatten(1)
+        angles = torch.cat([angles, angles], dim=-1)
+        return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE on the leading ``cos.shape[-1]`` channels of ``x [rows, heads, dim]``."""
+    span = cos.shape[-1]
+    rot, rest = x[..., :span], x[..., span:]
+    first, second = rot.chunk(2, dim=-1)
+    rotated = torch.cat([-second, first], dim=-1)
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    return torch.cat([rot * cos + rotated * sin, rest], dim=-1)
+
+
+class VisionAttention(nn.Module):
+    def __init__(self, dims: VisionDims):
+        super().__init__()
+        self.num_heads = dims.num_heads
+        self.head_dim = dims.head_dim
+        self.q_proj = nn.Linear(dims.hidden_size, dims.hidden_size)
+        self.k_proj = nn.Linear(dims.hidden_size, dims.hidden_size)
+        self.v_proj = nn.Linear(dims.hidden_size, dims.hidden_size)
+        self.out_proj = nn.Linear(dims.hidden_size, dims.hidden_size)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, windows: list[int]) -> torch.Tensor:
+        rows = x.shape[0]
+        q = _rotate(self.q_proj(x).view(rows, self.num_heads, self.head_dim), cos, sin)
+        k = _rotate(self.k_proj(x).view(rows, self.num_heads, self.head_dim), cos, sin)
+        v = self.v_proj(x).view(rows, self.num_heads, self.head_dim)
+        outputs = []
+        for q_w, k_w, v_w in zip(q.split(windows), k.split(windows), v.split(windows)):
+            out = F.scaled_dot_product_attention(q_w.transpose(0, 1), k_w.transpose(0, 1), v_w.transpose(0, 1))
+            outputs.append(out.transpose(0, 1).reshape(-1, self.num_heads * self.head_dim))
+        return self.out_proj(torch.cat(outputs))
+
+
+class VisionMLP(nn.Module):
+    def __init__(self, dims: VisionDims):
+        super().__init__()
+        self.fc1 = nn.Linear(dims.hidden_size, dims.intermediate_size)
+        self.fc2 = nn.Linear(dims.intermediate_size, dims.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class VisionEncoderLayer(nn.Module):
+    def __init__(self, dims: VisionDims):
+        super().__init__()
+        self.layer_norm1 = nn.LayerNorm(dims.hidden_size, eps=dims.layer_norm_eps)
+        self.self_attn = VisionAttention(dims)
+        self.layer_norm2 = nn.LayerNorm(dims.hidden_size, eps=dims.layer_norm_eps)
+        self.mlp = VisionMLP(dims)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, windows: list[int]) -> torch.Tensor:
+        x = x + self.self_attn(self.layer_norm1(x), cos, sin, windows)
+        return x + self.mlp(self.layer_norm2(x))
+
+
+class TwoLayerGelu(nn.Module):
+    """``linear_2(gelu(linear_1(x)))``: the shape of both the projector and the patch merge MLP."""
+
+    def __init__(self, in_features: int, hidden: int, out_features: int):
+        super().__init__()
+        self.linear_1 = nn.Linear(in_features, hidden)
+        self.linear_2 = nn.Linear(hidden, out_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_2(F.gelu(self.linear_1(x)))
+
+
+def checkpoint_name_of(param_name: str) -> str:
+    """The original checkpoint name of one of this module's parameters (for error messages)."""
+    if param_name.startswith(("multi_modal_projector.", "patch_merge_mlp.")):
+        return param_name
+    if param_name == "patch_embedding":
+        return VISION_PREFIX + "embeddings.patch_embedding.weight"
+    return VISION_PREFIX + re.sub(r"^layers\.", "encoder.layers.", param_name)
+
+
+class MiniMaxM3VisionEncoder(nn.Module):
+    """Patch rows + grids -> one text-hidden row per merged 2x2 patch block.
+
+    Parameter names are the checkpoint's (minus the ``vision_tower.vision_model.`` prefix for
+    the tower), so :meth:`load_weights` is a direct name map.
+    """
+
+    def __init__(self, config: Any):
+        super().__init__()
+        dims = VisionDims.from_config(config)
+        self.dims = dims
+        kernel = (dims.temporal_patch_size, dims.patch_size, dims.patch_size)
+        self.patch_embedding = nn.Parameter(torch.empty(dims.hidden_size, dims.num_channels, *kernel))
+        self.pre_layrnorm = nn.LayerNorm(dims.hidden_size, eps=dims.layer_norm_eps)
+        self.layers = nn.ModuleList(VisionEncoderLayer(dims) for _ in range(dims.num_layers))
+        self.rotary = AxialRotaryEmbedding(dims.head_dim, dims.rope_theta, dims.spatial_merge_size)
+        merge = dims.spatial_merge_size**2
+        self.multi_modal_projector = TwoLayerGelu(dims.hidden_size, dims.projector_hidden_size, dims.text_hidden_size)
+        self.patch_merge_mlp = TwoLayerGelu(
+            dims.text_hidden_size * merge, dims.projector_hidden_size, dims.text_hidden_size
+        )
+
+    def attention_windows(self, grids: list[tuple[int, int, int]]) -> list[int]:
+        """Row counts of the attention windows: one per item, or per temporal segment."""
+        step = self.dims.segment_max_frames
+        windows = []
+        for t, h, w in grids:
+            if step is None or t <= step:
+                windows.append(t * h * w)
+            else:
+                windows.extend(min(step, t - start) * h * w for start in range(0, t, step))
+        return windows
+
+    def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor | Sequence[Sequence[int]]) -> torch.Tensor:
+        grids = _as_grid_list(grid_thw)
+        dims = self.dims
+        expected_rows = sum(t * h * w for t, h, w in grids)
+        if pixel_values.shape != (expected_rows, dims.patch_dim):
+            raise ValueError(
+                f"pixel_values has shape {tuple(pixel_values.shape)}, grids {grids} need "
+                f"({expected_rows}, {dims.patch_dim})"
+            )
+        merge = dims.spatial_merge_size
+        for t, h, w in grids:
+            if h % merge or w % merge:
+                raise ValueError(f"grid {(t, h, w)} is not a multiple of spatial_merge_size {merge}")
+        dtype = self.patch_embedding.dtype
+        weight = self.patch_embedding.reshape(dims.hidden_size, -1)
+        x = self.pre_layrnorm(pixel_values.to(dtype) @ weight.t())
+        cos, sin = self.rotary(grids, dtype)
+        windows = self.attention_windows(grids)
+        for layer in self.layers:
+            x = layer(x, cos, sin, windows)
+        x = self.multi_modal_projector(x)
+        x = x.reshape(-1, merge * merge * dims.text_hidden_size)
+        return self.patch_merge_mlp(x)
+
+    @staticmethod
+    def param_name(checkpoint_name: str) -> str | None:
+        """This module's parameter name for a checkpoint tensor name, or None if not ours."""
+        if checkpoint_name.startswith(("multi_modal_projector.", "patch_merge_mlp.")):
+            return checkpoint_name
+        if not checkpoint_name.startswith(VISION_PREFIX):
+            return None
+        name = checkpoint_name[len(VISION_PREFIX) :]
+        if name == "embeddings.patch_embedding.weight":
+            return "patch_embedding"
+        name = re.sub(r"^encoder\.layers\.", "layers.", name)
+        return re.sub(r"\.block_sparse_moe\.(fc[12])\.", r".mlp.\1.", name)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Copies the vision tensors of a checkpoint stream; other names are skipped.
+
+        Raises ValueError naming every unknown vision name, wrongly shaped tensor or parameter
+        left unloaded, so a broken checkpoint fails at load time, never at the first image.
+        Returns the checkpoint names consumed.
+        """
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        consumed: set[str] = set()
+        problems: list[str] = []
+        for checkpoint_name, tensor in weights:
+            name = self.param_name(checkpoint_name)
+            if name is None:
+                continue
+            param = params.get(name)
+            if param is None:
+                problems.append(f"unexpected vision tensor {checkpoint_name}")
+                continue
+            if tuple(tensor.shape) != tuple(param.shape):
+                problems.append(
+                    f"{checkpoint_name}: shape {tuple(tensor.shape)}, expected {tuple(param.shape)}"
+                )
+                continue
+            with torch.no_grad():
+                param.copy_(tensor.to(param.dtype))
+            loaded.add(name)
+            consumed.add(checkpoint_name)
+        problems.extend(f"missing vision tensor {checkpoint_name_of(name)}" for name in sorted(params.keys() - loaded))
+        if problems:
+            raise ValueError("vision weights do not match the config:\n  " + "\n  ".join(problems))
+        return consumed
