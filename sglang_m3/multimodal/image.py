@@ -1,0 +1,62 @@
+"""Image decoding: declared size checked from the header before any pixel is decompressed."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+from PIL import Image, UnidentifiedImageError
+from torchvision.transforms.v2 import functional as tvF
+
+from sglang_m3.multimodal.errors import MediaError
+from sglang_m3.multimodal.limits import MediaLimits
+from sglang_m3.multimodal.patches import PatchGeometry, fit_size, resize_frames, to_patch_rows
+from sglang_m3.multimodal.sources import MediaSource
+
+
+@dataclass
+class ImageFeatures:
+    pixel_values: torch.Tensor  # [rows, C * temporal_patch * patch * patch], float32
+    grid_thw: tuple[int, int, int]
+
+
+def decode_image(source: MediaSource, limits: MediaLimits) -> torch.Tensor:
+    """uint8 ``[3, H, W]`` RGB (first frame of animated formats; alpha dropped as transformers does)."""
+    part = source.part
+    with warnings.catch_warnings():
+        # PIL warns (and past 2x its own cap raises) on big images; our own cap decides.
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        try:
+            with source.open() as handle, Image.open(handle) as image:
+                width, height = image.size
+                if width * height > limits.max_image_pixels:
+                    raise MediaError(
+                        part,
+                        f"declared size {width}x{height} ({width * height} pixels) is over the "
+                        f"limit of {limits.max_image_pixels} pixels",
+                    )
+                if width == 0 or height == 0:
+                    raise MediaError(part, f"declared size {width}x{height} is empty")
+                image.load()
+                rgb = image if image.mode == "RGB" else image.convert("RGB")
+                return tvF.pil_to_tensor(rgb)
+        except Image.DecompressionBombError as exc:
+            raise MediaError(part, f"image is over the pixel limit ({exc})") from None
+        except UnidentifiedImageError:
+            raise MediaError(part, "content is not a decodable image") from None
+        except (OSError, SyntaxError, ValueError) as exc:
+            if isinstance(exc, MediaError):
+                raise
+            raise MediaError(part, f"image is corrupt or truncated ({exc})") from None
+
+
+def image_features(source: MediaSource, geometry: PatchGeometry, limits: MediaLimits) -> ImageFeatures:
+    """One image part -> patch rows and its (1, h, w) grid."""
+    pixels = decode_image(source, limits)
+    try:
+        size = fit_size(pixels.shape[1], pixels.shape[2], geometry)
+    except ValueError as exc:
+        raise MediaError(source.part, str(exc)) from None
+    rows, grid = to_patch_rows(resize_frames(pixels.unsqueeze(0), size), geometry)
+    return ImageFeatures(pixel_values=rows, grid_thw=grid)
