@@ -1,0 +1,231 @@
+"""Memory fit: do the weights, the KV cache and the runtime reserve fit the GPUs?
+
+Per GPU rank of one replica:
+
+* weights = (checkpoint - attention) / (tp x pp) + attention / (attention-TP x pp), where
+  attention-TP = tp / attentionDp (attention DP replicates the attention weights per group);
+* KV bytes per token = worst pipeline stage's layers x (2 x KV heads per rank x 128 x dtype)
+  + its sparse layers x 128 x dtype for the index key. KV heads per rank = 4 / attention-TP,
+  at least 1: beyond attention-TP 4 each KV head (and the single index-key head always) is
+  replicated, so KV per token stops shrinking;
+* the static budget is GPU memory x memFractionStatic; the KV pool is what the weights leave
+  of it; the rest of the GPU must hold the runtime reserve (activations of one prefill chunk,
+  logits, CUDA graphs), which is a stated heuristic, not a measurement.
+
+Not counted: the speculative draft's weights and KV, and the vision tower's savings when
+multimodal is off. The estimate is for GPU profiles; the CPU profile serves the tiny model.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .catalog import HardwareProfile, get_profile
+from .findings import Finding
+from .model_geometry import GB, M3, MAX_CONTEXT_LENGTH, WEIGHT_BYTES, M3Geometry
+from .schema import Recipe
+
+#: KV element size per ``kvCache.dtype`` ("auto" serves the model dtype, bf16).
+KV_DTYPE_BYTES = {"auto": 2, "bf16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}
+
+#: Stored bytes per attention-projection parameter: bf16, or MXFP8's 1 byte plus one shared
+#: 1-byte scale per 32 values.
+ATTENTION_PARAM_BYTES = {"bf16": 2.0, "mxfp8": 1.0 + 1.0 / 32}
+
+#: Heuristic peak activation per prefill-chunk token, in multiples of one bf16 hidden state
+#: (residual, norm output, q/k/v/o, MoE dispatch and combine buffers alive at once).
+ACTIVATION_HIDDEN_STATES = 16
+
+#: Heuristic memory CUDA graphs and the allocator keep outside the static pool, per GPU.
+CUDA_GRAPH_RESERVE_BYTES = 2 * GB
+
+#: A fit is "tight" when the KV pool leaves less than this share of the static budget.
+TIGHT_KV_SHARE = 0.10
+
+
+def attention_param_count(geometry: M3Geometry = M3) -> int:
+    """Parameters of the attention projections (main q/k/v/o of every layer, index q/k of
+    every sparse layer); these are the weights attention DP replicates."""
+    q_out = geometry.num_query_heads * geometry.head_dim
+    kv_out = geometry.num_kv_heads * geometry.head_dim
+    main = geometry.hidden_size * (2 * q_out + 2 * kv_out)
+    index = geometry.hidden_size * (geometry.num_index_heads + 1) * geometry.index_key_dim
+    return geometry.num_layers * main + geometry.sparse_layers * index
+
+
+@dataclass(frozen=True)
+class FitReport:
+    """The memory budget of one GPU rank and what it allows."""
+
+    profile: str
+    memory_bytes: int
+    mem_fraction_static: float
+    weight_bytes_per_gpu: int
+    kv_heads_per_rank: int
+    kv_replication: int
+    kv_bytes_per_token: int
+    kv_pool_bytes: int
+    pool_tokens: int
+    reserve_bytes: int
+    requests_per_group: int
+    context_length: int
+    max_context_at_concurrency: int
+    max_concurrency_at_context: int
+
+    @property
+    def static_budget_bytes(self) -> int:
+        return int(self.memory_bytes * self.mem_fraction_static)
+
+    @property
+    def reserve_budget_bytes(self) -> int:
+        return self.memory_bytes - self.static_budget_bytes
+
+    def findings(self) -> list[Finding]:
+        return _fit_findings(self)
+
+    def rows(self) -> list[tuple[str, str]]:
+        """The report as (quantity, value) rows for a table."""
+        gb = lambda n: f"{n / GB:,.2f} GB"  # noqa: E731
+        replication = (
+            f"each of the 4 KV heads on {self.kv_replication} ranks"
+            if self.kv_replication > 1 else "not replicated"
+        )
+        return [
+            ("GPU memory", f"{gb(self.memory_bytes)} ({self.profile})"),
+            ("static budget (x memFractionStatic)",
+             f"{gb(self.static_budget_bytes)} (x {self.mem_fraction_static})"),
+            ("weights per GPU", gb(self.weight_bytes_per_gpu)),
+            ("KV pool per GPU", gb(self.kv_pool_bytes)),
+            ("KV heads per rank", f"{self.kv_heads_per_rank} ({replication})"),
+            ("KV + index bytes per token per GPU", f"{self.kv_bytes_per_token:,}"),
+            ("KV pool tokens", f"{self.pool_tokens:,}"),
+            ("runtime reserve needed / left", f"{gb(self.reserve_bytes)} / "
+                                              f"{gb(self.reserve_budget_bytes)}"),
+            ("requested: concurrency per attention group x context",
+             f"{self.requests_per_group} x {self.context_length:,}"),
+            ("largest context at requested concurrency", f"{self.max_context_at_concurrency:,}"),
+            ("largest concurrency at requested context", f"{self.max_concurrency_at_context:,}"),
+        ]
+
+
+def fit_applies(recipe: Recipe) -> bool:
+    """The estimate models real M3 weights on GPUs; the CPU profile serves the tiny model."""
+    return get_profile(recipe.spec.hardware.profile).is_gpu
+
+
+def estimate_fit(recipe: Recipe, geometry: M3Geometry = M3) -> FitReport:
+    """Memory budget of the fullest GPU rank of one replica of ``recipe``."""
+    spec = recipe.spec
+    profile = get_profile(spec.hardware.profile)
+    parallel = spec.parallelism
+    attention_tp = max(1, parallel.tp // parallel.attention_dp)
+
+    weights = weight_bytes_per_gpu(spec.model.variant, parallel.tp, parallel.pp,
+                                   parallel.attention_dp, geometry)
+    kv_heads = max(1, geometry.num_kv_heads // attention_tp)
+    per_token = kv_bytes_per_token(spec.kv_cache.dtype, attention_tp, parallel.pp, geometry)
+    static_budget = int(profile.memory_bytes * spec.serving.mem_fraction_static)
+    kv_pool = max(0, static_budget - weights)
+    page = spec.kv_cache.page_size
+    pool_tokens = (kv_pool // per_token) // page * page
+
+    requests = math.ceil(spec.serving.max_running_requests / parallel.attention_dp)
+    max_context = min(MAX_CONTEXT_LENGTH, (pool_tokens // requests) // page * page)
+    return FitReport(
+        profile=profile.name,
+        memory_bytes=profile.memory_bytes,
+        mem_fraction_static=spec.serving.mem_fraction_static,
+        weight_bytes_per_gpu=weights,
+        kv_heads_per_rank=kv_heads,
+        kv_replication=max(1, attention_tp // geometry.num_kv_heads),
+        kv_bytes_per_token=per_token,
+        kv_pool_bytes=kv_pool,
+        pool_tokens=pool_tokens,
+        reserve_bytes=runtime_reserve_bytes(recipe, profile, geometry),
+        requests_per_group=requests,
+        context_length=spec.context_length,
+        max_context_at_concurrency=max_context,
+        max_concurrency_at_context=pool_tokens // spec.context_length,
+    )
+
+
+def weight_bytes_per_gpu(variant: str, tp: int, pp: int, attention_dp: int = 1,
+                         geometry: M3Geometry = M3) -> int:
+    total = WEIGHT_BYTES[variant]
+    attention = int(attention_param_count(geometry) * ATTENTION_PARAM_BYTES[variant])
+    attention_tp = max(1, tp // attention_dp)
+    return (total - attention) // (tp * pp) + attention // (attention_tp * pp)
+
+
+def kv_bytes_per_token(kv_dtype: str, attention_tp: int, pp: int,
+                       geometry: M3Geometry = M3) -> int:
+    """Main KV of every layer plus the index key of every sparse layer, on the fullest
+    pipeline stage, for one token on one rank."""
+    element = KV_DTYPE_BYTES[kv_dtype]
+    kv_heads = max(1, geometry.num_kv_heads // attention_tp)
+    layers = math.ceil(geometry.num_layers / pp)
+    sparse_layers = math.ceil(geometry.sparse_layers / pp)
+    main = layers * 2 * kv_heads * geometry.head_dim * element
+    index = sparse_layers * geometry.index_key_dim * element
+    return main + index
+
+
+def runtime_reserve_bytes(recipe: Recipe, profile: HardwareProfile,
+                          geometry: M3Geometry = M3) -> int:
+    """Activations of one prefill chunk + fp32 logits of a full batch + CUDA graphs."""
+    serving = recipe.spec.serving
+    chunk = serving.chunked_prefill_size
+    if chunk is None or chunk <= 0:
+        chunk = recipe.spec.context_length  # unchunked: a whole prompt at once
+    activations = chunk * geometry.hidden_size * 2 * ACTIVATION_HIDDEN_STATES
+    logits = serving.max_running_requests * geometry.vocab_size * 4
+    graphs = CUDA_GRAPH_RESERVE_BYTES if profile.is_gpu else 0
+    return activations + logits + graphs
+
+
+def _fit_findings(report: FitReport) -> list[Finding]:
+    findings = []
+    if report.kv_pool_bytes == 0:
+        findings.append(Finding(
+            "error", "spec.parallelism",
+            f"weights need {report.weight_bytes_per_gpu / GB:.1f} GB per GPU but only "
+            f"{report.static_budget_bytes / GB:.1f} GB is available "
+            f"({report.memory_bytes / GB:.0f} GB x memFractionStatic "
+            f"{report.mem_fraction_static}); use more GPUs (raise tp or pp, add nodes) or a "
+            f"smaller variant",
+            "fit.weights"))
+        return findings
+    if report.pool_tokens < report.context_length:
+        findings.append(Finding(
+            "error", "spec.contextLength",
+            f"the KV pool holds {report.pool_tokens:,} tokens per GPU, less than one request "
+            f"of contextLength {report.context_length:,}; lower contextLength to at most "
+            f"{report.pool_tokens:,}, use an fp8 kvCache.dtype, or add GPUs",
+            "fit.context"))
+        return findings
+    if report.max_concurrency_at_context < report.requests_per_group:
+        findings.append(Finding(
+            "warning", "spec.serving.maxRunningRequests",
+            f"only {report.max_concurrency_at_context} requests of {report.context_length:,} "
+            f"tokens fit the KV pool ({report.pool_tokens:,} tokens), fewer than the "
+            f"{report.requests_per_group} requested per attention group; requests will queue "
+            f"when all run at full context (lower maxRunningRequests to "
+            f"{report.max_concurrency_at_context} to make the limit explicit)",
+            "fit.concurrency"))
+    if report.kv_pool_bytes < TIGHT_KV_SHARE * report.static_budget_bytes:
+        findings.append(Finding(
+            "warning", "spec.serving.memFractionStatic",
+            f"the KV pool is only {report.kv_pool_bytes / GB:.1f} GB per GPU, under "
+            f"{TIGHT_KV_SHARE:.0%} of the static budget: a weight-size estimate off by a few "
+            f"percent would leave no KV; add GPUs or use a smaller variant",
+            "fit.tight"))
+    if report.reserve_bytes > report.reserve_budget_bytes:
+        findings.append(Finding(
+            "warning", "spec.serving.memFractionStatic",
+            f"activations, logits and CUDA graphs need about {report.reserve_bytes / GB:.1f} "
+            f"GB per GPU but memFractionStatic {report.mem_fraction_static} leaves "
+            f"{report.reserve_budget_bytes / GB:.1f} GB; lower memFractionStatic or "
+            f"chunkedPrefillSize",
+            "fit.reserve"))
+    return findings

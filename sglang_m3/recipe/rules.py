@@ -1,0 +1,434 @@
+"""Deployment rules: everything that makes an M3 recipe fail at start-up or serve wrongly.
+
+``validate_recipe`` runs every rule and returns all findings, so one run shows every problem.
+Each rule is a small function of the recipe (and its hardware profile) that yields findings
+with the field at fault and the fix; ``RULES`` lists them in the order they report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from .catalog import CATALOG, HardwareProfile, get_profile
+from .findings import Finding
+from .fit import estimate_fit, fit_applies
+from .model_geometry import M3, MAX_CONTEXT_LENGTH, TINY_MODEL_PATH
+from .render import TYPED_FLAGS
+from .schema import Recipe
+
+Rule = Callable[[Recipe, HardwareProfile], Iterator[Finding]]
+
+#: SGLang version the project pins; a recipe verified on another one gets a warning.
+PINNED_SGLANG_VERSION = "0.5.23"
+
+
+def _error(field: str, message: str, rule: str) -> Finding:
+    return Finding("error", field, message, rule)
+
+
+def _warning(field: str, message: str, rule: str) -> Finding:
+    return Finding("warning", field, message, rule)
+
+
+def gpus_per_node(recipe: Recipe, profile: HardwareProfile) -> int:
+    """GPUs the recipe uses on each node (the profile's full node unless stated)."""
+    return recipe.spec.hardware.gpus_per_node or profile.gpus_per_node
+
+
+def _names(profiles) -> str:
+    return ", ".join(profile.name for profile in profiles)
+
+
+# --- hardware and weights ---------------------------------------------------------------------
+
+def check_variant(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
+    variant = recipe.spec.model.variant
+    if variant in profile.variants:
+        return
+    able = [p for p in CATALOG.values() if variant in p.variants and p.is_gpu]
+    yield _error(
+        "spec.model.variant",
+        f"{variant} weights do not run on {profile.name} (it runs "
+        f"{', '.join(profile.variants)}); use variant {profile.variants[0]} here, or a "
+        f"profile that runs {variant}: {_names(able)}",
+        "hardware.variant")
+
+
+def check_gpus_per_node(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
+    wanted = gpus_per_node(recipe, profile)
+    if wanted > profile.gpus_per_node:
+        yield _error(
+            "spec.hardware.gpusPerNode",
+            f"{profile.name} nodes have {profile.gpus_per_node} GPUs, not {wanted}; set "
+            f"gpusPerNode to at most {profile.gpus_per_node} and add nodes",
+            "hardware.gpus-per-node")
+
+
+def check_cpu_profile(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
+    spec = recipe.spec
+    if profile.is_gpu:
+        if spec.model.path == TINY_MODEL_PATH:
+            yield _warning(
+                "spec.model.path",
+                f"{TINY_MODEL_PATH} is a tiny random-weight model for tests; its replies are "
+                f"noise. Use it with hardware.profile cpu, or name real M3 weights",
+                "model.tiny-on-gpu")
+        return
+    if spec.model.path != TINY_MODEL_PATH:
+        yield _error(
+            "spec.model.path",
+            f"the cpu profile serves only the tiny test model; set path to {TINY_MODEL_PATH} "
+            f"or choose a GPU profile for {spec.model.path}",
+            "cpu.tiny-only")
+    if spec.hardware.nodes > 1:
+        yield _error("spec.hardware.nodes", "the cpu profile runs on one node; set nodes: 1",
+                     "cpu.single-node")
+    if spec.serving.max_total_tokens is None:
+        yield _error(
+            "spec.serving.maxTotalTokens",
+            "the CPU platform does not probe memory; set maxTotalTokens (e.g. 4096)",
+            "cpu.max-total-tokens")
+    if spec.speculative is not None:
+        yield _error("spec.speculative",
+                     "speculative decoding is not available on the cpu profile; remove it",
+                     "cpu.speculative")
+
+
+def check_model_path_variant(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
+    model = recipe.spec.model
+    says_mxfp8 = "mxfp8" in model.path.lower()
+    if says_mxfp8 and model.variant != "mxfp8":
+        yield _warning(
+            "spec.model.variant",
+            f"path {model.path} looks like an MXFP8 checkpoint but variant is {model.variant}; "
+            f"set variant: mxfp8 (the memory fit and hardware checks follow the variant)",
+            "model.variant-path")
+
+
+# --- parallelism ------------------------------------------------------------------------------
+
+def check_gpu_count(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
+    parallel = recipe.spec.parallelism
+    nodes = recipe.spec.hardware.nodes
+    per_node = gpus_per_node(recipe, profile)
+    needed = parallel.tp * parallel.pp * parallel.dp
+    available = per_node * nodes
+    if needed != available:
+        yield _error(
+            "spec.parallelism",
+            f"tp x pp x dp = {parallel.tp} x {parallel.pp} x {parallel.dp} = {needed} GPUs, but "
+            f"hardware gives gpusPerNode x nodes = {per_node} x {nodes} = {available}; make "
+            f"them equal (change tp/pp/dp, gpusPerNode or nodes)",
+            "parallelism.gpu-count")
+
+
+def check_heads(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
+    parallel = recipe.spec.parallelism
+    if parallel.attention_dp > 1 and parallel.tp % parallel.attention_dp:
+        yield _error(
+            "spec.parallelism.attentionDp",
+            f"attentionDp {parallel.attention_dp} must divide tp {parallel.tp} (each attention "
+            f"group is tp / attentionDp ranks)",
+            "parallelism.attention-dp")
+        return
+    attention_tp = parallel.tp // parallel.attention_dp
+    field = "spec.parallelism.tp" if parallel.attention_dp == 1 else "spec.parallelism"
+    heads = M3.num_query_heads
+    kv = M3.num_kv_heads
+    if heads % attention_tp:
+        yield _error(
+            field,
+            f"attention TP size {attention_tp} does not divide the {heads} query heads; use "
+            f"tp / attentionDp in 1, 2, 4, 8, 16, 32, 64",
+            "parallelism.query-heads")
+    elif attention_tp > kv and attention_tp % kv:
+        yield _error(
+            field,
+            f"attention TP size {attention_tp} exceeds the {kv} KV heads (and {M3.num_index_heads}"
+            f" index heads) but is not a multiple of {kv}, so KV heads cannot be replicated "
+            f"evenly; use a multiple of {kv}",
+            "parallelism.kv-heads")
+    elif attention_tp < kv and kv % attention_tp:
+        yield _error(
+            field,
+            f"attention TP size {attention_tp} does not divide the {kv} KV heads; use 1, 2 or 4",
+            "parallelism.kv-heads")
+
+
+def check_expert_parallel(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
+    parallel = recipe.spec.parallelism
+    experts = M3.num_routed_experts
+    if parallel.tp % parallel.ep:
+        yield _error(
+            "spec.parallelism.ep",
+            f"ep {parallel.ep} must divide tp {parallel.tp}: SGLang shards experts inside the "
+            f"TP group; use ep = tp or a divisor of it",
+            "parallelism.ep-divides-tp")
+    elif experts % parallel.ep:
+        yield _error(
+            "spec.parallelism.ep",
+            f"ep {parallel.ep} does not divide the {experts} routed experts; use a power of two",
+            "parallelism.ep-experts")
+    if profile.is_amd and parallel.ep != parallel.tp:
+        yield _error(
+            "spec.parallelism.ep",
+            f"AMD GPUs serve M3's MoE only with expert parallelism over the whole TP group; "
+            f"set ep: {parallel.tp} (= tp)",
+            "amd.ep-equals-tp")
+
+
+def check_pipeline(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
+    pp = recipe.spec.parallelism.pp
+    layers = M3.num_layers
+    if pp > layers:
+        yield _error("spec.parallelism.pp",
+                     f"pp {pp} exceeds the {layers} layers; use at most {layers}",
+                     "parallelism.pp-layers")
+    elif layers % pp:
+        yield _warning(
+            "spec.parallelism.pp",
+            f"{layers} layers do not split evenly over pp {pp}; the fullest stage bounds "
+            f"memory and speed (2, 3, 4, 5, 6 split evenly)",
+            "parallelism.pp-uneven")
+
+
+def check_scale_up_domain(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
+    tp = recipe.spec.parallelism.tp
+    if profile.is_gpu and tp > profile.scale_up_gpus:
+        yield _warning(
+            "spec.parallelism.tp",
+            f"tp {tp} spans more than the {profile.scale_up_gpus} GPUs of one {profile.name} "
+            f"NVLink/xGMI domain, so every all-reduce crosses the node network; prefer pp or "
+            f"dp across nodes",
+            "parallelism.tp-across-nodes")
+
+
+# --- KV cache and context -------------------------------------------------------------------
+
+def check_page_size(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
+    page = recipe.spec.kv_cache.page_size
+    if profile.is_gpu and page != M3.sparse_block_size:
+        yield _error(
+            "spec.kvCache.pageSize",
+            f"MSA kernels read whole {M3.sparse_block_size}-token blocks as KV pages; set "
+            f"pageSize: {M3.sparse_block_size} (got {page})",
+            "kv.page-size")
+
+
+def check_kv_dtype(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
+    dtype = recipe.spec.kv_cache.dtype
+    if dtype == "fp8_e5m2" and profile.architecture == "blackwell":
+        yield _warning(
+            "spec.kvCache.dtype",
+            "fp8_e5m2 KV keeps M3's fp8 attention GEMMs off on Blackwell (sparse attention "
+            "widens on the Triton path); use fp8_e4m3",
+            "kv.fp8-e5m2")
+    if dtype.startswith("fp8") and not profile.is_gpu:
+        yield _error("spec.kvCache.dtype",
+                     "the CPU platform keeps KV in the model dtype; set dtype: auto",
+                     "cpu.kv-dtype")
+
+
+def check_context_length(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
+    spec = recipe.spec
+    if spec.context_length > MAX_CONTEXT_LENGTH:
+        yield _error(
+            "spec.contextLength",
+            f"{spec.context_length:,} exceeds M3's {MAX_CONTEXT_LENGTH:,}-token context; "
+            f"set at most {MAX_CONTEXT_LENGTH}",
+            "context.max")
+    chunk = spec.serving.chunked_prefill_size
+    if chunk is not None and 0 < spec.context_length < chunk:
+        yield _warning(
+            "spec.serving.chunkedPrefillSize",
+            f"chunkedPrefillSize {chunk} exceeds contextLength {spec.context_length}; set it "
+            f"to at most the context length",
+            "context.chunk")
+
+
+# --- speculative decoding -------------------------------------------------------------------
+
+def check_speculative(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
+    speculative = recipe.spec.speculative
+    if speculative is None:
+        return
+    algorithm = speculative.algorithm
+    draft = speculative.draft_model
+    if algorithm in ("EAGLE", "EAGLE3") and draft is None:
+        yield _error(
+            "spec.speculative.draftModel",
+            f"{algorithm} needs draft weights; set draftModel.path (M3's published EAGLE3 "
+            f"draft is Inferact/MiniMax-M3-EAGLE3)",
+            "speculative.draft-required")
+    if algorithm == "NGRAM" and draft is not None:
+        yield _error("spec.speculative.draftModel",
+                     "NGRAM drafts from the prompt and uses no draft model; remove draftModel",
+                     "speculative.ngram-no-draft")
+    if draft is not None and algorithm == "EAGLE" and "eagle3" in draft.path.lower():
+        yield _error("spec.speculative.algorithm",
+                     f"{draft.path} is an EAGLE3 draft; set algorithm: EAGLE3",
+                     "speculative.algorithm-draft")
+    if speculative.eagle_topk != 1:
+        yield _error(
+            "spec.speculative.eagleTopk",
+            "M3's sparse attention has no tree mask, so draft trees cannot be verified; set "
+            "eagleTopk: 1 (a chain)",
+            "speculative.chain-only")
+    elif speculative.num_draft_tokens != speculative.num_steps + 1:
+        yield _error(
+            "spec.speculative.numDraftTokens",
+            f"a chain of {speculative.num_steps} steps verifies {speculative.num_steps + 1} "
+            f"tokens; set numDraftTokens: {speculative.num_steps + 1}",
+            "speculative.draft-tokens")
+    if profile.is_gpu and profile.architecture != "blackwell":
+        yield _warning(
+            "spec.speculative",
+            f"on {profile.name} M3's sparse layers run on SGLang's Triton path, where EAGLE "
+            f"verification is not wired upstream; expect this to need the project's own "
+            f"backend and verify before relying on it",
+            "speculative.triton-path")
+
+
+# --- serving, parsers, offload ----------------------------------------------------------------
+
+def check_extra_args(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
+    for index, argument in enumerate(recipe.spec.serving.extra_args):
+        field = f"spec.serving.extraArgs[{index}]"
+        if not argument.startswith("--"):
+            continue  # a value of the previous option
+        flag = argument.split("=", 1)[0]
+        if flag == "--config":
+            yield _error(field, "--config would override typed fields from another file; "
+                                "put the settings in the recipe instead",
+                         "serving.extra-args-config")
+            continue
+        typed = _typed_flag_for(flag)
+        if typed is not None:
+            owner = TYPED_FLAGS[typed]
+            yield _error(
+                field,
+                f"{flag} duplicates the typed field {owner} (SGLang {typed}); set {owner} "
+                f"instead and remove it from extraArgs",
+                "serving.extra-args-duplicate")
+
+
+def _typed_flag_for(flag: str) -> str | None:
+    """The typed flag ``flag`` spells, also as an abbreviation argparse would expand."""
+    if flag in TYPED_FLAGS:
+        return flag
+    if len(flag) > 3:
+        for typed in TYPED_FLAGS:
+            if typed.startswith(flag):
+                return typed
+    return None
+
+
+def check_mem_fraction(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
+    fraction = recipe.spec.serving.mem_fraction_static
+    if profile.is_gpu and fraction > 0.95:
+        yield _warning(
+            "spec.serving.memFractionStatic",
+            f"{fraction} leaves under 5% of GPU memory for activations and CUDA graphs; "
+            f"0.85-0.92 is usual",
+            "serving.mem-fraction")
+
+
+def check_amd_watchdog(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
+    spec = recipe.spec
+    if profile.architecture != "cdna3" or spec.model.variant != "mxfp8":
+        return
+    timeout = spec.serving.watchdog_timeout
+    if timeout is None or timeout < 1800:
+        yield _warning(
+            "spec.serving.watchdogTimeout",
+            f"on {profile.name} MXFP8 weights are converted to block FP8 while loading, which "
+            f"outlasts SGLang's default watchdog; set watchdogTimeout: 3600",
+            "amd.mxfp8-watchdog")
+
+
+def check_parsers(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
+    parsers = recipe.spec.parsers
+    if parsers.reasoning is None and parsers.default_thinking_mode != "disabled":
+        yield _warning(
+            "spec.parsers.reasoning",
+            f"with thinking mode {parsers.default_thinking_mode} and no reasoning parser, "
+            f"<mm:think> blocks stay in the reply content; set reasoning: minimax-m3",
+            "parsers.reasoning")
+
+
+def check_multimodal(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
+    multimodal = recipe.spec.multimodal
+    if not multimodal.enabled and multimodal.limit_per_request is not None:
+        yield _error("spec.multimodal.limitPerRequest",
+                     "media limits have no effect with multimodal disabled; remove them or set "
+                     "enabled: true",
+                     "multimodal.limits-unused")
+
+
+def check_host_offload(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
+    offload = recipe.spec.host_offload
+    if offload is None:
+        return
+    if not profile.is_gpu:
+        yield _error("spec.hostOffload", "the cpu profile has no device memory to offload "
+                                         "from; remove hostOffload", "offload.cpu")
+        return
+    if offload.mode == "hierarchical-cache":
+        if offload.size_gb_per_rank is None:
+            yield _error("spec.hostOffload.sizeGbPerRank",
+                         "hierarchical-cache needs the host pool size; set sizeGbPerRank",
+                         "offload.size")
+        if offload.host_to_device_ratio is not None:
+            yield _error("spec.hostOffload.hostToDeviceRatio",
+                         "hostToDeviceRatio sizes hisparse only; remove it or set mode: hisparse",
+                         "offload.mode-field")
+    elif offload.size_gb_per_rank is not None:
+        yield _error("spec.hostOffload.sizeGbPerRank",
+                     "hisparse is sized by hostToDeviceRatio; remove sizeGbPerRank",
+                     "offload.mode-field")
+
+
+def check_provenance(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
+    verified = recipe.spec.provenance.verified
+    if verified is not None and verified.sglang_version != PINNED_SGLANG_VERSION:
+        yield _warning(
+            "spec.provenance.verified.sglangVersion",
+            f"verified with SGLang {verified.sglang_version}, but this project pins "
+            f"{PINNED_SGLANG_VERSION}; re-verify and update the date",
+            "provenance.sglang-version")
+
+
+def check_memory_fit(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
+    if fit_applies(recipe) and recipe.spec.model.variant in profile.variants:
+        yield from estimate_fit(recipe).findings()
+
+
+RULES: tuple[Rule, ...] = (
+    check_variant,
+    check_gpus_per_node,
+    check_cpu_profile,
+    check_model_path_variant,
+    check_gpu_count,
+    check_heads,
+    check_expert_parallel,
+    check_pipeline,
+    check_scale_up_domain,
+    check_page_size,
+    check_kv_dtype,
+    check_context_length,
+    check_speculative,
+    check_extra_args,
+    check_mem_fraction,
+    check_amd_watchdog,
+    check_parsers,
+    check_multimodal,
+    check_host_offload,
+    check_provenance,
+    check_memory_fit,
+)
+
+
+def validate_recipe(recipe: Recipe) -> list[Finding]:
+    """Every finding of every rule, errors and warnings, in rule order."""
+    profile = get_profile(recipe.spec.hardware.profile)
+    return [finding for rule in RULES for finding in rule(recipe, profile)]

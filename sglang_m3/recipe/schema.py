@@ -1,0 +1,274 @@
+"""The recipe file format: a Kubernetes custom resource that also drives the CLI.
+
+Every field is documented by the docstring under it; those docstrings become the descriptions
+of the JSON Schema and of the CRD's OpenAPI schema, so the YAML, the CLI and ``kubectl explain``
+read the same words. Fields are spelled in camelCase in YAML (the Kubernetes convention) and in
+snake_case in Python. Unknown fields are rejected everywhere except ``metadata``, which
+Kubernetes owns.
+
+The schema checks shapes and ranges only. Whether the pieces fit together (GPU counts, heads,
+variants, memory) is the job of ``rules.validate_recipe``, which reports every problem at once.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from .catalog import ProfileName, Variant
+
+GROUP = "m3.sglang.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "M3Recipe"
+PLURAL = "m3recipes"
+SINGULAR = "m3recipe"
+SHORT_NAMES = ("m3r",)
+
+ThinkingMode = Literal["adaptive", "enabled", "disabled"]
+KVCacheDtype = Literal["auto", "bf16", "fp8_e4m3", "fp8_e5m2"]
+SpeculativeAlgorithm = Literal["EAGLE3", "EAGLE", "NGRAM"]
+HostOffloadMode = Literal["hierarchical-cache", "hisparse"]
+
+
+class RecipeModel(BaseModel):
+    """Base of every recipe section: camelCase in YAML, closed to unknown fields, immutable."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=False,
+        extra="forbid",
+        frozen=True,
+        use_attribute_docstrings=True,
+    )
+
+
+class Verified(RecipeModel):
+    """A run that confirmed this recipe serves correctly."""
+
+    hardware: str = Field(min_length=1)
+    """Machines the recipe was run on, e.g. "8x H200 SXM, one node"."""
+    sglang_version: str = Field(min_length=1)
+    """SGLang version it ran with, e.g. "0.5.23"."""
+    date: datetime.date
+    """Day of the run (YYYY-MM-DD)."""
+
+
+class Provenance(RecipeModel):
+    """Where the recipe comes from and how far it has been checked."""
+
+    source: str = Field(min_length=1)
+    """URL or citation of the published recipe or measurement this file follows."""
+    notes: str = ""
+    """What differs from the source, and what is known not to work."""
+    verified: Verified | None = None
+    """A run that confirmed the recipe; omit when it has not been run."""
+
+
+class ModelSpec(RecipeModel):
+    """Which M3 weights to serve."""
+
+    path: str = Field(min_length=1)
+    """Hugging Face hub id (e.g. MiniMaxAI/MiniMax-M3-MXFP8) or a local directory. The reserved
+    value "sglang-m3:tiny" names the project's embedded tiny random-weight M3, which
+    `sglang-m3 serve` builds and serves on CPU."""
+    revision: str | None = None
+    """Hub branch, tag or commit to pin; omit for the default branch."""
+    variant: Variant
+    """Weight format of the checkpoint: bf16 (~854 GB) or mxfp8 (~440 GB)."""
+    served_model_name: str | None = None
+    """Name the OpenAI-compatible API reports; defaults to the model path."""
+
+
+class HardwareSpec(RecipeModel):
+    """The machines the recipe runs on."""
+
+    profile: ProfileName
+    """Accelerator profile from the hardware catalog (`sglang-m3 recipe schema` lists them)."""
+    gpus_per_node: int | None = Field(default=None, ge=1)
+    """GPUs used on each node; defaults to the profile's GPUs per node."""
+    nodes: int = Field(default=1, ge=1)
+    """Number of nodes; more than one runs as a multi-node group (LeaderWorkerSet)."""
+
+
+class Parallelism(RecipeModel):
+    """How the model is split across GPUs. GPUs used = tp x pp x dp = gpusPerNode x nodes."""
+
+    tp: int = Field(default=1, ge=1)
+    """Tensor-parallel size (SGLang --tp-size)."""
+    pp: int = Field(default=1, ge=1)
+    """Pipeline-parallel size (--pp-size)."""
+    dp: int = Field(default=1, ge=1)
+    """Data-parallel replicas of the whole model, each of tp x pp GPUs (--dp-size)."""
+    ep: int = Field(default=1, ge=1)
+    """Expert-parallel size inside the TP group (--ep-size); must divide tp."""
+    attention_dp: int = Field(default=1, ge=1)
+    """Data-parallel attention groups inside the TP group (--attn-dp-size, the successor of
+    --enable-dp-attention); 1 disables DP attention. Must divide tp."""
+
+
+class KVCache(RecipeModel):
+    """Paged KV cache layout."""
+
+    page_size: int = Field(default=128, ge=1)
+    """Tokens per KV page. MSA kernels on GPUs need 128 (the sparse block size)."""
+    dtype: KVCacheDtype = "auto"
+    """KV cache element type; auto follows the model (bf16). fp8 halves the KV bytes."""
+
+
+class DraftModel(RecipeModel):
+    """Draft weights for speculative decoding."""
+
+    path: str = Field(min_length=1)
+    """Hub id or local directory, e.g. Inferact/MiniMax-M3-EAGLE3."""
+    revision: str | None = None
+    """Hub branch, tag or commit to pin."""
+
+
+class Speculative(RecipeModel):
+    """Speculative decoding. Omit the section to decode without speculation."""
+
+    algorithm: SpeculativeAlgorithm
+    """EAGLE3 (the published M3 draft), EAGLE, or NGRAM (no draft model)."""
+    draft_model: DraftModel | None = None
+    """Draft weights; required by EAGLE and EAGLE3, refused by NGRAM."""
+    num_steps: int = Field(default=3, ge=1)
+    """Draft steps per verification (--speculative-num-steps)."""
+    eagle_topk: int = Field(default=1, ge=1)
+    """Branching per draft step (--speculative-eagle-topk); M3 supports only chains (1)."""
+    num_draft_tokens: int = Field(default=4, ge=2)
+    """Tokens verified per step (--speculative-num-draft-tokens); numSteps + 1 for a chain."""
+
+
+class Parsers(RecipeModel):
+    """Output parsing and the default reasoning behaviour."""
+
+    reasoning: str | None = "minimax-m3"
+    """SGLang reasoning parser (--reasoning-parser); null leaves reasoning in the content."""
+    tool_call: str | None = "minimax-m3"
+    """SGLang tool-call parser (--tool-call-parser); null disables tool-call parsing."""
+    default_thinking_mode: ThinkingMode = "adaptive"
+    """thinking_mode applied when a request sets none: adaptive lets the model decide,
+    enabled starts every reply inside reasoning, disabled skips reasoning."""
+
+
+class MediaLimits(RecipeModel):
+    """Most media items one request may carry."""
+
+    image: int = Field(default=8, ge=0)
+    """Images per request."""
+    video: int = Field(default=1, ge=0)
+    """Videos per request."""
+
+
+class Multimodal(RecipeModel):
+    """Image and video input."""
+
+    enabled: bool = True
+    """Serve the vision tower; false loads the language model only (less memory)."""
+    limit_per_request: MediaLimits | None = None
+    """Per-request media limits; omit for SGLang's defaults."""
+
+
+class HostOffload(RecipeModel):
+    """KV cache offload to host memory."""
+
+    mode: HostOffloadMode = "hierarchical-cache"
+    """hierarchical-cache keeps evicted prefixes in host memory (HiCache, sized by
+    sizeGbPerRank); hisparse keeps the sparse layers' KV on the host and fetches the chosen
+    blocks (sized by hostToDeviceRatio; the radix cache is turned off)."""
+    size_gb_per_rank: int | None = Field(default=None, ge=1)
+    """Host memory for offloaded KV per GPU rank, in GB (--hicache-size); hierarchical-cache
+    only."""
+    host_to_device_ratio: float | None = Field(default=None, gt=0)
+    """Host KV pool size as a multiple of the GPU pool; hisparse only."""
+
+
+class Serving(RecipeModel):
+    """Server knobs not covered by the sections above."""
+
+    mem_fraction_static: float = Field(default=0.88, gt=0, lt=1)
+    """Share of GPU memory for weights plus KV pool (--mem-fraction-static); the rest holds
+    activations and CUDA graphs."""
+    chunked_prefill_size: int | None = Field(default=8192, ge=-1)
+    """Tokens per prefill chunk (--chunked-prefill-size); -1 disables chunking; null keeps
+    SGLang's default."""
+    max_running_requests: int = Field(default=64, ge=1)
+    """Concurrent requests per replica (--max-running-requests); the memory fit sizes the KV
+    pool for this many requests at full context."""
+    max_total_tokens: int | None = Field(default=None, ge=1)
+    """Cap on KV pool tokens (--max-total-tokens); required on CPU, where memory is not probed."""
+    watchdog_timeout: float | None = Field(default=None, gt=0)
+    """Seconds a forward batch may take before the server aborts (--watchdog-timeout)."""
+    host: str = "0.0.0.0"
+    """Address the HTTP server binds."""
+    port: int = Field(default=30000, ge=1, le=65535)
+    """Port the HTTP server listens on."""
+    extra_args: list[str] = Field(default_factory=list)
+    """Further SGLang arguments, appended verbatim. Arguments that duplicate a typed field are
+    refused: set the typed field instead."""
+
+
+class RecipeSpec(RecipeModel):
+    """A complete M3 deployment."""
+
+    provenance: Provenance
+    """Where the recipe comes from and what has been verified."""
+    model: ModelSpec
+    """Which weights to serve."""
+    hardware: HardwareSpec
+    """Where to run."""
+    parallelism: Parallelism = Field(default_factory=Parallelism)
+    """How to split the model across GPUs."""
+    context_length: int = Field(default=131072, ge=1)
+    """Longest request (prompt + output) in tokens; at most 1,048,576."""
+    kv_cache: KVCache = Field(default_factory=KVCache)
+    """KV cache layout and type."""
+    speculative: Speculative | None = None
+    """Speculative decoding; omit to disable."""
+    parsers: Parsers = Field(default_factory=Parsers)
+    """Reasoning and tool-call parsing."""
+    multimodal: Multimodal = Field(default_factory=Multimodal)
+    """Image and video input."""
+    host_offload: HostOffload | None = None
+    """KV offload to host memory; omit to keep all KV on the GPUs."""
+    serving: Serving = Field(default_factory=Serving)
+    """Memory share, batching and extra server arguments."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Environment variables for the server process, added to those the recipe implies."""
+
+
+class ObjectMeta(BaseModel):
+    """Kubernetes object metadata. Fields other than these four are accepted and ignored, so
+    an object read back from the API server (uid, resourceVersion, ...) still loads."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, use_attribute_docstrings=True)
+
+    name: str = Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    """Recipe name: lower-case letters, digits and '-', at most 63 characters."""
+    namespace: str | None = None
+    """Namespace of the custom resource; ignored by the CLI."""
+    labels: dict[str, str] = Field(default_factory=dict)
+    """Kubernetes labels."""
+    annotations: dict[str, str] = Field(default_factory=dict)
+    """Kubernetes annotations."""
+
+
+class Recipe(RecipeModel):
+    """An M3 serving recipe: a Kubernetes custom resource and the input of `sglang-m3`."""
+
+    api_version: Literal["m3.sglang.io/v1alpha1"]
+    """Always m3.sglang.io/v1alpha1."""
+    kind: Literal["M3Recipe"]
+    """Always M3Recipe."""
+    metadata: ObjectMeta
+    """Name, and for Kubernetes namespace, labels and annotations."""
+    spec: RecipeSpec
+    """The deployment."""
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
