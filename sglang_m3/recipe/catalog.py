@@ -33,6 +33,8 @@ class HardwareProfile(BaseModel):
     gpus_per_node: int
     variants: tuple[Variant, ...]
     attention_backend: str
+    #: vision-tower attention backend, or None for SGLang's default on this hardware
+    mm_attention_backend: str | None = None
     #: the SGLang ``--device`` value
     device: str
     #: GPUs joined by one NVLink / Infinity Fabric domain: tensor parallelism beyond it
@@ -58,6 +60,8 @@ class HardwareProfile(BaseModel):
 
 def _nvidia(name, description, architecture, memory_gb, variants, backend, product,
             per_node=8, scale_up=8):
+    # The SGLang cookbook adds the cuDNN vision-tower backend for image serving on Blackwell.
+    mm_backend = "flashinfer_cudnn" if architecture == "blackwell" else None
     return HardwareProfile(
         name=name,
         description=description,
@@ -68,6 +72,7 @@ def _nvidia(name, description, architecture, memory_gb, variants, backend, produ
         scale_up_gpus=scale_up,
         variants=variants,
         attention_backend=backend,
+        mm_attention_backend=mm_backend,
         device="cuda",
         node_label=("nvidia.com/gpu.product", product),
         resource_name="nvidia.com/gpu",

@@ -12,8 +12,8 @@ Per GPU rank of one replica:
   of it; the rest of the GPU must hold the runtime reserve (activations of one prefill chunk,
   logits, CUDA graphs), which is a stated heuristic, not a measurement.
 
-Not counted: the speculative draft's weights and KV, and the vision tower's savings when
-multimodal is off. The estimate is for GPU profiles; the CPU profile serves the tiny model.
+Speculative drafts add DRAFT_WEIGHT_BYTES / tp (from the published EAGLE3 draft); their KV
+(one layer) is not counted, nor the vision tower's savings when multimodal is off. The estimate is for GPU profiles; the CPU profile serves the tiny model.
 """
 
 from __future__ import annotations
@@ -40,6 +40,10 @@ ACTIVATION_HIDDEN_STATES = 16
 #: Heuristic memory CUDA graphs and the allocator keep outside the static pool, per GPU.
 CUDA_GRAPH_RESERVE_BYTES = 2 * GB
 
+#: Draft weights counted for speculative decoding: Inferact/MiniMax-M3-EAGLE3's model card
+#: gives ~3.3 B parameters, stored in bf16; sharded over tp like the target.
+DRAFT_WEIGHT_BYTES = int(3.3e9 * 2)
+
 #: A fit is "tight" when the KV pool leaves less than this share of the static budget.
 TIGHT_KV_SHARE = 0.10
 
@@ -62,6 +66,7 @@ class FitReport:
     memory_bytes: int
     mem_fraction_static: float
     weight_bytes_per_gpu: int
+    draft_bytes_per_gpu: int
     kv_heads_per_rank: int
     kv_replication: int
     kv_bytes_per_token: int
@@ -95,7 +100,8 @@ class FitReport:
             ("GPU memory", f"{gb(self.memory_bytes)} ({self.profile})"),
             ("static budget (x memFractionStatic)",
              f"{gb(self.static_budget_bytes)} (x {self.mem_fraction_static})"),
-            ("weights per GPU", gb(self.weight_bytes_per_gpu)),
+            ("weights per GPU (with draft)",
+             f"{gb(self.weight_bytes_per_gpu)} (draft {gb(self.draft_bytes_per_gpu)})"),
             ("KV pool per GPU", gb(self.kv_pool_bytes)),
             ("KV heads per rank", f"{self.kv_heads_per_rank} ({replication})"),
             ("KV + index bytes per token per GPU", f"{self.kv_bytes_per_token:,}"),
@@ -121,8 +127,11 @@ def estimate_fit(recipe: Recipe, geometry: M3Geometry = M3) -> FitReport:
     parallel = spec.parallelism
     attention_tp = max(1, parallel.tp // parallel.attention_dp)
 
-    weights = weight_bytes_per_gpu(spec.model.variant, parallel.tp, parallel.pp,
-                                   parallel.attention_dp, geometry)
+    draft = 0
+    if spec.speculative is not None and spec.speculative.draft_model is not None:
+        draft = DRAFT_WEIGHT_BYTES // parallel.tp
+    weights = draft + weight_bytes_per_gpu(spec.model.variant, parallel.tp, parallel.pp,
+                                           parallel.attention_dp, geometry)
     kv_heads = max(1, geometry.num_kv_heads // attention_tp)
     per_token = kv_bytes_per_token(spec.kv_cache.dtype, attention_tp, parallel.pp, geometry)
     static_budget = int(profile.memory_bytes * spec.serving.mem_fraction_static)
@@ -137,6 +146,7 @@ def estimate_fit(recipe: Recipe, geometry: M3Geometry = M3) -> FitReport:
         memory_bytes=profile.memory_bytes,
         mem_fraction_static=spec.serving.mem_fraction_static,
         weight_bytes_per_gpu=weights,
+        draft_bytes_per_gpu=draft,
         kv_heads_per_rank=kv_heads,
         kv_replication=max(1, attention_tp // geometry.num_kv_heads),
         kv_bytes_per_token=per_token,
@@ -207,7 +217,7 @@ def _fit_findings(report: FitReport) -> list[Finding]:
     if report.max_concurrency_at_context < report.requests_per_group:
         findings.append(Finding(
             "warning", "spec.serving.maxRunningRequests",
-            f"only {report.max_concurrency_at_context} requests of {report.context_length:,} "
+            f"only {report.max_concurrency_at_context} request(s) of {report.context_length:,} "
             f"tokens fit the KV pool ({report.pool_tokens:,} tokens), fewer than the "
             f"{report.requests_per_group} requested per attention group; requests will queue "
             f"when all run at full context (lower maxRunningRequests to "

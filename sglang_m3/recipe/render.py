@@ -29,8 +29,11 @@ TYPED_FLAGS: dict[str, str] = {
     "--model": "spec.model.path",
     "--revision": "spec.model.revision",
     "--served-model-name": "spec.model.servedModelName",
+    "--trust-remote-code": "spec.model.trustRemoteCode",
+    "--quantization": "spec.model.variant",
     "--device": "spec.hardware.profile",
     "--attention-backend": "spec.hardware.profile",
+    "--mm-attention-backend": "spec.hardware.profile",
     "--nnodes": "spec.hardware.nodes",
     "--node-rank": "spec.hardware.nodes",
     "--dist-init-addr": "spec.hardware.nodes",
@@ -126,6 +129,12 @@ def render_launch(
         add("--revision", spec.model.revision)
     if spec.model.served_model_name:
         add("--served-model-name", spec.model.served_model_name)
+    if spec.model.trust_remote_code:
+        add("--trust-remote-code")
+    if spec.model.variant == "mxfp8":
+        # SGLang detects MXFP8 from the checkpoint; the cookbook passes it explicitly so a
+        # checkpoint mix-up fails at load instead of serving with the wrong kernels.
+        add("--quantization", "mxfp8")
 
     add("--device", profile.device)
     add("--attention-backend", attention_backend_for(profile, spec.kv_cache.dtype))
@@ -138,7 +147,7 @@ def render_launch(
 
     _add_speculative(add, recipe)
     _add_parsers(add, recipe)
-    _add_multimodal(add, recipe)
+    _add_multimodal(add, recipe, profile)
     _add_host_offload(add, recipe)
     _add_serving(add, recipe)
     argv.extend(spec.serving.extra_args)
@@ -190,12 +199,14 @@ def _add_parsers(add, recipe: Recipe) -> None:
         json.dumps({"thinking_mode": parsers.default_thinking_mode}))
 
 
-def _add_multimodal(add, recipe: Recipe) -> None:
+def _add_multimodal(add, recipe: Recipe, profile: HardwareProfile) -> None:
     multimodal = recipe.spec.multimodal
     if not multimodal.enabled:
         add("--language-model-only")
         return
     add("--enable-multimodal")
+    if profile.mm_attention_backend:
+        add("--mm-attention-backend", profile.mm_attention_backend)
     if multimodal.limit_per_request is not None:
         add("--limit-mm-data-per-request",
             json.dumps(multimodal.limit_per_request.model_dump()))

@@ -81,13 +81,16 @@ class ModelSpec(RecipeModel):
     """Weight format of the checkpoint: bf16 (~854 GB) or mxfp8 (~440 GB)."""
     served_model_name: str | None = None
     """Name the OpenAI-compatible API reports; defaults to the model path."""
+    trust_remote_code: bool = False
+    """Let the checkpoint's own Python code run (--trust-remote-code); the SGLang cookbook asks
+    for it with the hub checkpoints."""
 
 
 class HardwareSpec(RecipeModel):
     """The machines the recipe runs on."""
 
     profile: ProfileName
-    """Accelerator profile from the hardware catalog (`sglang-m3 recipe schema` lists them)."""
+    """Accelerator profile from the hardware catalog (`sglang-m3 recipe catalog` lists them)."""
     gpus_per_node: int | None = Field(default=None, ge=1)
     """GPUs used on each node; defaults to the profile's GPUs per node."""
     nodes: int = Field(default=1, ge=1)
@@ -190,9 +193,10 @@ class HostOffload(RecipeModel):
 class Serving(RecipeModel):
     """Server knobs not covered by the sections above."""
 
-    mem_fraction_static: float = Field(default=0.88, gt=0, lt=1)
+    mem_fraction_static: float = Field(default=0.85, gt=0, lt=1)
     """Share of GPU memory for weights plus KV pool (--mem-fraction-static); the rest holds
-    activations and CUDA graphs."""
+    activations and CUDA graphs. The SGLang cookbook uses 0.75 on NVIDIA Blackwell and 0.80 on
+    AMD for MXFP8; the BF16 weights on Hopper need more."""
     chunked_prefill_size: int | None = Field(default=8192, ge=-1)
     """Tokens per prefill chunk (--chunked-prefill-size); -1 disables chunking; null keeps
     SGLang's default."""

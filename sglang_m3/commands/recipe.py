@@ -1,0 +1,244 @@
+"""``sglang-m3 recipe``: check, size, render and describe M3 deployment recipes.
+
+Needs only the recipe layer (pydantic + pyyaml), so it runs in CI and in the operator's
+container without torch or SGLang. Every subcommand computes its whole answer before printing,
+so a failure never leaves half an output behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import yaml
+
+from sglang_m3.recipe import (
+    CATALOG,
+    RecipeLoadError,
+    crd_manifest,
+    crd_openapi_schema,
+    estimate_fit,
+    fit_applies,
+    has_errors,
+    load_recipe,
+    recipe_json_schema,
+    render_launch,
+    validate_recipe,
+)
+
+RECIPE_SUFFIXES = (".yaml", ".yml")
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "recipe",
+        help="validate, size, render and describe deployment recipes",
+        description="Work with M3Recipe files (recipes/*.yaml): the same YAML is the CLI's "
+                    "input and a Kubernetes custom resource.",
+    )
+    commands = parser.add_subparsers(dest="recipe_command", metavar="SUBCOMMAND", required=True)
+
+    validate = commands.add_parser(
+        "validate", help="check recipes against the schema and the deployment rules",
+        description="Check recipe files (folders are searched for *.yaml / *.yml). Prints every "
+                    "error and warning with the field at fault and the fix. Exits 1 if any "
+                    "file has an error; warnings do not fail.")
+    validate.add_argument("paths", nargs="+", metavar="PATH", help="recipe file or folder")
+    validate.add_argument("--output", choices=("text", "json"), default="text",
+                          help="text for people, json for tools (default: text)")
+    validate.set_defaults(handler=run_validate)
+
+    fit = commands.add_parser(
+        "fit", help="show the memory fit of a recipe as a table",
+        description="Per-GPU memory budget: weights, KV bytes per token (main KV + index keys), "
+                    "KV pool, runtime reserve, the largest context at the requested concurrency "
+                    "and the largest concurrency at the requested context. Exits 1 when the "
+                    "recipe cannot fit.")
+    fit.add_argument("file", metavar="FILE", help="recipe file")
+    fit.add_argument("--output", choices=("text", "json"), default="text")
+    fit.set_defaults(handler=run_fit)
+
+    render = commands.add_parser(
+        "render", help="print the SGLang launch command a recipe stands for",
+        description="Print the environment and `python -m sglang.launch_server` command of a "
+                    "recipe. Refuses recipes with errors (see `recipe validate`).")
+    render.add_argument("file", metavar="FILE", help="recipe file")
+    render.add_argument("--output", choices=("shell", "json"), default="shell",
+                        help="shell: one command line to paste; json: {argv, env}")
+    render.add_argument("--node-rank", default="0",
+                        help="node rank for multi-node recipes (default 0, the leader)")
+    render.add_argument("--dist-init-addr", default=None,
+                        help="leader host:port for multi-node recipes (default: the "
+                             "LeaderWorkerSet leader address, expanded by Kubernetes)")
+    render.set_defaults(handler=run_render)
+
+    schema = commands.add_parser(
+        "schema", help="print the recipe JSON Schema or the Kubernetes CRD schema",
+        description="Print the JSON Schema of recipe files, or with --crd the CRD's structural "
+                    "openAPIV3Schema, or with --manifest the whole CustomResourceDefinition. "
+                    "All are generated from the same pydantic models the validator uses.")
+    which = schema.add_mutually_exclusive_group()
+    which.add_argument("--crd", action="store_true", help="the CRD openAPIV3Schema")
+    which.add_argument("--manifest", action="store_true", help="the full CRD object")
+    schema.add_argument("--format", choices=("json", "yaml"), default="json")
+    schema.set_defaults(handler=run_schema)
+
+    catalog = commands.add_parser(
+        "catalog", help="list the hardware profiles a recipe can name",
+        description="The hardware catalog: memory, GPUs per node, architecture, weight "
+                    "variants, attention backend and Kubernetes scheduling keys per profile.")
+    catalog.add_argument("--output", choices=("text", "json"), default="text")
+    catalog.set_defaults(handler=run_catalog)
+
+
+# --- validate ---------------------------------------------------------------------------------
+
+def recipe_files(paths: list[str]) -> list[Path]:
+    """Files named directly, plus every recipe file below each folder, in a stable order."""
+    files: list[Path] = []
+    for name in paths:
+        path = Path(name)
+        if path.is_dir():
+            files += sorted(p for p in path.rglob("*") if p.suffix in RECIPE_SUFFIXES)
+        else:
+            files.append(path)
+    return files
+
+
+def check_file(path: Path) -> dict:
+    """Load and validate one file: {file, ok, problems, findings} (problems = load errors)."""
+    try:
+        recipe = load_recipe(path)
+    except RecipeLoadError as error:
+        problems = [{"field": p.field, "message": p.message} for p in error.problems]
+        return {"file": str(path), "ok": False, "problems": problems, "findings": []}
+    findings = validate_recipe(recipe)
+    return {
+        "file": str(path),
+        "ok": not has_errors(findings),
+        "problems": [],
+        "findings": [finding.as_dict() for finding in findings],
+    }
+
+
+def run_validate(args: argparse.Namespace) -> int:
+    files = recipe_files(args.paths)
+    if not files:
+        print(f"no recipe files (*.yaml, *.yml) under {' '.join(args.paths)}", file=sys.stderr)
+        return 1
+    results = [check_file(path) for path in files]
+    if args.output == "json":
+        print(json.dumps(results, indent=2))
+    else:
+        print(_validate_text(results))
+    return 0 if all(result["ok"] for result in results) else 1
+
+
+def _validate_text(results: list[dict]) -> str:
+    lines = []
+    for result in results:
+        warnings = sum(f["severity"] == "warning" for f in result["findings"])
+        status = "ok" if result["ok"] else "FAIL"
+        suffix = f" ({warnings} warning{'s' * (warnings != 1)})" if warnings else ""
+        lines.append(f"{status:4} {result['file']}{suffix}")
+        for problem in result["problems"]:
+            lines.append(f"     error: {problem['field']}: {problem['message']}")
+        for finding in result["findings"]:
+            lines.append(f"     {finding['severity']}: {finding['field']}: "
+                         f"{finding['message']} [{finding['rule']}]")
+    failed = sum(not result["ok"] for result in results)
+    lines.append(f"{len(results)} recipe(s), {failed} with errors")
+    return "\n".join(lines)
+
+
+# --- fit ------------------------------------------------------------------------------------
+
+def run_fit(args: argparse.Namespace) -> int:
+    recipe = _load_or_report(args.file)
+    if recipe is None:
+        return 1
+    if not fit_applies(recipe):
+        print(f"{args.file}: the memory fit models M3's weights on GPUs; profile "
+              f"{recipe.spec.hardware.profile} serves the tiny model (maxTotalTokens "
+              f"{recipe.spec.serving.max_total_tokens})")
+        return 0
+    report = estimate_fit(recipe)
+    findings = report.findings()
+    if args.output == "json":
+        print(json.dumps({"rows": dict(report.rows()),
+                          "findings": [f.as_dict() for f in findings]}, indent=2))
+    else:
+        print(_table(report.rows()))
+        for finding in findings:
+            print(finding)
+    return 1 if has_errors(findings) else 0
+
+
+def _table(rows: list[tuple[str, str]]) -> str:
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+# --- render ---------------------------------------------------------------------------------
+
+def run_render(args: argparse.Namespace) -> int:
+    recipe = _load_or_report(args.file)
+    if recipe is None:
+        return 1
+    findings = validate_recipe(recipe)
+    if has_errors(findings):
+        print(f"{args.file}: not rendered, the recipe has errors:", file=sys.stderr)
+        for finding in findings:
+            print(f"  {finding}", file=sys.stderr)
+        return 1
+    node_rank = int(args.node_rank) if args.node_rank.isdigit() else args.node_rank
+    launch = render_launch(recipe, node_rank=node_rank, dist_init_addr=args.dist_init_addr)
+    if args.output == "json":
+        print(json.dumps({"argv": launch.argv, "env": launch.env}, indent=2))
+    else:
+        assignments = [f"{key}={shlex.quote(value)}" for key, value in launch.env.items()]
+        print(" ".join(assignments + [shlex.join(launch.command())]))
+    return 0
+
+
+# --- schema, catalog --------------------------------------------------------------------------
+
+def run_schema(args: argparse.Namespace) -> int:
+    if args.manifest:
+        document = crd_manifest()
+    elif args.crd:
+        document = crd_openapi_schema()
+    else:
+        document = recipe_json_schema()
+    if args.format == "yaml":
+        print(yaml.safe_dump(document, sort_keys=False), end="")
+    else:
+        print(json.dumps(document, indent=2))
+    return 0
+
+
+def run_catalog(args: argparse.Namespace) -> int:
+    if args.output == "json":
+        print(json.dumps({name: p.model_dump() for name, p in CATALOG.items()}, indent=2))
+        return 0
+    header = ("profile", "memory", "per node", "arch", "variants", "attention", "node label")
+    rows = [header] + [
+        (p.name, f"{p.memory_gb:g} GB", str(p.gpus_per_node), p.architecture,
+         ",".join(p.variants), p.attention_backend, "=".join(p.node_label))
+        for p in CATALOG.values()
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    return 0
+
+
+def _load_or_report(path: str):
+    try:
+        return load_recipe(path)
+    except RecipeLoadError as error:
+        print(str(error), file=sys.stderr)
+        return None
