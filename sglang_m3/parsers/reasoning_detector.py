@@ -1,0 +1,159 @@
+"""SGLang reasoning detector for MiniMax M3 (`--reasoning-parser minimax-m3` / `minimax_m3`).
+
+Output shapes, by `thinking_mode` (the prompt ends are in the chat template):
+- enabled: the prompt ends with `<mm:think>`, so the reply starts inside reasoning
+  (`force_reasoning`) and reasoning runs to `</mm:think>`; a redundant leading `<mm:think>` is
+  dropped;
+- disabled / adaptive: the reply may open with `<mm:think>` (adaptive models that choose to think)
+  or with a stray `</mm:think>` (history renders earlier replies that way), both dropped as
+  markup; anything else is content from the first character.
+
+Only a tag at the start of the reply (after whitespace) is markup; `<mm:think>` later in content
+is text. Tags may be split across stream chunks at any point: undecidable text is held back,
+never guessed, so streaming and one-shot parsing give the same split. Text held back when the
+stream ends is released (reasoning inside reasoning, content elsewhere), never dropped.
+
+Differences from SGLang 0.5.23's `MiniMaxM3Detector`: a stray closer split across chunks is
+still dropped, a mid-content `<mm:think>` does not turn the rest into reasoning, and the
+whitespace before a leading tag is treated as markup.
+"""
+
+from typing import List, Tuple
+
+from sglang.srt.parser.reasoning_parser import (
+    BaseReasoningFormatDetector,
+    StreamingParseResult,
+)
+
+from sglang_m3.parsers.m3_format import THINK_CLOSE, THINK_OPEN, partial_suffix_length
+
+_WHITESPACE = " \t\r\n"
+_START, _REASONING, _CONTENT = "start", "reasoning", "content"
+
+
+class MiniMaxM3ReasoningDetector(BaseReasoningFormatDetector):
+    """Splits M3 replies into reasoning and content, streaming or in one go."""
+
+    def __init__(
+        self,
+        stream_reasoning: bool = True,
+        force_reasoning: bool = False,
+        continue_final_message: bool = False,
+        previous_content: str = "",
+        force_nonempty_content: bool = False,
+    ):
+        super().__init__(
+            THINK_OPEN,
+            THINK_CLOSE,
+            force_reasoning=force_reasoning,
+            stream_reasoning=stream_reasoning,
+            continue_final_message=continue_final_message,
+            previous_content=previous_content,
+            force_nonempty_content=force_nonempty_content,
+        )
+        # The base class settled `_in_reasoning` from force_reasoning and previous_content.
+        if self._in_reasoning:
+            self._state = _REASONING
+        elif self.previous_content.strip():
+            self._state = _CONTENT  # continuing a reply whose content already began
+        else:
+            self._state = _START
+        # Before the first reasoning character, a leading `<mm:think>` is still markup.
+        self._at_reasoning_start = self._state == _REASONING and not self.previous_content
+        self._pending = ""
+        self._unsent_reasoning = ""
+        self._saw_content = False
+
+    # -- one-shot ----------------------------------------------------------------------------
+
+    def detect_and_parse(self, text: str) -> StreamingParseResult:
+        reasoning, content = self._advance_with(text)
+        held_reasoning, held_content = self._release_held()
+        reasoning, content = reasoning + held_reasoning, content + held_content
+        if self._force_nonempty_content and not content:
+            reasoning, content = "", reasoning
+        return StreamingParseResult(normal_text=content, reasoning_text=reasoning)
+
+    # -- streaming ---------------------------------------------------------------------------
+
+    def parse_streaming_increment(self, new_text: str) -> StreamingParseResult:
+        reasoning, content = self._advance_with(new_text)
+        return self._streamed(reasoning, content, final=False)
+
+    def finish(self) -> StreamingParseResult:
+        return self._streamed(*self._release_held(), final=True)
+
+    def _advance_with(self, new_text: str) -> Tuple[str, str]:
+        self._pending += new_text
+        return self._advance()
+
+    def _release_held(self) -> Tuple[str, str]:
+        """End of output: held-back text belongs to the part it was held in."""
+        held, self._pending = self._pending, ""
+        return (held, "") if self._state == _REASONING else ("", held)
+
+    def _streamed(self, reasoning: str, content: str, final: bool) -> StreamingParseResult:
+        """Apply `stream_reasoning=False` (reasoning released whole, at its end) and
+        `force_nonempty_content` (as upstream: a stream that ends without content repeats its
+        reasoning as content)."""
+        if not self.stream_reasoning:
+            self._unsent_reasoning += reasoning
+            reasoning = ""
+            if self._state != _REASONING or final:
+                reasoning, self._unsent_reasoning = self._unsent_reasoning, ""
+        self._saw_content = self._saw_content or bool(content)
+        self._accumulated_reasoning += reasoning
+        if final and self._force_nonempty_content and not self._saw_content:
+            return StreamingParseResult(normal_text=self._accumulated_reasoning)
+        return StreamingParseResult(normal_text=content, reasoning_text=reasoning)
+
+    def _advance(self) -> Tuple[str, str]:
+        """Consume every decidable prefix of the pending text; return (reasoning, content)."""
+        reasoning_parts: List[str] = []
+        content_parts: List[str] = []
+        while self._pending:
+            if self._state == _START:
+                if not self._leave_start():
+                    break
+            elif self._state == _REASONING:
+                if self._at_reasoning_start and not self._drop_leading(THINK_OPEN):
+                    break
+                self._at_reasoning_start = False
+                end = self._pending.find(THINK_CLOSE)
+                if end == -1:
+                    keep = partial_suffix_length(self._pending, THINK_CLOSE)
+                    reasoning_parts.append(self._pending[: len(self._pending) - keep])
+                    self._pending = self._pending[len(self._pending) - keep:]
+                    break
+                reasoning_parts.append(self._pending[:end])
+                self._pending = self._pending[end + len(THINK_CLOSE):]
+                self._state = _CONTENT
+            else:
+                content_parts.append(self._pending)
+                self._pending = ""
+        self._in_reasoning = self._state == _REASONING
+        return "".join(reasoning_parts), "".join(content_parts)
+
+    def _leave_start(self) -> bool:
+        """Decide how the reply opens; False while the pending text could still be a tag."""
+        head = self._pending.lstrip(_WHITESPACE)
+        for tag, next_state in ((THINK_OPEN, _REASONING), (THINK_CLOSE, _CONTENT)):
+            if head.startswith(tag):
+                self._pending = head[len(tag):]
+                self._state = next_state
+                return True
+        if not head or THINK_OPEN.startswith(head) or THINK_CLOSE.startswith(head):
+            return False
+        self._state = _CONTENT
+        return True
+
+    def _drop_leading(self, tag: str) -> bool:
+        """Drop `tag` (and whitespace before it) at the start of the pending text.
+
+        False while undecided; True once decided, whether or not the tag was there.
+        """
+        head = self._pending.lstrip(_WHITESPACE)
+        if head.startswith(tag):
+            self._pending = head[len(tag):]
+            return True
+        return bool(head) and not tag.startswith(head)

@@ -1,0 +1,35 @@
+"""Hook functions that put SGLang's chat serving on the M3 parsers' side (listed in plugin.py).
+
+SGLang 0.5.23 applies its M3 request rules (thinking / `reasoning_effort` mapped onto the
+template's `thinking_mode`, tool-call pairing checks, tool-result ordering) only when the served
+config's `model_type` is `minimax_m3_vl`, and keys the forced-reasoning logic on the literal
+parser name `minimax-m3`. A text-only M3 checkpoint and the `minimax_m3` spelling of the parser
+name would silently skip both.
+"""
+
+PARSER_NAME = "minimax-m3"
+PARSER_ALIASES = ("minimax_m3",)
+
+M3_ARCHITECTURES = ("MiniMaxM3SparseForCausalLM", "MiniMaxM3SparseForConditionalGeneration")
+M3_MODEL_TYPES = ("minimax_m3", "minimax_m3_vl", "minimax_m3_vl_text")
+
+
+def serves_m3(hf_config) -> bool:
+    """True for M3 configs, text-only or VL, by architecture name or model type."""
+    architectures = getattr(hf_config, "architectures", None) or []
+    return bool(set(architectures) & set(M3_ARCHITECTURES)) or getattr(hf_config, "model_type", None) in M3_MODEL_TYPES
+
+
+def canonical_parser_name(name):
+    """`minimax_m3` -> `minimax-m3`; any other name unchanged."""
+    return PARSER_NAME if name in PARSER_ALIASES else name
+
+
+def adopt_m3_chat_rules(result, serving_chat, *args, **kwargs):
+    """AFTER `OpenAIServingChat.__init__`: canonical parser names, M3 rules for every M3 config."""
+    serving_chat.reasoning_parser = canonical_parser_name(serving_chat.reasoning_parser)
+    serving_chat.tool_call_parser = canonical_parser_name(serving_chat.tool_call_parser)
+    hf_config = getattr(serving_chat.tokenizer_manager.model_config, "hf_config", None)
+    if hf_config is not None and serves_m3(hf_config):
+        serving_chat.is_minimax_m3 = True
+    return result

@@ -1,0 +1,203 @@
+"""Split M3 output into content text and tool calls, incrementally and chunk-independently.
+
+One state machine serves both the streaming and the one-shot parser (the one-shot parser feeds
+the whole text and finishes), so the two agree by construction: the events depend on the text,
+never on where chunks were cut.
+
+Rules:
+- Outside a block everything is content; `]<]minimax[>[<tool_call>` opens a block.
+- Inside a block only whitespace, invokes and the block's closing tag may appear. Each
+  complete invoke of a known function (`]<]minimax[>[<invoke name="...">` ...
+  `]<]minimax[>[</invoke>`) that parses becomes one call, emitted when its closing tag arrives:
+  a call is never sent before it is known to be good, because a streamed call cannot be
+  taken back.
+- At the first thing in a block that is not a good invoke (junk text, a broken or unknown
+  invoke, a nested block marker), the block ends there: the uncommitted markup seen so far in
+  the block and everything after it are scanned again as content (a later
+  `]<]minimax[>[<tool_call>` opens a new block). No character is dropped.
+- A stream that ends inside a block (the model stopped mid-call) returns the uncommitted rest
+  as content.
+"""
+
+import json
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Union
+
+from sglang_m3.parsers.m3_format import (
+    INVOKE_CLOSE,
+    INVOKE_OPEN_PREFIX,
+    INVOKE_OPEN_SUFFIX,
+    TOOL_CALL_CLOSE,
+    TOOL_CALL_OPEN,
+    partial_suffix_length,
+)
+from sglang_m3.parsers.schema_values import arguments_from_elements
+from sglang_m3.parsers.xml_elements import MalformedCall, parse_siblings
+
+_WHITESPACE = " \t\r\n"
+# Markers that cannot occur inside one invoke: seeing one first means the invoke is broken.
+_FOREIGN_IN_INVOKE = (TOOL_CALL_OPEN, TOOL_CALL_CLOSE, INVOKE_OPEN_PREFIX)
+
+
+@dataclass(frozen=True)
+class ContentText:
+    text: str
+
+
+@dataclass(frozen=True)
+class ParsedCall:
+    name: str
+    arguments: Dict[str, Any]
+
+    @property
+    def arguments_json(self) -> str:
+        return json.dumps(self.arguments, ensure_ascii=False)
+
+
+ScanEvent = Union[ContentText, ParsedCall]
+# Maps a function name to its parameters schema, or raises KeyError for an unknown function.
+SchemaLookup = Callable[[str], Any]
+
+
+def parse_invoke(raw: str, lookup_schema: SchemaLookup) -> ParsedCall:
+    """Parse one complete invoke, from its opening prefix through `]<]minimax[>[</invoke>`."""
+    header_end = raw.find(INVOKE_OPEN_SUFFIX, len(INVOKE_OPEN_PREFIX))
+    if header_end == -1:
+        raise MalformedCall("invoke header has no closing '\">'")
+    name = raw[len(INVOKE_OPEN_PREFIX):header_end]
+    if not name or any(char in name for char in '"<>\n'):
+        raise MalformedCall(f"invalid function name {name!r}")
+    try:
+        schema = lookup_schema(name)
+    except KeyError:
+        raise MalformedCall(f"unknown function {name!r}") from None
+    body = raw[header_end + len(INVOKE_OPEN_SUFFIX): len(raw) - len(INVOKE_CLOSE)]
+    children = parse_siblings(body)
+    try:
+        arguments = arguments_from_elements(children, schema)
+    except MalformedCall:
+        raise
+    except Exception as error:  # a tool schema of unexpected shape must not break the response
+        raise MalformedCall(f"arguments of {name!r} do not fit its schema: {error}") from error
+    return ParsedCall(name=name, arguments=arguments)
+
+
+class ToolCallScanner:
+    """Incremental splitter of M3 output into `ContentText` and `ParsedCall` events."""
+
+    def __init__(self, lookup_schema: SchemaLookup):
+        self._lookup_schema = lookup_schema
+        self._buffer = ""
+        self._in_block = False
+        # Block markup read but not yet committed by a good invoke or the closing tag.
+        self._uncommitted = ""
+
+    def feed(self, text: str) -> List[ScanEvent]:
+        self._buffer += text
+        events: List[ScanEvent] = []
+        while self._step(events):
+            pass
+        return _merged(events)
+
+    def finish(self) -> List[ScanEvent]:
+        """End of output: whatever is still held back is content."""
+        rest = self._uncommitted + self._buffer
+        self._buffer, self._uncommitted, self._in_block = "", "", False
+        return [ContentText(rest)] if rest else []
+
+    def _step(self, events: List[ScanEvent]) -> bool:
+        """Consume what can be decided now; False when more text is needed."""
+        if not self._in_block:
+            return self._step_outside(events)
+        return self._step_in_block(events)
+
+    def _step_outside(self, events: List[ScanEvent]) -> bool:
+        start = self._buffer.find(TOOL_CALL_OPEN)
+        if start == -1:
+            keep = partial_suffix_length(self._buffer, TOOL_CALL_OPEN)
+            events.append(ContentText(self._buffer[: len(self._buffer) - keep]))
+            self._buffer = self._buffer[len(self._buffer) - keep:]
+            return False
+        events.append(ContentText(self._buffer[:start]))
+        self._uncommitted = TOOL_CALL_OPEN
+        self._buffer = self._buffer[start + len(TOOL_CALL_OPEN):]
+        self._in_block = True
+        return True
+
+    def _step_in_block(self, events: List[ScanEvent]) -> bool:
+        spaces = len(self._buffer) - len(self._buffer.lstrip(_WHITESPACE))
+        self._uncommitted += self._buffer[:spaces]
+        self._buffer = self._buffer[spaces:]
+        if not self._buffer:
+            return False
+        if self._buffer.startswith(TOOL_CALL_CLOSE):
+            self._buffer = self._buffer[len(TOOL_CALL_CLOSE):]
+            self._uncommitted = ""
+            self._in_block = False
+            return True
+        if self._buffer.startswith(INVOKE_OPEN_PREFIX):
+            return self._step_invoke(events)
+        if INVOKE_OPEN_PREFIX.startswith(self._buffer) or TOOL_CALL_CLOSE.startswith(self._buffer):
+            return False
+        self._abandon_block(events)
+        return True
+
+    def _step_invoke(self, events: List[ScanEvent]) -> bool:
+        end = self._buffer.find(INVOKE_CLOSE)
+        searched = len(self._buffer) if end == -1 else end
+        for marker in _FOREIGN_IN_INVOKE:
+            if 0 <= self._buffer.find(marker, len(INVOKE_OPEN_PREFIX)) < searched:
+                self._abandon_block(events)
+                return True
+        if end == -1:
+            return False
+        raw = self._buffer[: end + len(INVOKE_CLOSE)]
+        try:
+            call = parse_invoke(raw, self._lookup_schema)
+        except MalformedCall:
+            self._abandon_block(events)
+            return True
+        events.append(call)
+        self._buffer = self._buffer[len(raw):]
+        self._uncommitted = ""
+        return True
+
+    def _abandon_block(self, events: List[ScanEvent]) -> None:
+        """The block breaks here: its uncommitted markup is content, the rest is rescanned."""
+        events.append(ContentText(self._uncommitted))
+        self._uncommitted = ""
+        self._in_block = False
+
+
+def _merged(events: List[ScanEvent]) -> List[ScanEvent]:
+    """Drop empty text events and join adjacent ones."""
+    merged: List[ScanEvent] = []
+    for event in events:
+        if isinstance(event, ContentText):
+            if not event.text:
+                continue
+            if merged and isinstance(merged[-1], ContentText):
+                merged[-1] = ContentText(merged[-1].text + event.text)
+                continue
+        merged.append(event)
+    return merged
+
+
+def scan_all(text: str, lookup_schema: SchemaLookup) -> List[ScanEvent]:
+    """One-shot scan of a complete output."""
+    scanner = ToolCallScanner(lookup_schema)
+    return _merged(scanner.feed(text) + scanner.finish())
+
+
+def schema_lookup(functions: Optional[Dict[str, Any]], accept_unknown: bool = False) -> SchemaLookup:
+    """A `SchemaLookup` over name -> parameters schema; unknown names raise KeyError unless
+    `accept_unknown` (then they parse as untyped)."""
+
+    def lookup(name: str) -> Any:
+        if functions is not None and name in functions:
+            return functions[name]
+        if accept_unknown:
+            return None
+        raise KeyError(name)
+
+    return lookup
