@@ -15,6 +15,7 @@ import sys
 COMMAND_MODULES = (
     "sglang_m3.commands.tiny_checkpoint",
     "sglang_m3.commands.serve",
+    "sglang_m3.commands.recipe",
 )
 
 
