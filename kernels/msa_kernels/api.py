@@ -1,0 +1,221 @@
+"""Launchers of the MSA Triton kernels: the *run* half of plan/run (see the package docstring)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+
+from msa_kernels.plan import DecodePlan, PrefillPlan, Tiles
+from msa_kernels.triton_attention import merge_splits_kernel, sparse_attention_kernel
+from msa_kernels.triton_index import decode_index_scores_kernel, prefill_index_topk_kernel
+from msa_kernels.triton_select import decode_topk_union_kernel, tile_union_kernel
+
+_LOG2E = 1.4426950408889634
+
+
+def _pow2(n: int) -> int:
+    return triton.next_power_of_2(max(1, n))
+
+
+def _check_inputs(q, k_cache, v_cache, iq, ik_cache, num_tokens: int, block_size: int) -> tuple[int, int, int]:
+    """Validate shapes; returns (kv heads, group size, index dim). Names the argument at fault."""
+    for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("iq", iq), ("ik_cache", ik_cache)):
+        if x.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last dimension")
+    if q.dim() != 3 or q.shape[0] < num_tokens:
+        raise ValueError(f"q must be [tokens>={num_tokens}, q_heads, head_dim], got {tuple(q.shape)}")
+    if k_cache.dim() != 3 or v_cache.shape[:2] != k_cache.shape[:2]:
+        raise ValueError(f"k_cache/v_cache must be [slots, kv_heads, dim], got {tuple(k_cache.shape)} / {tuple(v_cache.shape)}")
+    hkv = k_cache.shape[1]
+    if q.shape[1] % hkv:
+        raise ValueError(f"q heads ({q.shape[1]}) must be a multiple of kv heads ({hkv})")
+    if iq.dim() != 3 or iq.shape[1] != hkv:
+        raise ValueError(f"iq must be [tokens, index_heads == kv_heads ({hkv}), index_dim], got {tuple(iq.shape)}")
+    if ik_cache.shape[-1] != iq.shape[-1] or ik_cache.numel() // ik_cache.shape[-1] != ik_cache.shape[0]:
+        raise ValueError(f"ik_cache must be [slots, index_dim] or [slots, 1, index_dim], got {tuple(ik_cache.shape)}")
+    if k_cache.shape[0] % block_size:
+        raise ValueError(f"cache slots ({k_cache.shape[0]}) must be whole pages of {block_size}")
+    if q.shape[-1] != k_cache.shape[-1] or v_cache.shape[-1] != q.shape[-1]:
+        raise ValueError("q, k_cache and v_cache must share head_dim")
+    return hkv, q.shape[1] // hkv, iq.shape[-1]
+
+
+def _tile_args(tiles: Tiles):
+    return tiles.req, tiles.tok0, tiles.pos0, tiles.ntok
+
+
+def _attention(
+    plan_tiles: Tiles, page_table, q, k_cache, v_cache, selected, union, count, out,
+    splits: int, sm_scale: float, block_size: int,
+) -> None:
+    """Sparse GQA over each tile's union of chosen blocks; split + LSE merge when ``splits > 1``."""
+    num_tiles = plan_tiles.count
+    hkv = k_cache.shape[1]
+    group = q.shape[1] // hkv
+    gp = _pow2(group)
+    rows = max(16, plan_tiles.max_tokens * gp)
+    topk = selected.shape[-1]
+    d = q.shape[-1]
+    partial = splits > 1
+    if partial:
+        part_o = torch.empty(num_tiles, hkv, splits, rows, d, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(num_tiles, hkv, splits, rows, dtype=torch.float32, device=q.device)
+    else:
+        part_o = part_lse = torch.empty(1, 1, 1, 1, dtype=torch.float32, device=q.device)
+    sparse_attention_kernel[(num_tiles, hkv, splits)](
+        q, k_cache, v_cache, page_table, selected, union, count,
+        out, part_o, part_lse,
+        *_tile_args(plan_tiles),
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1),
+        v_cache.stride(0), v_cache.stride(1),
+        page_table.stride(0),
+        selected.stride(0), selected.stride(1),
+        union.stride(0), union.stride(1),
+        out.stride(0), out.stride(1),
+        part_o.stride(0), part_o.stride(1), part_o.stride(2), part_o.stride(3),
+        part_lse.stride(0), part_lse.stride(1), part_lse.stride(2),
+        sm_scale * _LOG2E,
+        G=group, GP=gp, ROWS=rows, D=d, BLOCK=block_size,
+        TOPK=topk, KP=_pow2(topk), SPLITS=splits, WRITE_PARTIAL=partial,
+        num_warps=4 if rows <= 64 else 8, num_stages=2,
+    )
+    if partial:
+        merge_splits_kernel[(num_tiles, hkv, plan_tiles.max_tokens)](
+            part_o, part_lse, out,
+            plan_tiles.tok0, plan_tiles.ntok,
+            part_o.stride(0), part_o.stride(1), part_o.stride(2), part_o.stride(3),
+            part_lse.stride(0), part_lse.stride(1), part_lse.stride(2),
+            out.stride(0), out.stride(1),
+            G=group, GP=gp, D=d, SPLITS=splits,
+            num_warps=4,
+        )
+
+
+def _scale(sm_scale: float | None, head_dim: int) -> float:
+    return 1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale
+
+
+def run_decode(
+    plan: DecodePlan,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    iq: torch.Tensor,
+    ik_cache: torch.Tensor,
+    sm_scale: float | None = None,
+    out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sparse layer's decode step: index scan, top-k + union, split sparse attention, merge.
+
+    ``q [batch*q_len, q_heads, D]``, ``iq [batch*q_len, kv_heads, Di]`` (request-major rows),
+    ``k_cache/v_cache [slots, kv_heads, D]``, ``ik_cache [slots, Di]`` (or ``[slots, 1, Di]``).
+    Returns ``(out [batch*q_len, q_heads, D], selected [batch*q_len, kv_heads, topk] int32)``;
+    rows of padded tokens (``q_lens[b] < q_len``) are left unwritten.
+    """
+    p = plan.params
+    hkv, _, di = _check_inputs(q, k_cache, v_cache, iq, ik_cache, plan.num_tokens, p.block_size)
+    tiles = plan.tiles
+    batch = tiles.count
+    t = tiles.max_tokens
+    ik2 = ik_cache.reshape(ik_cache.shape[0], di)
+    score_rows = max(16, _pow2(hkv * t))
+    scores = torch.empty(batch, score_rows, plan.max_blocks, dtype=torch.float32, device=q.device)
+    decode_index_scores_kernel[(batch, plan.index_splits)](
+        iq, ik2, plan.page_table, scores,
+        tiles.tok0, tiles.pos0, tiles.ntok,
+        iq.stride(0), iq.stride(1),
+        ik2.stride(0),
+        plan.page_table.stride(0),
+        scores.stride(0), scores.stride(1),
+        NUM_HEADS=hkv, ROWS=score_rows, D=di, BLOCK=p.block_size, SPLITS=plan.index_splits,
+        num_warps=4, num_stages=3,
+    )
+    selected = torch.empty(plan.num_tokens, hkv, p.topk, dtype=torch.int32, device=q.device)
+    union_slots = _pow2(t * p.topk)
+    union = torch.empty(batch, hkv, union_slots, dtype=torch.int32, device=q.device)
+    count = torch.empty(batch, hkv, dtype=torch.int32, device=q.device)
+    decode_topk_union_kernel[(batch, hkv)](
+        scores, selected, union, count,
+        tiles.tok0, tiles.pos0, tiles.ntok,
+        scores.stride(0), scores.stride(1),
+        selected.stride(0), selected.stride(1),
+        union.stride(0), union.stride(1),
+        NUM_HEADS=hkv, T=t, BLOCK=p.block_size, NBP=_pow2(plan.max_blocks),
+        TOPK=p.topk, KP=_pow2(p.topk), UP=union_slots, LOCAL=p.local_blocks, INIT=p.init_blocks,
+        num_warps=4 if plan.max_blocks <= 2048 else 8,
+    )
+    if out is None:
+        out = torch.empty(plan.num_tokens, q.shape[1], v_cache.shape[-1], dtype=q.dtype, device=q.device)
+    _attention(
+        tiles, plan.page_table, q, k_cache, v_cache, selected, union, count, out,
+        splits=plan.attn_splits, sm_scale=_scale(sm_scale, q.shape[-1]), block_size=p.block_size,
+    )
+    return out, selected
+
+
+def prefill_select(plan: PrefillPlan, iq: torch.Tensor, ik_cache: torch.Tensor) -> torch.Tensor:
+    """Chosen blocks ``[tokens, kv_heads, topk]`` (int32, ascending, -1 padded) of an extend batch.
+
+    One fused kernel: block-max index scores on tensor cores with a running top-k per row, so no
+    score matrix is written.
+    """
+    p = plan.params
+    hkv, di = iq.shape[1], iq.shape[-1]
+    ik2 = ik_cache.reshape(ik_cache.shape[0], di)
+    itiles = plan.index_tiles
+    selected = torch.empty(plan.num_tokens, hkv, p.topk, dtype=torch.int32, device=iq.device)
+    index_rows = itiles.max_tokens * hkv
+    prefill_index_topk_kernel[(itiles.count,)](
+        iq, ik2, plan.page_table, selected,
+        *_tile_args(itiles),
+        iq.stride(0), iq.stride(1),
+        ik2.stride(0),
+        plan.page_table.stride(0),
+        selected.stride(0), selected.stride(1),
+        NUM_HEADS=hkv, ROWS=index_rows, D=di, BLOCK=p.block_size,
+        TOPK=p.topk, KP=_pow2(p.topk), LOCAL=p.local_blocks, INIT=p.init_blocks,
+        num_warps=8 if index_rows >= 128 else 4, num_stages=3,
+    )
+    return selected
+
+
+def run_prefill(
+    plan: PrefillPlan,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    iq: torch.Tensor,
+    ik_cache: torch.Tensor,
+    sm_scale: float | None = None,
+    out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sparse layer's extend step: fused index scan + top-k, tile unions, sparse attention.
+
+    Shapes as :func:`run_decode` with rows packed request after request; the new tokens' K, V and
+    index keys must already be in the caches (SGLang writes them before attention runs).
+    """
+    p = plan.params
+    hkv, _, _ = _check_inputs(q, k_cache, v_cache, iq, ik_cache, plan.num_tokens, p.block_size)
+    selected = prefill_select(plan, iq, ik_cache)
+    atiles = plan.attn_tiles
+    union_slots = _pow2(atiles.max_tokens * p.topk)
+    union = torch.empty(atiles.count, hkv, union_slots, dtype=torch.int32, device=q.device)
+    count = torch.empty(atiles.count, hkv, dtype=torch.int32, device=q.device)
+    tile_union_kernel[(atiles.count, hkv)](
+        selected, union, count,
+        atiles.tok0, atiles.ntok,
+        selected.stride(0), selected.stride(1),
+        union.stride(0), union.stride(1),
+        T=atiles.max_tokens, TOPK=p.topk, UP=union_slots,
+        num_warps=4,
+    )
+    if out is None:
+        out = torch.empty(plan.num_tokens, q.shape[1], v_cache.shape[-1], dtype=q.dtype, device=q.device)
+    _attention(
+        atiles, plan.page_table, q, k_cache, v_cache, selected, union, count, out,
+        splits=1, sm_scale=_scale(sm_scale, q.shape[-1]), block_size=p.block_size,
+    )
+    return out, selected

@@ -1,0 +1,180 @@
+"""Random paged MSA batches and their per-request reference results (for tests and benchmarks).
+
+Builds what SGLang hands an MSA layer: K/V/index-key caches in pages of ``block_size`` slots,
+handed out in a shuffled order (so a request's blocks are not contiguous), a ``req_to_token``
+table, sequence and extend lengths, and the new tokens' q / index q rows packed request after
+request. The reference result comes from :mod:`msa_kernels.reference`, one request at a time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from msa_kernels.reference import MSAParams, msa_attention
+
+
+@dataclass
+class PagedBatch:
+    q: torch.Tensor  # [rows, Hq, D]
+    iq: torch.Tensor  # [rows, Hkv, Di]
+    k_cache: torch.Tensor  # [slots, Hkv, D]
+    v_cache: torch.Tensor
+    ik_cache: torch.Tensor  # [slots, 1, Di]
+    req_to_token: torch.Tensor  # [batch, max_context] int32
+    seq_lens: list[int]
+    extend_lens: list[int]
+    row_stride: int  # rows of q per request in decode layout (0: packed extend layout)
+
+    def rows_of(self, b: int) -> torch.Tensor:
+        """Rows of ``q`` that request ``b``'s new tokens occupy."""
+        if self.row_stride:
+            start = b * self.row_stride
+        else:
+            start = sum(self.extend_lens[:b])
+        return torch.arange(start, start + self.extend_lens[b])
+
+
+def make_paged_batch(
+    seq_lens: list[int],
+    extend_lens: list[int],
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    index_dim: int,
+    block_size: int,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    decode_q_len: int = 0,
+    max_context: int | None = None,
+    spare_pages: int = 3,
+    generator: torch.Generator | None = None,
+) -> PagedBatch:
+    """A random batch; ``decode_q_len > 0`` lays q out as ``decode_q_len`` rows per request.
+
+    Pages are shuffled; slots of unused pages and of the unused tail of each last page hold NaN
+    (when the dtype has one) so that a kernel that reads past a sequence end cannot pass.
+    """
+    batch = len(seq_lens)
+    max_context = max_context or max(seq_lens)
+    pages_per_req = [(s + block_size - 1) // block_size for s in seq_lens]
+    total_pages = sum(pages_per_req) + spare_pages
+    order = torch.randperm(total_pages, generator=generator)
+    slots = total_pages * block_size
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=generator).to(dtype).to(device)
+
+    k_cache, v_cache = rand(slots, num_kv_heads, head_dim), rand(slots, num_kv_heads, head_dim)
+    ik_cache = rand(slots, 1, index_dim)
+    req_to_token = torch.zeros(batch, max_context, dtype=torch.int32)
+    poisoned = torch.ones(slots, dtype=torch.bool)
+    next_page = 0
+    for b, s in enumerate(seq_lens):
+        pages = order[next_page : next_page + pages_per_req[b]]
+        next_page += pages_per_req[b]
+        token_slots = (pages[:, None] * block_size + torch.arange(block_size)[None, :]).reshape(-1)[:s]
+        req_to_token[b, :s] = token_slots.to(torch.int32)
+        poisoned[token_slots] = False
+    if dtype.is_floating_point:
+        for cache in (k_cache, v_cache, ik_cache):
+            cache[poisoned.to(device)] = float("nan")
+    rows = batch * decode_q_len if decode_q_len else sum(extend_lens)
+    return PagedBatch(
+        q=rand(rows, num_q_heads, head_dim),
+        iq=rand(rows, num_kv_heads, index_dim),
+        k_cache=k_cache,
+        v_cache=v_cache,
+        ik_cache=ik_cache,
+        req_to_token=req_to_token.to(device),
+        seq_lens=list(seq_lens),
+        extend_lens=list(extend_lens),
+        row_stride=decode_q_len,
+    )
+
+
+def reference_request(batch: PagedBatch, b: int, params: MSAParams, scale: float | None = None):
+    """(output, selected blocks, block scores) of request ``b`` from the torch reference, in fp32.
+
+    Computed on the batch's device (a GPU makes long requests affordable), returned on the CPU.
+    """
+    from msa_kernels.reference import block_scores
+
+    s, e = batch.seq_lens[b], batch.extend_lens[b]
+    device = batch.q.device
+    slots = batch.req_to_token[b, :s].long()
+    rows = batch.rows_of(b).to(device)
+
+    def take(x):
+        return x.detach().float()
+
+    k = take(batch.k_cache)[slots]
+    v = take(batch.v_cache)[slots]
+    ik = take(batch.ik_cache)[slots, 0]
+    q = take(batch.q)[rows]
+    iq = take(batch.iq)[rows]
+    q_pos = torch.arange(s - e, s, device=device)
+    out, selected = msa_attention(q, k, v, iq, ik, q_pos, params, scale)
+    return out.cpu(), selected.cpu(), block_scores(iq, ik, q_pos, params.block_size).cpu()
+
+
+@dataclass
+class Agreement:
+    """How a kernel's results compare with the reference over a whole batch."""
+
+    rows: int  # (token, kv head) selections compared
+    tie_swaps: int  # selections that differ only by blocks whose scores are near-ties
+    max_rel_err: float  # largest ||out - ref|| / ||ref|| over (token, kv head) groups with equal selections
+    failures: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+def compare_with_reference(
+    batch: PagedBatch,
+    params: MSAParams,
+    out: torch.Tensor,
+    selected: torch.Tensor,
+    rel_tol: float,
+    tie_tol: float = 1e-3,
+    scale: float | None = None,
+) -> Agreement:
+    """Compare selections as sets (swaps allowed only at near-ties) and outputs where selections agree.
+
+    ``selected`` is ``[rows, kv_heads, topk]`` in the batch's row layout (SGLang's
+    ``[kv_heads, rows, topk]`` must be transposed first). A swap counts as a near-tie when every
+    differing block's reference score is within ``tie_tol`` (relative) of the k-th chosen score.
+    """
+    failures: list[str] = []
+    rows = swaps = 0
+    worst = 0.0
+    group = out.shape[1] // selected.shape[1]
+    for b in range(len(batch.seq_lens)):
+        ref_out, ref_sel, scores = reference_request(batch, b, params, scale)
+        mine_sel = selected[batch.rows_of(b)].long().cpu()
+        mine_out = out[batch.rows_of(b)].float().cpu()
+        for i in range(ref_sel.shape[0]):
+            for h in range(ref_sel.shape[1]):
+                rows += 1
+                want = {int(x) for x in ref_sel[i, h] if x >= 0}
+                got = {int(x) for x in mine_sel[i, h] if x >= 0}
+                if sorted(got) != [int(x) for x in mine_sel[i, h] if x >= 0] or (mine_sel[i, h] >= 0).sum() != len(got):
+                    failures.append(f"req {b} token {i} head {h}: ids not ascending-unique {mine_sel[i, h].tolist()}")
+                    continue
+                if got != want:
+                    row_scores = scores[i, h]
+                    kth = min(float(row_scores[j]) for j in want) if want else float("-inf")
+                    near = all(abs(float(row_scores[j]) - kth) <= tie_tol * max(1.0, abs(kth)) for j in got ^ want)
+                    if not near or len(got) != len(want):
+                        failures.append(f"req {b} token {i} head {h}: chose {sorted(got)}, reference {sorted(want)}")
+                    swaps += 1
+                    continue
+                heads = slice(h * group, (h + 1) * group)
+                diff = (mine_out[i, heads] - ref_out[i, heads]).norm() / ref_out[i, heads].norm().clamp_min(1e-6)
+                worst = max(worst, float(diff))
+                if not torch.isfinite(mine_out[i, heads]).all() or diff > rel_tol:
+                    failures.append(f"req {b} token {i} head {h}: output rel err {float(diff):.3g} > {rel_tol}")
+    return Agreement(rows=rows, tie_swaps=swaps, max_rel_err=worst, failures=failures[:20])

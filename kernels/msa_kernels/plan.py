@@ -1,0 +1,198 @@
+"""Per-batch metadata for the MSA Triton kernels (the *plan* half of plan/run).
+
+A plan turns SGLang's view of a batch (``req_to_token`` rows or a page table, sequence lengths,
+prefix lengths, query lengths) into the small int32 tensors every layer's kernels read:
+
+* ``page_table [batch, max_blocks]``: physical page of each logical 128-token block. The KV pool
+  must use page size == MSA block size, so a block's tokens occupy the cache rows
+  ``page * block_size + 0 .. block_size-1`` and one page id addresses a whole block.
+* *tiles*: runs of consecutive query tokens of one request. ``tile_req`` (request), ``tile_tok0``
+  (row of the first token in ``q``), ``tile_pos0`` (its absolute position) and ``tile_ntok``.
+  Decode uses one tile per request (its ``q_len`` tokens); prefill uses small attention tiles and
+  larger indexer tiles.
+
+Decode plans are built from device tensors only (no host sync, fixed shapes for a given maximum
+batch, query length and context), so they can be captured in a CUDA graph with the layers.
+Prefill plans take host-side lengths (SGLang keeps ``extend_seq_lens_cpu``) because the number
+of tiles depends on them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from msa_kernels.reference import MSAParams
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """Runs of consecutive query tokens of one request; all int32 ``[num_tiles]`` on the device."""
+
+    req: torch.Tensor
+    tok0: torch.Tensor
+    pos0: torch.Tensor
+    ntok: torch.Tensor
+    max_tokens: int  # upper bound of ``ntok`` (a compile-time tile height)
+
+    @property
+    def count(self) -> int:
+        return self.req.shape[0]
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """Metadata of one decode / speculative-verify batch (``q_len`` tokens per request)."""
+
+    params: MSAParams
+    page_table: torch.Tensor  # [batch, max_blocks] int32
+    tiles: Tiles  # one tile per request
+    num_tokens: int  # rows of q (batch * max_q_len, padded rows are never written)
+    max_blocks: int
+    index_splits: int  # programs per request in the index scan
+    attn_splits: int  # programs per (request, kv head) in the sparse attention
+
+
+@dataclass(frozen=True)
+class PrefillPlan:
+    """Metadata of one prefill / chunked-prefill (extend) batch."""
+
+    params: MSAParams
+    page_table: torch.Tensor  # [batch, max_blocks] int32
+    index_tiles: Tiles  # indexer tiles, longest context first
+    attn_tiles: Tiles  # attention tiles, longest context first
+    num_tokens: int
+    max_blocks: int
+
+
+def page_table_from_req_to_token(
+    req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, max_context: int, block_size: int
+) -> torch.Tensor:
+    """Physical page per logical block, read off the first slot of every block.
+
+    SGLang's paged allocator hands out whole pages, so slot ``s`` of a block lives in page
+    ``s // page_size``; with page size == block size the first slot names the block's page.
+    """
+    if req_to_token.dim() != 2:
+        raise ValueError(f"req_to_token must be [max_reqs, max_context], got shape {tuple(req_to_token.shape)}")
+    if max_context > req_to_token.shape[1]:
+        raise ValueError(f"max_context {max_context} exceeds req_to_token width {req_to_token.shape[1]}")
+    first_slots = req_to_token[req_pool_indices.long(), 0:max_context:block_size]
+    return (first_slots // block_size).to(torch.int32)
+
+
+def _num_blocks(length: int, block_size: int) -> int:
+    return (length + block_size - 1) // block_size
+
+
+def _check_page_table(page_table: torch.Tensor, batch: int) -> None:
+    if page_table.dim() != 2 or page_table.shape[0] != batch:
+        raise ValueError(f"page_table must be [batch={batch}, max_blocks], got shape {tuple(page_table.shape)}")
+
+
+def plan_decode(
+    params: MSAParams,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    q_len: int = 1,
+    q_lens: torch.Tensor | None = None,
+    num_kv_heads: int = 4,
+    num_sms: int = 132,
+) -> DecodePlan:
+    """Plan a decode batch: request ``b`` holds ``seq_lens[b]`` tokens, the last ``q_lens[b]`` new.
+
+    ``q`` rows are laid out request-major with a fixed stride of ``q_len`` rows per request
+    (speculative verification sends ``q_len`` draft tokens per request); ``q_lens`` (device,
+    each in 1..q_len) lets requests use fewer. ``page_table`` comes from
+    :func:`page_table_from_req_to_token` and fixes the maximum context. ``num_kv_heads`` and
+    ``num_sms`` only size the grids (enough programs to fill the GPU), never the results.
+    """
+    batch = seq_lens.shape[0]
+    _check_page_table(page_table, batch)
+    if q_len < 1:
+        raise ValueError(f"q_len must be >= 1, got {q_len}")
+    device = seq_lens.device
+    seq_lens = seq_lens.to(torch.int32)
+    ntok = torch.full_like(seq_lens, q_len) if q_lens is None else q_lens.to(torch.int32)
+    tiles = Tiles(
+        req=torch.arange(batch, dtype=torch.int32, device=device),
+        tok0=torch.arange(batch, dtype=torch.int32, device=device) * q_len,
+        pos0=seq_lens - ntok,
+        ntok=ntok,
+        max_tokens=q_len,
+    )
+    max_blocks = page_table.shape[1]
+    index_splits = max(1, min(max_blocks, (4 * num_sms + batch - 1) // batch))
+    union_slots = q_len * params.topk
+    per_split = batch * num_kv_heads
+    attn_splits = max(1, min(union_slots, (2 * num_sms + per_split - 1) // per_split))
+    return DecodePlan(
+        params=params,
+        page_table=page_table.to(torch.int32).contiguous(),
+        tiles=tiles,
+        num_tokens=batch * q_len,
+        max_blocks=max_blocks,
+        index_splits=index_splits,
+        attn_splits=attn_splits,
+    )
+
+
+def _tiles_for(
+    seq_lens: list[int], extend_lens: list[int], tile_tokens: int, device: torch.device
+) -> Tiles:
+    """Cut every request's new tokens into tiles of ``tile_tokens``; longest context first."""
+    rows = []
+    tok0 = 0
+    for req, (seq_len, ext) in enumerate(zip(seq_lens, extend_lens)):
+        prefix = seq_len - ext
+        for start in range(0, ext, tile_tokens):
+            n = min(tile_tokens, ext - start)
+            rows.append((req, tok0 + start, prefix + start, n))
+        tok0 += ext
+    rows.sort(key=lambda r: -(r[2] + r[3]))  # most work first: better tail balance
+    data = torch.tensor(rows, dtype=torch.int32).reshape(-1, 4).to(device)
+    return Tiles(
+        req=data[:, 0].contiguous(),
+        tok0=data[:, 1].contiguous(),
+        pos0=data[:, 2].contiguous(),
+        ntok=data[:, 3].contiguous(),
+        max_tokens=tile_tokens,
+    )
+
+
+def plan_prefill(
+    params: MSAParams,
+    page_table: torch.Tensor,
+    seq_lens: list[int],
+    extend_lens: list[int],
+    num_index_heads: int,
+    attn_tile_tokens: int = 4,
+    index_rows: int = 128,
+) -> PrefillPlan:
+    """Plan an extend batch: request ``b`` has ``seq_lens[b]`` tokens, the last ``extend_lens[b]`` new.
+
+    ``q`` rows are packed request after request (SGLang's extend layout). The prefix length of a
+    request is ``seq_lens[b] - extend_lens[b]`` and may be any value (not only multiples of the
+    block size). ``index_rows`` is the indexer tile height in (token, index head) rows.
+    """
+    batch = len(seq_lens)
+    if len(extend_lens) != batch:
+        raise ValueError(f"extend_lens has {len(extend_lens)} entries, seq_lens has {batch}")
+    _check_page_table(page_table, batch)
+    for b, (s, e) in enumerate(zip(seq_lens, extend_lens)):
+        if e < 1 or e > s:
+            raise ValueError(f"request {b}: extend length {e} must be in 1..seq_len ({s})")
+        if _num_blocks(s, params.block_size) > page_table.shape[1]:
+            raise ValueError(f"request {b}: seq_len {s} needs more blocks than page_table has ({page_table.shape[1]})")
+    if index_rows % num_index_heads:
+        raise ValueError(f"index_rows {index_rows} must be a multiple of the index heads ({num_index_heads})")
+    device = page_table.device
+    return PrefillPlan(
+        params=params,
+        page_table=page_table.to(torch.int32).contiguous(),
+        index_tiles=_tiles_for(seq_lens, extend_lens, index_rows // num_index_heads, device),
+        attn_tiles=_tiles_for(seq_lens, extend_lens, attn_tile_tokens, device),
+        num_tokens=sum(extend_lens),
+        max_blocks=page_table.shape[1],
+    )

@@ -1,0 +1,127 @@
+"""Triton kernels of the MSA main branch: GQA over the chosen blocks, and the split merge.
+
+One program serves a *tile* (consecutive query tokens of one request) and one KV head: its rows
+are (token, query head of the group). It walks the union of the blocks its tokens chose, loads
+each block's K and V once for all of them, and masks per row the blocks that row's token did not
+choose, plus the token-level causal mask. Decode splits the union over several programs and
+merges their partial outputs by log-sum-exp; prefill runs one program per tile.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def sparse_attention_kernel(
+    q_ptr, k_ptr, v_ptr, page_ptr, sel_ptr, union_ptr, count_ptr,
+    out_ptr, part_o_ptr, part_lse_ptr,
+    tile_req_ptr, tile_tok0_ptr, tile_pos0_ptr, tile_ntok_ptr,
+    s_q_t, s_q_h,
+    s_k_slot, s_k_h,
+    s_v_slot, s_v_h,
+    s_pg_b,
+    s_sel_t, s_sel_h,
+    s_un_t, s_un_h,
+    s_o_t, s_o_h,
+    s_po_t, s_po_h, s_po_s, s_po_r,
+    s_pl_t, s_pl_h, s_pl_s,
+    qk_scale_log2,
+    G: tl.constexpr, GP: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
+    TOPK: tl.constexpr, KP: tl.constexpr, SPLITS: tl.constexpr, WRITE_PARTIAL: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    h = tl.program_id(1)
+    split = tl.program_id(2)
+    req = tl.load(tile_req_ptr + tile)
+    tok0 = tl.load(tile_tok0_ptr + tile)
+    pos0 = tl.load(tile_pos0_ptr + tile)
+    ntok = tl.load(tile_ntok_ptr + tile)
+    rows = tl.arange(0, ROWS)
+    t = rows // GP
+    g = rows % GP
+    row_ok = (t < ntok) & (g < G)
+    row_pos = pos0 + t
+    d = tl.arange(0, D)
+    q = tl.load(q_ptr + (tok0 + t)[:, None] * s_q_t + (h * G + g)[:, None] * s_q_h + d[None, :], mask=row_ok[:, None], other=0.0)
+    slot = tl.arange(0, KP)
+    row_sel = tl.load(
+        sel_ptr + (tok0 + t)[:, None] * s_sel_t + h * s_sel_h + slot[None, :],
+        mask=row_ok[:, None] & (slot[None, :] < TOPK),
+        other=-1,
+    )  # [ROWS, KP]: the blocks each row's token chose
+    count = tl.load(count_ptr + tile * tl.num_programs(1) + h)
+    last_pos = pos0 + ntok - 1
+    keys = tl.arange(0, BLOCK)
+    m_i = tl.full([ROWS], float("-inf"), tl.float32)
+    l_i = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, D], tl.float32)
+    for u in range(split, count, SPLITS):
+        blk = tl.load(union_ptr + tile * s_un_t + h * s_un_h + u)
+        page = tl.load(page_ptr + req * s_pg_b + blk).to(tl.int64)
+        kpos = blk * BLOCK + keys
+        key_ok = kpos <= last_pos  # never touch rows past the newest token (may hold garbage)
+        slots = page * BLOCK + keys
+        k_t = tl.load(k_ptr + slots[None, :] * s_k_slot + h * s_k_h + d[:, None], mask=key_ok[None, :], other=0.0)
+        s = tl.dot(q, k_t) * qk_scale_log2
+        member = tl.max((row_sel == blk).to(tl.int32), axis=1) > 0
+        allowed = member[:, None] & (kpos[None, :] <= row_pos[:, None])
+        s = tl.where(allowed, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_ptr + slots[:, None] * s_v_slot + h * s_v_h + d[None, :], mask=key_ok[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    has_any = l_i > 0
+    o = acc / tl.where(has_any, l_i, 1.0)[:, None]
+    if WRITE_PARTIAL:
+        lse = tl.where(has_any, m_i + tl.log2(tl.where(has_any, l_i, 1.0)), float("-inf"))
+        base = tile * s_po_t + h * s_po_h + split * s_po_s
+        tl.store(part_o_ptr + base + rows[:, None] * s_po_r + d[None, :], o)
+        tl.store(part_lse_ptr + tile * s_pl_t + h * s_pl_h + split * s_pl_s + rows, lse)
+    else:
+        tl.store(
+            out_ptr + (tok0 + t)[:, None] * s_o_t + (h * G + g)[:, None] * s_o_h + d[None, :],
+            o.to(out_ptr.dtype.element_ty),
+            mask=row_ok[:, None],
+        )
+
+
+@triton.jit
+def merge_splits_kernel(
+    part_o_ptr, part_lse_ptr, out_ptr,
+    tile_tok0_ptr, tile_ntok_ptr,
+    s_po_t, s_po_h, s_po_s, s_po_r,
+    s_pl_t, s_pl_h, s_pl_s,
+    s_o_t, s_o_h,
+    G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr,
+):
+    """out[token, head] = sum_s w_s * o_s with w_s = 2^(lse_s - lse_total) (base-2 log-sum-exp)."""
+    tile = tl.program_id(0)
+    h = tl.program_id(1)
+    t = tl.program_id(2)
+    tok0 = tl.load(tile_tok0_ptr + tile)
+    ntok = tl.load(tile_ntok_ptr + tile)
+    g = tl.arange(0, GP)
+    rows = t * GP + g
+    d = tl.arange(0, D)
+    lse_base = part_lse_ptr + tile * s_pl_t + h * s_pl_h + rows
+    m = tl.full([GP], float("-inf"), tl.float32)
+    for s in range(SPLITS):
+        m = tl.maximum(m, tl.load(lse_base + s * s_pl_s))
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    total = tl.zeros([GP], tl.float32)
+    acc = tl.zeros([GP, D], tl.float32)
+    for s in range(SPLITS):
+        w = tl.exp2(tl.load(lse_base + s * s_pl_s) - m_safe)
+        o = tl.load(part_o_ptr + tile * s_po_t + h * s_po_h + s * s_po_s + rows[:, None] * s_po_r + d[None, :])
+        acc += w[:, None] * o
+        total += w
+    out = acc / tl.where(total > 0, total, 1.0)[:, None]
+    tl.store(
+        out_ptr + (tok0 + t) * s_o_t + (h * G + g)[:, None] * s_o_h + d[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=((g < G) & (t < ntok))[:, None],
+    )

@@ -1,0 +1,31 @@
+"""Kernel tests: on a machine without CUDA the Triton kernels run under the interpreter.
+
+``TRITON_INTERPRET`` is read when a kernel is decorated, so it is set here, before any test module
+imports the kernels; the ``interpreted_api`` fixture re-imports them in interpreter mode if
+something imported them earlier in the session in compiled mode.
+"""
+
+import importlib
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+
+@pytest.fixture(scope="session")
+def interpreted_api():
+    """``msa_kernels.api`` with every kernel running under the Triton interpreter (CPU only)."""
+    if torch.cuda.is_available():
+        pytest.skip("interpreter tests run on CPU machines; the GPU tests cover CUDA")
+    os.environ["TRITON_INTERPRET"] = "1"
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from msa_kernels import api, triton_attention, triton_index, triton_select
+
+    if not isinstance(triton_index.decode_index_scores_kernel, InterpretedFunction):
+        for module in (triton_select, triton_index, triton_attention, api):
+            importlib.reload(module)
+    return api
