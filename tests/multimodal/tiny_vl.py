@@ -39,3 +39,20 @@ def tiny_vl_config(vision_layers: int = 2, **vision_overrides) -> MiniMaxM3VLCon
         image_token_index=290,
         video_token_index=291,
     )
+
+
+MEDIA_SPECIAL_TOKENS = ["]<]image[>[", "]<]video[>[", "]<]start of image[>[", "]<]end of image[>["]
+
+
+def tiny_tokenizer():
+    """A character-level fast tokenizer with M3's media tokens as special tokens (ids 96..99)."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {chr(code): code - 32 for code in range(32, 127)}
+    vocab["<unk>"] = len(vocab)
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>")
+    tokenizer.add_special_tokens({"additional_special_tokens": MEDIA_SPECIAL_TOKENS})
+    return tokenizer

@@ -1,0 +1,141 @@
+"""One request's media end to end: limits, parallel decoding in the pool, prompt pieces."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from sglang_m3.multimodal.errors import MediaError
+from sglang_m3.multimodal.image import ImageFeatures, image_features
+from sglang_m3.multimodal.limits import MediaLimits
+from sglang_m3.multimodal.patches import PatchGeometry
+from sglang_m3.multimodal.pool import MediaWorkerPool
+from sglang_m3.multimodal.prompt import MediaTokens
+from sglang_m3.multimodal.sources import read_media
+from sglang_m3.multimodal.video import VideoFeatures, video_features
+
+# M3's video processor: same patching as images, up to 768 * 28 * 28 pixels per frame.
+VIDEO_GEOMETRY = PatchGeometry(min_pixels=4 * 28 * 28, max_pixels=768 * 28 * 28)
+
+
+@dataclass(frozen=True)
+class PreprocessConfig:
+    image: PatchGeometry = field(default_factory=PatchGeometry)
+    video: PatchGeometry = VIDEO_GEOMETRY
+    limits: MediaLimits = field(default_factory=MediaLimits)
+    tokens: MediaTokens = field(default_factory=MediaTokens)
+
+    @classmethod
+    def from_settings(
+        cls, hf_processor: Any = None, mm_process_config: dict[str, Any] | None = None
+    ) -> "PreprocessConfig":
+        """Geometry from the checkpoint's processor (if any), then server overrides.
+
+        ``mm_process_config`` is SGLang's ``--mm-process-config``: ``{"image": {"min_pixels",
+        "max_pixels"}, "video": {"min_pixels", "max_pixels", "fps"}, "limits": {...MediaLimits}}``.
+        """
+        image, video = PatchGeometry(), VIDEO_GEOMETRY
+        image_processor = getattr(hf_processor, "image_processor", None)
+        video_processor = getattr(hf_processor, "video_processor", None)
+        if image_processor is not None:
+            size = image_processor.size
+            image = _geometry_from(image_processor, image, size["shortest_edge"], size["longest_edge"])
+        if video_processor is not None:
+            video = _geometry_from(video_processor, video, video_processor.min_pixels, video_processor.max_pixels)
+        settings = dict(mm_process_config or {})
+        unknown = sorted(set(settings) - {"image", "video", "audio", "limits"})
+        if unknown:
+            raise ValueError(f"unknown mm_process_config section(s) {unknown}")
+        limits = dict(settings.get("limits") or {})
+        video_settings = dict(settings.get("video") or {})
+        if "fps" in video_settings:
+            limits.setdefault("video_fps", video_settings.pop("fps"))
+        return cls(
+            image=_with_pixels(image, settings.get("image") or {}, "image"),
+            video=_with_pixels(video, video_settings, "video"),
+            limits=MediaLimits.from_mapping(limits),
+        )
+
+
+def _geometry_from(processor: Any, base: PatchGeometry, min_pixels: int, max_pixels: int) -> PatchGeometry:
+    return replace(
+        base,
+        patch_size=processor.patch_size,
+        temporal_patch_size=processor.temporal_patch_size,
+        merge_size=processor.merge_size,
+        min_pixels=int(min_pixels),
+        max_pixels=int(max_pixels),
+        rescale_factor=float(processor.rescale_factor),
+        image_mean=tuple(processor.image_mean),
+        image_std=tuple(processor.image_std),
+    )
+
+
+def _with_pixels(geometry: PatchGeometry, overrides: dict[str, Any], section: str) -> PatchGeometry:
+    unknown = sorted(set(overrides) - {"min_pixels", "max_pixels"})
+    if unknown:
+        raise ValueError(f"unknown mm_process_config.{section} key(s) {unknown}")
+    updated = replace(geometry, **{key: int(value) for key, value in overrides.items()})
+    if not 0 < updated.min_pixels <= updated.max_pixels:
+        raise ValueError(f"mm_process_config.{section}: need 0 < min_pixels <= max_pixels")
+    return updated
+
+
+@dataclass
+class ProcessedMedia:
+    images: list[ImageFeatures]
+    videos: list[VideoFeatures]
+    image_texts: list[str]
+    video_texts: list[str]
+
+
+class MediaPreprocessor:
+    """Turns a request's image and video parts into patch rows and placeholder texts."""
+
+    def __init__(self, config: PreprocessConfig, pool: MediaWorkerPool):
+        self.config = config
+        self.pool = pool
+
+    def check_counts(self, num_images: int, num_videos: int) -> None:
+        limits = self.config.limits
+        if num_images > limits.max_images:
+            raise MediaError("request", f"{num_images} images, over the limit of {limits.max_images}")
+        if num_videos > limits.max_videos:
+            raise MediaError("request", f"{num_videos} videos, over the limit of {limits.max_videos}")
+
+    def image(self, item: Any, part: str) -> ImageFeatures:
+        source = read_media(item, kind="image", part=part, limits=self.config.limits)
+        return image_features(source, self.config.image, self.config.limits)
+
+    def video(self, item: Any, part: str, fps: float | None) -> VideoFeatures:
+        source = read_media(item, kind="video", part=part, limits=self.config.limits)
+        return video_features(source, self.config.video, self.config.limits, fps)
+
+    async def process(
+        self, images: list[Any], videos: list[Any], video_fps: list[float | None] | None = None
+    ) -> ProcessedMedia:
+        """Decodes every part in parallel; the first failing part (in request order) is raised."""
+        self.check_counts(len(images), len(videos))
+        video_fps = video_fps or [None] * len(videos)
+        jobs = [self.pool.run(self.image, item, f"image {i + 1}") for i, item in enumerate(images)]
+        jobs += [
+            self.pool.run(self.video, item, f"video {i + 1}", fps) for i, (item, fps) in enumerate(zip(videos, video_fps))
+        ]
+        results = await asyncio.gather(*jobs, return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        image_results, video_results = results[: len(images)], results[len(images) :]
+        tokens = self.config.tokens
+        return ProcessedMedia(
+            images=image_results,
+            videos=video_results,
+            image_texts=[tokens.image_text(f.grid_thw, self.config.image.merge_size) for f in image_results],
+            video_texts=[
+                tokens.video_text(
+                    f.grid_thw, self.config.video.merge_size, f.timestamps(self.config.video.temporal_patch_size)
+                )
+                for f in video_results
+            ],
+        )
