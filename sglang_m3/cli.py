@@ -16,6 +16,7 @@ COMMAND_MODULES = (
     "sglang_m3.commands.tiny_checkpoint",
     "sglang_m3.commands.serve",
     "sglang_m3.commands.recipe",
+    "sglang_m3.commands.operator",
 )
 
 

@@ -1,0 +1,85 @@
+"""Lift pod failures into reasons a person can act on.
+
+A recipe's pods fail in a handful of recurring ways: the server crashes at start-up
+(CrashLoopBackOff), runs out of memory (OOMKilled), its image cannot be pulled, or no node
+has the GPUs (Unschedulable). The kubelet reports each in a different corner of the pod
+status; this module finds them and names them the same way every time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+#: Waiting reasons that mean the container will not start without a change.
+_WAITING_FAILURES = {
+    "CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull", "InvalidImageName",
+    "CreateContainerConfigError", "CreateContainerError", "RunContainerError",
+}
+
+#: Most telling first: an OOM kill explains the crash loop it causes.
+SEVERITY = ("OOMKilled", "CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull",
+            "InvalidImageName", "CreateContainerConfigError", "CreateContainerError",
+            "RunContainerError", "Unschedulable", "Evicted", "Failed")
+
+
+@dataclasses.dataclass(frozen=True)
+class PodFailure:
+    pod: str
+    container: str | None
+    reason: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f"pod {self.pod}" + (f" container {self.container}" if self.container else "")
+        return f"{where}: {self.reason}" + (f": {self.message}" if self.message else "")
+
+
+def pod_failures(pod: Mapping[str, Any]) -> list[PodFailure]:
+    """Every failure visible in one pod's status (empty for a healthy or starting pod)."""
+    name = (pod.get("metadata") or {}).get("name", "?")
+    status = pod.get("status") or {}
+    failures: list[PodFailure] = []
+    statuses = [*(status.get("initContainerStatuses") or []),
+                *(status.get("containerStatuses") or [])]
+    for container in statuses:
+        failure = _container_failure(name, container)
+        if failure is not None:
+            failures.append(failure)
+    for condition in status.get("conditions") or []:
+        if (condition.get("type") == "PodScheduled" and condition.get("status") == "False"
+                and condition.get("reason") == "Unschedulable"):
+            failures.append(PodFailure(name, None, "Unschedulable",
+                                       condition.get("message", "")))
+    if status.get("phase") == "Failed" and not failures:
+        failures.append(PodFailure(name, None, status.get("reason") or "Failed",
+                                   status.get("message", "")))
+    return failures
+
+
+def _container_failure(pod: str, container: Mapping[str, Any]) -> PodFailure | None:
+    name = container.get("name")
+    state = container.get("state") or {}
+    last = (container.get("lastState") or {}).get("terminated") or {}
+    terminated = state.get("terminated") or {}
+    if "OOMKilled" in (terminated.get("reason"), last.get("reason")):
+        restarts = container.get("restartCount", 0)
+        return PodFailure(pod, name, "OOMKilled",
+                          f"killed for exceeding its memory limit (restarts: {restarts})")
+    waiting = state.get("waiting") or {}
+    if waiting.get("reason") in _WAITING_FAILURES:
+        message = waiting.get("message", "")
+        if last.get("exitCode") is not None:
+            message = f"last exit code {last['exitCode']}" + (f"; {message}" if message else "")
+        return PodFailure(pod, name, waiting["reason"], message)
+    return None
+
+
+def most_severe(failures: Iterable[PodFailure]) -> list[PodFailure]:
+    """Failures ordered by how much they explain, then by pod name (stable output)."""
+    def rank(failure: PodFailure) -> tuple[int, str, str]:
+        order = SEVERITY.index(failure.reason) if failure.reason in SEVERITY else len(SEVERITY)
+        return order, failure.pod, failure.container or ""
+
+    return sorted(failures, key=rank)

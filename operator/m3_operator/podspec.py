@@ -1,0 +1,145 @@
+"""Pod templates for SGLang servers: container, probes, /dev/shm, scheduling, model cache.
+
+The choices here are the deployment lessons collected in M3_FACTS s.6: probes with budgets
+long enough for M3 weight loading, a memory-backed /dev/shm for NCCL, a preStop pause and a
+grace period longer than SGLang's drain, and GPU resources, node selector and tolerations
+taken from the hardware catalog rather than written into each recipe.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from typing import Any
+
+from m3_operator.names import LEADER, ROLE_LABEL, model_cache_claim, recipe_labels
+from m3_operator.options import DeploymentOptions, OperatorConfig
+from m3_operator.recipe_api import HardwareProfile, LaunchSpec, Recipe
+
+CONTAINER_NAME = "sglang"
+HTTP_PORT_NAME = "http"
+DIST_PORT_NAME = "dist"
+SHM_VOLUME = "dshm"
+CACHE_VOLUME = "model-cache"
+CACHE_MOUNT = "/models"
+#: Hugging Face cache inside the model-cache volume. Servers find hub ids there, so the
+#: rendered ``--model-path`` stays the hub id and needs no rewriting.
+HF_HOME = f"{CACHE_MOUNT}/hf"
+PROBE_PERIOD_SECONDS = 10
+
+
+def shm_size(profile: HardwareProfile, options: DeploymentOptions) -> str:
+    """NCCL's shared-memory transport needs GBs on GPU nodes; the CPU tiny model does not."""
+    if options.shm_size:
+        return options.shm_size
+    return "32Gi" if profile.is_gpu else "1Gi"
+
+
+def gpus_per_node(recipe: Recipe, profile: HardwareProfile) -> int:
+    return recipe.spec.hardware.gpus_per_node or profile.gpus_per_node
+
+
+def ready_marker(content_hash: str) -> str:
+    """File the download Job writes last; servers start only once it exists."""
+    return f"{CACHE_MOUNT}/.ready-{content_hash}"
+
+
+def pod_template(
+    *,
+    name: str,
+    role: str,
+    recipe: Recipe,
+    profile: HardwareProfile,
+    launch: LaunchSpec,
+    config: OperatorConfig,
+    options: DeploymentOptions,
+    cache_hash: str | None,
+    multi_node: bool,
+) -> dict[str, Any]:
+    """PodTemplateSpec of one server role: ``leader`` serves HTTP, ``worker`` only joins."""
+    image = options.image or config.server_image
+    serves_http = role == LEADER
+    port = recipe.spec.serving.port
+
+    env = [{"name": key, "value": value} for key, value in sorted(launch.env.items())]
+    if cache_hash is not None:
+        env += [{"name": "HF_HOME", "value": HF_HOME}, {"name": "HF_HUB_OFFLINE", "value": "1"}]
+
+    container: dict[str, Any] = {
+        "name": CONTAINER_NAME,
+        "image": image,
+        "imagePullPolicy": config.image_pull_policy,
+        "command": ["python3", "-m", "sglang.launch_server"],
+        "args": list(launch.argv),
+        "env": env,
+        "ports": [],
+        "volumeMounts": [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}],
+        "lifecycle": {"preStop": {"exec": {
+            "command": ["/bin/sh", "-c", f"sleep {config.pre_stop_seconds}"]}}},
+    }
+    if serves_http:
+        container["ports"].append(
+            {"name": HTTP_PORT_NAME, "containerPort": port, "protocol": "TCP"})
+        container.update(_probes(config))
+    if multi_node and serves_http:
+        container["ports"].append(
+            {"name": DIST_PORT_NAME, "containerPort": config.dist_port, "protocol": "TCP"})
+    if not container["ports"]:
+        del container["ports"]
+    if profile.resource_name is not None:
+        count = str(gpus_per_node(recipe, profile))
+        container["resources"] = {"limits": {profile.resource_name: count},
+                                  "requests": {profile.resource_name: count}}
+    if cache_hash is not None:
+        container["volumeMounts"].append({"name": CACHE_VOLUME, "mountPath": CACHE_MOUNT})
+
+    spec: dict[str, Any] = {
+        "containers": [container],
+        "terminationGracePeriodSeconds": config.termination_grace_seconds,
+        "nodeSelector": {profile.node_label[0]: profile.node_label[1]},
+        "volumes": [{"name": SHM_VOLUME,
+                     "emptyDir": {"medium": "Memory", "sizeLimit": shm_size(profile, options)}}],
+        "enableServiceLinks": False,
+    }
+    if profile.resource_name is not None:
+        # GPU node pools are commonly tainted with the device plugin's resource name.
+        spec["tolerations"] = [{"key": profile.resource_name, "operator": "Exists",
+                                "effect": "NoSchedule"}]
+    if cache_hash is not None:
+        spec["initContainers"] = [_wait_for_model(image, config, cache_hash)]
+        spec["volumes"].append({"name": CACHE_VOLUME,
+                                "persistentVolumeClaim": {"claimName": model_cache_claim(name)}})
+
+    labels = recipe_labels(name)
+    labels[ROLE_LABEL] = role
+    return {"metadata": {"labels": labels}, "spec": spec}
+
+
+def _probes(config: OperatorConfig) -> dict[str, Any]:
+    """SGLang answers /health with 503 until the weights are loaded, then with a one-token
+    generation; the startup probe holds the other two off for the whole loading budget."""
+    def probe(period: int, timeout: int, failures: int) -> dict[str, Any]:
+        return {"httpGet": {"path": "/health", "port": HTTP_PORT_NAME},
+                "periodSeconds": period, "timeoutSeconds": timeout,
+                "failureThreshold": failures}
+
+    startup_failures = math.ceil(config.startup_budget_seconds / PROBE_PERIOD_SECONDS)
+    return {
+        "startupProbe": probe(PROBE_PERIOD_SECONDS, 5, startup_failures),
+        "readinessProbe": probe(PROBE_PERIOD_SECONDS, 10, 3),
+        "livenessProbe": probe(30, 30, 5),
+    }
+
+
+def _wait_for_model(image: str, config: OperatorConfig, cache_hash: str) -> dict[str, Any]:
+    marker = shlex.quote(ready_marker(cache_hash))
+    return {
+        "name": "wait-for-model",
+        "image": image,
+        "imagePullPolicy": config.image_pull_policy,
+        "command": ["/bin/sh", "-c",
+                    f"until [ -f {marker} ]; do echo waiting for the model download; "
+                    f"sleep 10; done"],
+        "volumeMounts": [{"name": CACHE_VOLUME, "mountPath": CACHE_MOUNT, "readOnly": True}],
+    }
+

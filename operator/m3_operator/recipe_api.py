@@ -1,0 +1,49 @@
+"""The one place the operator touches the recipe layer (``sglang_m3.recipe``).
+
+Keeping every import here makes the dependency explicit and small: the operator needs the
+parser, the validator, the launch renderer, the hardware catalog and the CRD's OpenAPI schema,
+nothing else from the project.
+"""
+
+from __future__ import annotations
+
+from sglang_m3.recipe import (
+    API_VERSION,
+    GROUP,
+    KIND,
+    PLURAL,
+    VERSION,
+    Finding,
+    HardwareProfile,
+    LaunchSpec,
+    Recipe,
+    RecipeLoadError,
+    crd_openapi_schema,
+    get_profile,
+    has_errors,
+    parse_recipe,
+    render_launch,
+    validate_recipe,
+)
+from sglang_m3.recipe.schema import SHORT_NAMES, SINGULAR
+
+__all__ = [
+    "API_VERSION",
+    "GROUP",
+    "KIND",
+    "PLURAL",
+    "SHORT_NAMES",
+    "SINGULAR",
+    "VERSION",
+    "Finding",
+    "HardwareProfile",
+    "LaunchSpec",
+    "Recipe",
+    "RecipeLoadError",
+    "crd_openapi_schema",
+    "get_profile",
+    "has_errors",
+    "parse_recipe",
+    "render_launch",
+    "validate_recipe",
+]
