@@ -63,7 +63,7 @@ class MiniMaxM3ToolCallDetector(BaseFormatDetector):
         for event in scan_all(text, self._lookup(tools)):
             if isinstance(event, ContentText):
                 normal_text += event.text
-            else:
+            elif isinstance(event, ParsedCall):
                 calls.append(
                     ToolCallItem(
                         tool_index=positions.get(event.name, -1),
@@ -95,6 +95,7 @@ class MiniMaxM3ToolCallDetector(BaseFormatDetector):
         for event in events:
             if isinstance(event, ContentText):
                 normal_text += event.text
+            if not isinstance(event, ParsedCall):
                 continue
             self.current_tool_id = len(self.prev_tool_call_arr)
             calls.append(ToolCallItem(tool_index=self.current_tool_id, name=event.name, parameters=""))

@@ -45,16 +45,25 @@ class ContentText:
 
 
 @dataclass(frozen=True)
+class Markup:
+    """Block markup consumed around calls (opening tag, spacing, closing tag)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
 class ParsedCall:
     name: str
     arguments: Dict[str, Any]
+    raw: str  # the invoke exactly as written
 
     @property
     def arguments_json(self) -> str:
         return json.dumps(self.arguments, ensure_ascii=False)
 
 
-ScanEvent = Union[ContentText, ParsedCall]
+ScanEvent = Union[ContentText, Markup, ParsedCall]
+# Joining `text` / `raw` of all events in order gives back the input exactly.
 # Maps a function name to its parameters schema, or raises KeyError for an unknown function.
 SchemaLookup = Callable[[str], Any]
 
@@ -79,7 +88,7 @@ def parse_invoke(raw: str, lookup_schema: SchemaLookup) -> ParsedCall:
         raise
     except Exception as error:  # a tool schema of unexpected shape must not break the response
         raise MalformedCall(f"arguments of {name!r} do not fit its schema: {error}") from error
-    return ParsedCall(name=name, arguments=arguments)
+    return ParsedCall(name=name, arguments=arguments, raw=raw)
 
 
 class ToolCallScanner:
@@ -131,6 +140,7 @@ class ToolCallScanner:
         if not self._buffer:
             return False
         if self._buffer.startswith(TOOL_CALL_CLOSE):
+            events.append(Markup(self._uncommitted + TOOL_CALL_CLOSE))
             self._buffer = self._buffer[len(TOOL_CALL_CLOSE):]
             self._uncommitted = ""
             self._in_block = False
@@ -157,6 +167,7 @@ class ToolCallScanner:
         except MalformedCall:
             self._abandon_block(events)
             return True
+        events.append(Markup(self._uncommitted))
         events.append(call)
         self._buffer = self._buffer[len(raw):]
         self._uncommitted = ""
@@ -170,14 +181,14 @@ class ToolCallScanner:
 
 
 def _merged(events: List[ScanEvent]) -> List[ScanEvent]:
-    """Drop empty text events and join adjacent ones."""
+    """Drop empty text and markup events and join adjacent ones of the same kind."""
     merged: List[ScanEvent] = []
     for event in events:
-        if isinstance(event, ContentText):
+        if isinstance(event, (ContentText, Markup)):
             if not event.text:
                 continue
-            if merged and isinstance(merged[-1], ContentText):
-                merged[-1] = ContentText(merged[-1].text + event.text)
+            if merged and type(merged[-1]) is type(event):
+                merged[-1] = type(event)(merged[-1].text + event.text)
                 continue
         merged.append(event)
     return merged
