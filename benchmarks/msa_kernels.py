@@ -1,0 +1,468 @@
+"""Benchmark the MSA Triton kernels against SGLang 0.5.23's MSA kernels and dense attention (GPU).
+
+Method (../shared/BENCHMARKS.md): ceilings first (device copy bandwidth, bf16 matmul rate) in the
+same run; correctness of ours and of SGLang's kernels against the torch reference at small shapes
+on fresh random data before any timing; then the same shapes and inputs for every contender.
+Decode is timed as CUDA-graph replays of the whole MSA step (indexer + top-k + attention), with
+several input sets captured back to back so that L2 does not hold them; prefill with CUDA events.
+
+SGLang's kernels are imported from an unmodified copy of
+``sglang/kernels/ops/attention/minimax_sparse/`` placed on ``--sglang-path`` with tiny stand-ins for
+the few SGLang helpers it imports; its decode top-k runs the Triton 2-stage path of the same file
+(the JIT radix top-k needs SGLang's JIT stack).
+
+Usage: PYTHONPATH=kernels python benchmarks/msa_kernels.py --out DIR [--sglang-path DIR] [--quick]
+Writes DIR/msa_kernels_<gpu>.json, .md and .png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from msa_kernels.api import prefill_select, run_decode, run_prefill
+from msa_kernels.paged_batch import compare_with_reference, make_paged_batch
+from msa_kernels.plan import page_table_from_req_to_token, plan_decode, plan_prefill
+from msa_kernels.reference import MSAParams
+
+HQ, HKV, D, DI, BLOCK, TOPK = 64, 4, 128, 128, 128, 16
+PARAMS = MSAParams(block_size=BLOCK, topk=TOPK, local_blocks=1, init_blocks=0)
+K = 1024
+
+
+# ---------------------------------------------------------------- cost model (M3_FACTS s.3)
+def decode_model_bytes(L: int, batch: int, q_len: int) -> int:
+    """Index-key scan (256 B/token) + 16 blocks x 4 KV heads of K and V + q/iq/out rows, per request."""
+    index_scan = 2 * DI * L
+    kv_blocks = TOPK * HKV * BLOCK * D * 2 * 2
+    rows = q_len * (2 * HQ * D * 2 + HKV * DI * 2)
+    return batch * (index_scan + kv_blocks + rows)
+
+
+def prefill_model_flops(n: int, prefix: int) -> float:
+    """Indexer: 4 heads x 128 x 2 per visible key; main attention ~67.1e6 per query (16 blocks)."""
+    visible_keys = n * prefix + n * (n + 1) / 2
+    return 2 * HKV * DI * visible_keys + 4 * HQ * D * TOPK * BLOCK * n
+
+
+def prefill_index_flops(n: int, prefix: int) -> float:
+    return 2 * HKV * DI * (n * prefix + n * (n + 1) / 2)
+
+
+def prefill_model_bytes(n: int, prefix: int) -> int:
+    """Each input read once, output written once: q, out, iq rows, and all K, V, index keys."""
+    total = n + prefix
+    return n * (2 * HQ * D * 2 + HKV * DI * 2) + total * (2 * HKV * D * 2 + DI * 2)
+
+
+# ---------------------------------------------------------------- timing
+def bench_ms(fn, min_reps: int = 5, budget_ms: float = 400.0) -> float:
+    """Median of CUDA-event timings after a warm-up call; repetitions fit a time budget."""
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    first = start.elapsed_time(end)
+    reps = max(min_reps, min(200, int(budget_ms / max(first, 1e-3))))
+    times = []
+    for _ in range(reps):
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def graph_replay_us(step, sets: int) -> float:
+    """Capture ``step(i)`` for every input set back to back in one graph; time per step (us)."""
+    for i in range(sets):
+        step(i)  # compile / autotune outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(sets):
+            step(i)
+    return 1000.0 * triton.testing.do_bench(graph.replay, warmup=50, rep=300, return_mode="median") / sets
+
+
+def measure_ceilings() -> dict:
+    n = 1 << 30  # 2 GiB of bf16 each way
+    src = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    ms = bench_ms(lambda: dst.copy_(src), min_reps=10)
+    copy_bw = 2 * n * 2 / (ms * 1e-3)
+    del src, dst
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    ms = bench_ms(lambda: a @ b, min_reps=20)
+    flops = 2 * 8192**3 / (ms * 1e-3)
+    return {"copy_bytes_per_s": copy_bw, "bf16_matmul_flops_per_s": flops}
+
+
+# ---------------------------------------------------------------- SGLang's kernels
+@dataclass
+class SGLang:
+    decode_index: object
+    decode_attn: object
+    prefill_index: object
+    prefill_attn: object
+
+    @classmethod
+    def load(cls, path: str | None):
+        if path:
+            sys.path.insert(0, path)
+        try:
+            from sglang.kernels.ops.attention.minimax_sparse.decode.flash_with_topk_idx import flash_decode_with_topk_idx
+            from sglang.kernels.ops.attention.minimax_sparse.decode.topk_sparse import flash_decode_with_gqa_share_sparse
+            from sglang.kernels.ops.attention.minimax_sparse.prefill.flash_with_topk_idx import flash_prefill_with_topk_index
+            from sglang.kernels.ops.attention.minimax_sparse.prefill.topk_sparse import flash_prefill_with_gqa_share_sparse
+        except ImportError as err:
+            print(f"SGLang kernels unavailable: {err}")
+            return None
+        return cls(flash_decode_with_topk_idx, flash_decode_with_gqa_share_sparse,
+                   flash_prefill_with_topk_index, flash_prefill_with_gqa_share_sparse)
+
+    def decode(self, q, iq, k_cache, v_cache, ik_cache, req_to_token, slot_ids, seq_lens, max_seqlen):
+        _, topk_idx, _ = self.decode_index(
+            q=iq, sink=None, k_cache=ik_cache, v_cache=None, req_to_token=req_to_token, seq_lens=seq_lens,
+            max_seqlen=max_seqlen, slot_ids=slot_ids, block_size=BLOCK, topk=TOPK, init_blocks=PARAMS.init_blocks,
+            local_blocks=PARAMS.local_blocks, disable_index_value=True, page_size=BLOCK,
+        )
+        out = self.decode_attn(
+            q=q, sink=None, k_cache=k_cache, v_cache=v_cache, req_to_token=req_to_token, seq_lens=seq_lens,
+            slot_ids=slot_ids, block_size=BLOCK, topk_idx=topk_idx, page_size=BLOCK,
+        )
+        return out, topk_idx
+
+    def prefill_topk(self, iq, ik_cache, req_to_token, slot_ids, cu_seqlens, seq_lens, prefix_lens, max_q, max_k):
+        _, topk_idx = self.prefill_index(
+            q=iq, k_cache=ik_cache, v_cache=None, sink=None, req_to_token=req_to_token, slot_ids=slot_ids,
+            cu_seqlens=cu_seqlens, seq_lens=seq_lens, prefix_lens=prefix_lens, max_seqlen_q=max_q,
+            max_seqlen_k=max_k, block_size_q=1, block_size_k=BLOCK, topk=TOPK, init_blocks=PARAMS.init_blocks,
+            local_blocks=PARAMS.local_blocks, disable_index_value=True, page_size=BLOCK,
+        )
+        return topk_idx
+
+    def prefill(self, q, iq, k_cache, v_cache, ik_cache, req_to_token, slot_ids, cu_seqlens, seq_lens, prefix_lens, max_q, max_k):
+        topk_idx = self.prefill_topk(iq, ik_cache, req_to_token, slot_ids, cu_seqlens, seq_lens, prefix_lens, max_q, max_k)
+        out = self.prefill_attn(
+            q=q, k_cache=k_cache, v_cache=v_cache, sink=None, req_to_token=req_to_token, slot_ids=slot_ids,
+            topk_idx=topk_idx, block_size_q=1, block_size_k=BLOCK, cu_seqlens=cu_seqlens, seq_lens=seq_lens,
+            prefix_lens=prefix_lens, max_seqlen_q=max_q,
+        )
+        return out, topk_idx
+
+
+def _sorted_ids(topk_idx: torch.Tensor) -> torch.Tensor:
+    """SGLang's ``[heads, rows, topk]`` -> ours ``[rows, heads, topk]``, ascending with -1 last."""
+    x = topk_idx.transpose(0, 1).long()
+    big = torch.iinfo(torch.int64).max
+    x = torch.where(x < 0, big, x).sort(dim=-1).values
+    return torch.where(x == big, -1, x)
+
+
+# ---------------------------------------------------------------- correctness before timing
+def check_correctness(sgl: SGLang | None) -> dict:
+    """Ours and SGLang's, bf16, against the reference on fresh random ragged batches."""
+    results = {}
+    gen = torch.Generator().manual_seed(int(time.time()))
+    seq_lens, ext = [3000, 2600, 5000, 200], [3000, 700, 129, 200]
+    pb = make_paged_batch(seq_lens, ext, HQ, HKV, D, DI, BLOCK, torch.bfloat16, "cuda", generator=gen)
+    reqs = torch.arange(len(seq_lens), device="cuda")
+    table = page_table_from_req_to_token(pb.req_to_token, reqs, max(seq_lens), BLOCK)
+    plan = plan_prefill(PARAMS, table, seq_lens, ext, num_index_heads=HKV)
+    out, sel = run_prefill(plan, pb.q, pb.k_cache, pb.v_cache, pb.iq, pb.ik_cache)
+    results["ours_prefill"] = _agreement(compare_with_reference(pb, PARAMS, out, sel, rel_tol=2e-2))
+    if sgl:
+        cu = torch.tensor([0] + list(torch.tensor(ext).cumsum(0)), dtype=torch.int32, device="cuda")
+        seq = torch.tensor(seq_lens, dtype=torch.int32, device="cuda")
+        prefix = seq - torch.tensor(ext, dtype=torch.int32, device="cuda")
+        out, topk_idx = sgl.prefill(pb.q, pb.iq, pb.k_cache, pb.v_cache, pb.ik_cache, pb.req_to_token, reqs.int(), cu, seq, prefix, max(ext), max(seq_lens))
+        results["sglang_prefill"] = _agreement(compare_with_reference(pb, PARAMS, out, _sorted_ids(topk_idx), rel_tol=2e-2))
+    seq_lens = [300, 2049, 20000, 70000]
+    pb = make_paged_batch(seq_lens, [1] * 4, HQ, HKV, D, DI, BLOCK, torch.bfloat16, "cuda", decode_q_len=1, max_context=72 * K, generator=gen)
+    seq = torch.tensor(seq_lens, dtype=torch.int32, device="cuda")
+    table = page_table_from_req_to_token(pb.req_to_token, reqs, 72 * K, BLOCK)
+    out, sel = run_decode(plan_decode(PARAMS, table, seq, num_kv_heads=HKV), pb.q, pb.k_cache, pb.v_cache, pb.iq, pb.ik_cache)
+    results["ours_decode"] = _agreement(compare_with_reference(pb, PARAMS, out, sel, rel_tol=2e-2))
+    if sgl:
+        out, topk_idx = sgl.decode(pb.q, pb.iq, pb.k_cache, pb.v_cache, pb.ik_cache, pb.req_to_token, reqs.int(), seq, 72 * K)
+        results["sglang_decode"] = _agreement(compare_with_reference(pb, PARAMS, out, _sorted_ids(topk_idx), rel_tol=2e-2))
+    return results
+
+
+def _agreement(a) -> dict:
+    return {"ok": a.ok, "rows": a.rows, "tie_swaps": a.tie_swaps, "max_rel_err": a.max_rel_err, "failures": a.failures[:3]}
+
+
+# ---------------------------------------------------------------- shared inputs
+class Pool:
+    """One large paged cache; every input set draws its pages from it at random."""
+
+    def __init__(self, tokens: int):
+        self.pages = tokens // BLOCK
+        slots = self.pages * BLOCK
+        self.k = torch.randn(slots, HKV, D, device="cuda", dtype=torch.bfloat16)
+        self.v = torch.randn(slots, HKV, D, device="cuda", dtype=torch.bfloat16)
+        self.ik = torch.randn(slots, 1, DI, device="cuda", dtype=torch.bfloat16)
+
+    def req_to_token(self, seq_lens: list[int], max_context: int) -> torch.Tensor:
+        need = [math.ceil(s / BLOCK) for s in seq_lens]
+        pages = torch.randperm(self.pages, device="cuda")[: sum(need)]
+        table = torch.zeros(len(seq_lens), max_context, dtype=torch.int32, device="cuda")
+        offs = torch.arange(BLOCK, device="cuda", dtype=torch.int32)
+        start = 0
+        for b, (s, n) in enumerate(zip(seq_lens, need)):
+            slots = (pages[start : start + n, None].int() * BLOCK + offs[None, :]).reshape(-1)[:s]
+            table[b, :s] = slots
+            start += n
+        return table
+
+
+def dense_sdpa(q, k, v, causal: bool):
+    """Flash SDPA with grouped KV heads (falls back to torch's choice if flash refuses)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+
+
+def bench_decode(pool: Pool, sgl: SGLang | None, batch: int, L: int, q_len: int) -> dict:
+    step_bytes = decode_model_bytes(L, batch, q_len)
+    sets = max(1, min(4, int(400e6 // step_bytes)))
+    seq_lens = [L] * batch
+    max_context = L
+    inputs = []
+    for _ in range(sets):
+        rtt = pool.req_to_token(seq_lens, max_context)
+        reqs = torch.arange(batch, device="cuda")
+        plan = plan_decode(PARAMS, page_table_from_req_to_token(rtt, reqs, max_context, BLOCK),
+                           torch.tensor(seq_lens, device="cuda"), q_len=q_len, num_kv_heads=HKV)
+        q = torch.randn(batch * q_len, HQ, D, device="cuda", dtype=torch.bfloat16)
+        iq = torch.randn(batch * q_len, HKV, DI, device="cuda", dtype=torch.bfloat16)
+        inputs.append((rtt, plan, q, iq))
+    row = {"phase": "decode", "L": L, "batch": batch, "q_len": q_len, "model_bytes": step_bytes, "input_sets": sets}
+    ours = graph_replay_us(lambda i: run_decode(inputs[i][1], inputs[i][2], pool.k, pool.v, inputs[i][3], pool.ik), sets)
+    row["ours_us"] = ours
+    row["sglang_us"] = None
+    if sgl:
+        # Speculative rows go to SGLang's decode as one row per token (its own seq length, same slots).
+        slot_ids = torch.arange(batch, device="cuda", dtype=torch.int32).repeat_interleave(q_len)
+        lens = (torch.tensor(seq_lens, device="cuda", dtype=torch.int32).repeat_interleave(q_len)
+                - (q_len - 1) + torch.arange(q_len, device="cuda", dtype=torch.int32).repeat(batch))
+
+        def sgl_step(i):
+            rtt, _, q, iq = inputs[i]
+            return sgl.decode(q, iq, pool.k, pool.v, pool.ik, rtt, slot_ids, lens, max_context)
+
+        row["sglang_us"] = graph_replay_us(sgl_step, sets)
+    dense_sets = max(1, min(sets, int(8e9 // (batch * L * HKV * D * 4))))
+    dense = [(torch.randn(batch, HQ, q_len, D, device="cuda", dtype=torch.bfloat16),
+              torch.randn(batch, HKV, L, D, device="cuda", dtype=torch.bfloat16),
+              torch.randn(batch, HKV, L, D, device="cuda", dtype=torch.bfloat16)) for _ in range(dense_sets)]
+    row["dense_us"] = graph_replay_us(lambda i: dense_sdpa(*dense[i], causal=False), dense_sets)
+    del dense
+    row["frac_bw"] = step_bytes / (ours * 1e-6) / CEILINGS["copy_bytes_per_s"]
+    row["byte_min_us"] = step_bytes / CEILINGS["copy_bytes_per_s"] * 1e6
+    return row
+
+
+def bench_prefill(pool: Pool, sgl: SGLang | None, n: int, prefix: int) -> dict:
+    total = n + prefix
+    rtt = pool.req_to_token([total], total)
+    reqs = torch.arange(1, device="cuda")
+    plan = plan_prefill(PARAMS, page_table_from_req_to_token(rtt, reqs, total, BLOCK), [total], [n], num_index_heads=HKV)
+    q = torch.randn(n, HQ, D, device="cuda", dtype=torch.bfloat16)
+    iq = torch.randn(n, HKV, DI, device="cuda", dtype=torch.bfloat16)
+    flops = prefill_model_flops(n, prefix)
+    row = {"phase": "prefill", "L": total, "N": n, "prefix": prefix, "q_len": n,
+           "model_flops": flops, "model_bytes": prefill_model_bytes(n, prefix)}
+    row["ours_us"] = 1000 * bench_ms(lambda: run_prefill(plan, q, pool.k, pool.v, iq, pool.ik))
+    row["ours_index_us"] = 1000 * bench_ms(lambda: prefill_select(plan, iq, pool.ik))
+    row["sglang_us"] = row["sglang_index_us"] = None
+    if sgl:
+        cu = torch.tensor([0, n], dtype=torch.int32, device="cuda")
+        seq = torch.tensor([total], dtype=torch.int32, device="cuda")
+        pre = torch.tensor([prefix], dtype=torch.int32, device="cuda")
+        args = (rtt, reqs.int(), cu, seq, pre, n, total)
+        row["sglang_us"] = 1000 * bench_ms(lambda: sgl.prefill(q, iq, pool.k, pool.v, pool.ik, *args))
+        row["sglang_index_us"] = 1000 * bench_ms(lambda: sgl.prefill_topk(iq, pool.ik, *args))
+    dq = q.transpose(0, 1).unsqueeze(0)
+    dk = torch.randn(1, HKV, total, D, device="cuda", dtype=torch.bfloat16)
+    dv = torch.randn(1, HKV, total, D, device="cuda", dtype=torch.bfloat16)
+    # A chunk after a prefix: non-causal over prefix + chunk (flash has no bottom-right causal mask);
+    # the causal part it skips is 1.6% of the work at 4K after 124K.
+    row["dense_us"] = 1000 * bench_ms(lambda: dense_sdpa(dq, dk, dv, causal=prefix == 0))
+    row["dense_causal_offset_approx"] = prefix > 0
+    del dq, dk, dv
+    row["frac_flops"] = flops / (row["ours_us"] * 1e-6) / CEILINGS["bf16_matmul_flops_per_s"]
+    row["index_frac_flops"] = prefill_index_flops(n, prefix) / (row["ours_index_us"] * 1e-6) / CEILINGS["bf16_matmul_flops_per_s"]
+    row["frac_bw"] = row["model_bytes"] / (row["ours_us"] * 1e-6) / CEILINGS["copy_bytes_per_s"]
+    return row
+
+
+CEILINGS: dict = {}
+
+
+def _fmt(x, digits=1):
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def write_markdown(path: str, meta: dict, rows: list[dict]) -> None:
+    c = meta["ceilings"]
+    lines = [
+        f"# MSA kernels on {meta['gpu']}",
+        "",
+        f"torch {meta['torch']}, triton {meta['triton']}, driver {meta['driver']}, commit {meta['commit']}.",
+        f"Ceilings measured in the same run: copy {c['copy_bytes_per_s'] / 1e12:.2f} TB/s, "
+        f"bf16 matmul {c['bf16_matmul_flops_per_s'] / 1e12:.0f} TFLOP/s. SGLang top-k: {meta['sglang_topk']}.",
+        "",
+        "## Decode (CUDA-graph replay of indexer + top-k + attention, per layer, us)",
+        "",
+        "| batch | L | q_len | ours | SGLang | dense | byte min | SGLang/ours | dense/ours | frac_bw |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if r["phase"] != "decode":
+            continue
+        sg = r["sglang_us"] / r["ours_us"] if r["sglang_us"] else None
+        lines.append(
+            f"| {r['batch']} | {r['L'] // K}K | {r['q_len']} | {_fmt(r['ours_us'])} | {_fmt(r['sglang_us'])} | "
+            f"{_fmt(r['dense_us'])} | {_fmt(r['byte_min_us'])} | {_fmt(sg, 2)} | {_fmt(r['dense_us'] / r['ours_us'], 2)} | "
+            f"{_fmt(r['frac_bw'], 2)} |"
+        )
+    lines += [
+        "",
+        "## Prefill (CUDA events, per layer, ms)",
+        "",
+        "| N | prefix | ours | ours indexer | SGLang | SGLang indexer | dense | SGLang/ours | dense/ours | frac_flops | indexer frac_flops |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if r["phase"] != "prefill":
+            continue
+        ms = lambda x: None if x is None else x / 1000  # noqa: E731
+        sg = r["sglang_us"] / r["ours_us"] if r["sglang_us"] else None
+        lines.append(
+            f"| {r['N'] // K}K | {r['prefix'] // K}K | {_fmt(ms(r['ours_us']), 2)} | {_fmt(ms(r['ours_index_us']), 2)} | "
+            f"{_fmt(ms(r['sglang_us']), 2)} | {_fmt(ms(r['sglang_index_us']), 2)} | {_fmt(ms(r['dense_us']), 2)} | "
+            f"{_fmt(sg, 2)} | {_fmt(r['dense_us'] / r['ours_us'], 2)} | {_fmt(r['frac_flops'], 3)} | {_fmt(r['index_frac_flops'], 3)} |"
+        )
+    lines += ["", "## Correctness checks run before timing", ""]
+    for name, a in meta["checks"].items():
+        lines.append(f"- {name}: ok={a['ok']} rows={a['rows']} tie_swaps={a['tie_swaps']} max_rel_err={a['max_rel_err']:.2e}")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def write_plot(path: str, rows: list[dict]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    for ax, batch in zip(axes[:2], (1, 8)):
+        sel = sorted((r for r in rows if r["phase"] == "decode" and r["batch"] == batch and r["q_len"] == 1), key=lambda r: r["L"])
+        xs = [r["L"] for r in sel]
+        for key, label in (("ours_us", "ours"), ("sglang_us", "SGLang 0.5.23"), ("dense_us", "dense SDPA"), ("byte_min_us", "byte minimum")):
+            ys = [r[key] for r in sel]
+            if any(y is not None for y in ys):
+                ax.plot(xs, ys, marker="o", label=label)
+        ax.set(xscale="log", yscale="log", xlabel="context L (tokens)", ylabel="us per layer (graph replay)", title=f"decode, batch {batch}, q_len 1")
+        ax.legend()
+    sel = sorted((r for r in rows if r["phase"] == "prefill" and r["prefix"] == 0), key=lambda r: r["N"])
+    xs = [r["N"] for r in sel]
+    for key, label in (("ours_us", "ours"), ("sglang_us", "SGLang 0.5.23"), ("dense_us", "dense SDPA (flash, causal)")):
+        ys = [None if r[key] is None else r[key] / 1000 for r in sel]
+        if any(y is not None for y in ys):
+            axes[2].plot(xs, ys, marker="o", label=label)
+    axes[2].set(xscale="log", yscale="log", xlabel="new tokens N (no prefix)", ylabel="ms per layer", title="prefill")
+    axes[2].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+DECODE_SHAPES = [  # (batch, L, q_len)
+    (1, 8 * K, 1), (1, 32 * K, 1), (1, 128 * K, 1), (1, 512 * K, 1), (1, 1024 * K, 1),
+    (8, 8 * K, 1), (8, 32 * K, 1), (8, 128 * K, 1), (8, 512 * K, 1),
+    (32, 8 * K, 1), (32, 32 * K, 1), (32, 128 * K, 1),
+    (1, 32 * K, 4), (8, 32 * K, 4), (8, 128 * K, 4),
+]
+PREFILL_SHAPES = [(8 * K, 0), (32 * K, 0), (128 * K, 0), (4 * K, 124 * K)]  # (N, prefix)
+QUICK_DECODE = [(1, 32 * K, 1), (8, 128 * K, 1), (8, 32 * K, 1), (8, 32 * K, 4), (32, 32 * K, 1)]
+QUICK_PREFILL = [(8 * K, 0), (4 * K, 124 * K)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, help="folder for the JSON, markdown and PNG results")
+    parser.add_argument("--sglang-path", help="folder holding the stand-in 'sglang' package with SGLang's MSA kernels")
+    parser.add_argument("--quick", action="store_true", help="a few headline shapes only")
+    parser.add_argument("--commit", default=os.environ.get("MSA_COMMIT", "unknown"), help="commit of the benchmarked code")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("needs a CUDA GPU")
+    os.makedirs(args.out, exist_ok=True)
+    torch.manual_seed(0)
+    CEILINGS.update(measure_ceilings())
+    print("ceilings", CEILINGS, flush=True)
+    sgl = SGLang.load(args.sglang_path)
+    checks = check_correctness(sgl)
+    print("checks", json.dumps(checks), flush=True)
+    if not checks["ours_prefill"]["ok"] or not checks["ours_decode"]["ok"]:
+        print("WARNING: our kernels failed the correctness check; timings below are of wrong code")
+    for name in ("sglang_prefill", "sglang_decode"):
+        if name in checks and not checks[name]["ok"]:
+            print(f"WARNING: {name} failed the correctness check")
+    pool = Pool(tokens=9 * 1024 * K)
+    rows = []
+    for batch, L, q_len in QUICK_DECODE if args.quick else DECODE_SHAPES:
+        try:
+            rows.append(bench_decode(pool, sgl, batch, L, q_len))
+        except torch.OutOfMemoryError as err:
+            print(f"decode B={batch} L={L} q_len={q_len}: out of memory ({err})")
+            torch.cuda.empty_cache()
+            continue
+        print(json.dumps(rows[-1]), flush=True)
+    for n, prefix in QUICK_PREFILL if args.quick else PREFILL_SHAPES:
+        rows.append(bench_prefill(pool, sgl, n, prefix))
+        print(json.dumps(rows[-1]), flush=True)
+    props = torch.cuda.get_device_properties(0)
+    gpu = props.name
+    try:
+        import subprocess
+
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        driver = "unknown"
+    meta = {
+        "gpu": gpu, "driver": driver, "torch": torch.__version__, "triton": triton.__version__, "commit": args.commit,
+        "sms": props.multi_processor_count, "ceilings": CEILINGS, "checks": checks,
+        "sglang_topk": "SGLang's Triton 2-stage top-k (its JIT radix top-k needs SGLang's JIT stack)" if sgl else "not run",
+        "timing": "decode: CUDA-graph replay, median, input sets rotated; prefill: CUDA events, median",
+    }
+    tag = "h100" if "H100" in gpu else "h200" if "H200" in gpu else gpu.replace(" ", "_").lower()
+    base = os.path.join(args.out, f"msa_kernels_{tag}")
+    with open(base + ".json", "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    write_markdown(base + ".md", meta, rows)
+    write_plot(base + ".png", rows)
+    print(open(base + ".md").read())
+
+
+if __name__ == "__main__":
+    main()
