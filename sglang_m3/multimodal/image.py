@@ -42,7 +42,7 @@ def decode_image(source: MediaSource, limits: MediaLimits) -> torch.Tensor:
                 rgb = image if image.mode == "RGB" else image.convert("RGB")
                 return tvF.pil_to_tensor(rgb)
         except Image.DecompressionBombError as exc:
-            raise MediaError(part, f"image is over the pixel limit ({exc})") from None
+            raise MediaError(part, f"declared size is over PIL's decompression-bomb cap ({exc})") from None
         except UnidentifiedImageError:
             raise MediaError(part, "content is not a decodable image") from None
         except (OSError, SyntaxError, ValueError) as exc:

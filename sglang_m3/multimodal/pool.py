@@ -23,13 +23,18 @@ class MediaWorkerPool:
         self.max_pending = max_pending
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="m3-media")
         self._admitted: asyncio.Semaphore | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def run(self, fn: Callable[..., T], *args) -> T:
-        """Awaits ``fn(*args)`` on a worker thread, after waiting for an admission slot."""
-        if self._admitted is None:
-            self._admitted = asyncio.Semaphore(self.max_pending)
+        """Awaits ``fn(*args)`` on a worker thread, after waiting for an admission slot.
+
+        Admission is counted per event loop (SGLang's tokenizer manager runs one).
+        """
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            self._admitted, self._loop = asyncio.Semaphore(self.max_pending), loop
         async with self._admitted:
-            return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+            return await loop.run_in_executor(self._executor, fn, *args)
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -121,7 +121,8 @@ def _check_declared_mime(mime: str | None, kind: str, part: str) -> None:
         return
     if mime.startswith(f"{kind}/") or (kind == "video" and mime in VIDEO_MIME_PASS):
         return
-    raise MediaError(part, f"declared MIME type {mime!r} is not a {kind} type")
+    article = "an" if kind == "image" else "a"
+    raise MediaError(part, f"declared MIME type {mime!r} is not {article} {kind} type")
 
 
 def _decode_base64(encoded: str, part: str, cap: int) -> bytes:
