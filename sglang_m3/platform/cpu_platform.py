@@ -32,8 +32,9 @@ class TorchNativeCpuDeviceMixin(DeviceMixin):
         memory = psutil.virtual_memory()
         return int(memory.available), int(memory.total)
 
-    def get_device(self, device_id: int = 0) -> torch.device:
-        return torch.device("cpu")
+    def get_device(self, device_id: int = 0) -> str:
+        # SGLang stores the answer in ServerArgs.device and splits it as a string.
+        return "cpu"
 
     def set_device(self, device: torch.device) -> None:
         if torch.device(device).type != "cpu":
@@ -73,11 +74,10 @@ class TorchNativeCpuPlatform(TorchNativeCpuDeviceMixin, SRTPlatform):
         return "native"
 
     def apply_server_args_defaults(self, server_args) -> None:
+        # SGLang's own CPU rules pick "intel_amx" (sgl_kernel's CPU engine) for device "cpu";
+        # this platform has no sgl_kernel, so that choice is replaced by torch-native attention.
         server_args.device = "cpu"
-        server_args.disable_cuda_graph = True
         server_args.sampling_backend = "pytorch"
-        if server_args.attention_backend is None:
-            server_args.attention_backend = "torch_native"
-        for name in ("prefill_attention_backend", "decode_attention_backend"):
-            if getattr(server_args, name, None) is None:
-                setattr(server_args, name, server_args.attention_backend)
+        for name in ("attention_backend", "prefill_attention_backend", "decode_attention_backend"):
+            if getattr(server_args, name, None) in (None, "intel_amx"):
+                setattr(server_args, name, "torch_native")

@@ -1,0 +1,1 @@
+"""Glue between SGLang's internals and the project's components (the functions plugin.HOOKS installs)."""

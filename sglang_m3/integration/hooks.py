@@ -1,0 +1,72 @@
+"""The hook functions listed in ``sglang_m3.plugin.HOOKS``.
+
+Each one recognises an M3 model by its architecture name and leaves every other model to SGLang
+untouched.
+"""
+
+from __future__ import annotations
+
+M3_ARCHITECTURES = ("MiniMaxM3SparseForCausalLM", "MiniMaxM3SparseForConditionalGeneration")
+
+
+def is_m3(hf_config) -> bool:
+    return (getattr(hf_config, "architectures", None) or [None])[0] in M3_ARCHITECTURES
+
+
+def spec_of(model_config):
+    """The validated ``M3TextSpec`` of an SGLang ``ModelConfig`` (cached per config object)."""
+    return _spec_for(model_config.hf_config, model_config.model_path)
+
+
+def _spec_for(hf_config, model_path):
+    from sglang_m3.config import M3TextSpec
+
+    cached = getattr(hf_config, "_sglang_m3_spec", None)
+    if cached is None:
+        cached = M3TextSpec.from_config(hf_config, model_path)
+        hf_config._sglang_m3_spec = cached
+    return cached
+
+
+def upstream_minimax_sparse_wiring_off(config) -> bool:
+    return False
+
+
+def wrap_with_msa_backend(original, runner, full_attn_backend):
+    if not is_m3(runner.model_config.hf_config):
+        return original(runner, full_attn_backend)
+    from sglang_m3.msa.backend import MSATorchBackend
+    from sglang_m3.msa.hybrid import M3HybridAttnBackend
+
+    spec = spec_of(runner.model_config)
+    dense = original(runner, full_attn_backend)
+    return M3HybridAttnBackend(dense, MSATorchBackend(runner, spec), spec.sparse_layer_ids)
+
+
+def build_indexed_kv_pool(original, configurator, *, max_total_num_tokens, mha_pool_class, quant_method=None):
+    if not is_m3(configurator.model_config.hf_config):
+        return original(configurator, max_total_num_tokens=max_total_num_tokens, mha_pool_class=mha_pool_class, quant_method=quant_method)
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+
+    from sglang_m3.cache.index_kv_pool import indexed_pool_class
+
+    spec = spec_of(configurator.model_config)
+    spec.validate_page_size(configurator.pool_page_size)
+    if quant_method is not None or not issubclass(mha_pool_class, MHATokenToKVPool):
+        raise NotImplementedError("sglang-m3's index-aware KV pool supports the plain MHA layout only")
+    return original(
+        configurator,
+        max_total_num_tokens=max_total_num_tokens,
+        mha_pool_class=indexed_pool_class(spec),
+        quant_method=quant_method,
+    )
+
+
+def add_index_key_bytes(cell_size, pool_configurator, kvc, num_layers):
+    if not is_m3(kvc.model_config.hf_config):
+        return cell_size
+    from sglang_m3.cache.index_kv_pool import index_bytes_per_token
+
+    spec = spec_of(kvc.model_config)
+    info = kvc.layer_info
+    return cell_size + index_bytes_per_token(spec, info.start_layer, info.end_layer, kvc.kv_cache_dtype)

@@ -1,0 +1,96 @@
+"""Where each tensor of an original M3 checkpoint goes, and what shape it must have.
+
+The loader checks every incoming tensor against ``expected_text_tensors`` before copying it, and
+checks at the end that every expected tensor arrived, so a truncated or mismatched checkpoint
+fails at load time with the tensor's name instead of producing garbage later.
+
+Checkpoint names are the original ones (as ``transformers`` saves them): VL checkpoints prefix the
+text model with ``language_model.``; text-only ones do not. A dense MLP layer may appear under
+``mlp.`` (original checkpoints) or ``block_sparse_moe.`` (transformers' save of a dense layer), so
+both spellings are accepted. ``mtp.*`` modules (multi-token prediction) are not used.
+"""
+
+from __future__ import annotations
+
+import re
+
+from sglang_m3.config import M3TextSpec
+
+IGNORED_PREFIXES = ("mtp.", "model.mtp.", "language_model.mtp.", "language_model.model.mtp.")
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.*)$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint tensor is missing, misshapen or not part of M3; the message names it."""
+
+
+def text_tensor_name(name: str) -> str | None:
+    """Canonical text-model name (``model.layers.N...`` / ``lm_head.weight``) or None for non-text tensors."""
+    if name.startswith("language_model."):
+        name = name[len("language_model.") :]
+    if name.startswith(("model.", "lm_head.")):
+        return name
+    return None
+
+
+def canonical_dense_mlp_name(name: str, spec: M3TextSpec) -> str:
+    """Map ``block_sparse_moe.{gate,up,down}_proj`` of a dense layer onto ``mlp.``."""
+    match = _LAYER.match(name)
+    if match and not spec.moe_layers[int(match.group(1))]:
+        rest = match.group(2)
+        if rest.startswith("block_sparse_moe."):
+            return f"model.layers.{match.group(1)}.mlp.{rest[len('block_sparse_moe.'):]}"
+    return name
+
+
+def expected_text_tensors(spec: M3TextSpec) -> dict[str, tuple[int, ...]]:
+    """Full (unsharded) shapes of every text-model tensor in canonical naming."""
+    h, d = spec.hidden_size, spec.head_dim
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (spec.vocab_size, h),
+        "model.norm.weight": (h,),
+    }
+    if not spec.tie_word_embeddings:
+        shapes["lm_head.weight"] = (spec.vocab_size, h)
+    for i in range(spec.num_layers):
+        p = f"model.layers.{i}."
+        shapes.update(
+            {
+                p + "input_layernorm.weight": (h,),
+                p + "post_attention_layernorm.weight": (h,),
+                p + "self_attn.q_proj.weight": (spec.num_heads * d, h),
+                p + "self_attn.k_proj.weight": (spec.num_kv_heads * d, h),
+                p + "self_attn.v_proj.weight": (spec.num_kv_heads * d, h),
+                p + "self_attn.o_proj.weight": (h, spec.num_heads * d),
+                p + "self_attn.q_norm.weight": (d,),
+                p + "self_attn.k_norm.weight": (d,),
+            }
+        )
+        if spec.sparse_layers[i]:
+            di = spec.index_head_dim
+            shapes.update(
+                {
+                    p + "self_attn.index_q_proj.weight": (spec.index_heads * di, h),
+                    p + "self_attn.index_k_proj.weight": (di, h),
+                    p + "self_attn.index_q_norm.weight": (di,),
+                    p + "self_attn.index_k_norm.weight": (di,),
+                }
+            )
+        if spec.moe_layers[i]:
+            m = p + "block_sparse_moe."
+            inter, shared = spec.moe_intermediate_size, spec.shared_intermediate_size
+            shapes[m + "gate.weight"] = (spec.num_experts, h)
+            shapes[m + "e_score_correction_bias"] = (spec.num_experts,)
+            for e in range(spec.num_experts):
+                shapes[m + f"experts.{e}.w1.weight"] = (inter, h)
+                shapes[m + f"experts.{e}.w3.weight"] = (inter, h)
+                shapes[m + f"experts.{e}.w2.weight"] = (h, inter)
+            shapes[m + "shared_experts.gate_proj.weight"] = (shared, h)
+            shapes[m + "shared_experts.up_proj.weight"] = (shared, h)
+            shapes[m + "shared_experts.down_proj.weight"] = (h, shared)
+        else:
+            inter = spec.dense_intermediate_size
+            shapes[p + "mlp.gate_proj.weight"] = (inter, h)
+            shapes[p + "mlp.up_proj.weight"] = (inter, h)
+            shapes[p + "mlp.down_proj.weight"] = (h, inter)
+    return shapes

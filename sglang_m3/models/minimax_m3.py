@@ -1,0 +1,241 @@
+"""MiniMax M3 text model for SGLang (architecture ``MiniMaxM3SparseForCausalLM``).
+
+Layers 0..2 of the real model use dense attention and a dense MLP; the rest use MiniMax Sparse
+Attention (MSA) and MoE (the per-layer schedule comes from the config). A sparse layer computes
+the usual q/k/v plus an *index branch* (index queries per KV group and one shared index key); it
+hands both to ``RadixAttention`` and the MSA backend installed by the plugin stores the index key
+beside the main KV (same slot) and attends only the blocks the index selects.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from typing import Iterable
+
+import torch
+from sglang.srt.distributed.parallel_state import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+from sglang.srt.layers.linear import QKVParallelLinear, ReplicatedLinear, RowParallelLinear
+from sglang.srt.layers.logits_processor import LogitsProcessor
+from sglang.srt.layers.radix_attention import RadixAttention
+from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+from sglang.srt.model_loader.weight_utils import default_weight_loader
+from torch import nn
+
+from sglang_m3.config import M3TextSpec
+from sglang_m3.models.checkpoint_layout import (
+    IGNORED_PREFIXES,
+    CheckpointError,
+    canonical_dense_mlp_name,
+    expected_text_tensors,
+    text_tensor_name,
+)
+from sglang_m3.models.layers import GemmaRMSNorm, PartialNeoxRotary
+from sglang_m3.models.moe import M3SparseMoeBlock, SwigluOaiMLP
+
+logger = logging.getLogger(__name__)
+
+_EXPERT = re.compile(r"^(model\.layers\.\d+)\.block_sparse_moe\.experts\.(\d+)\.(w1|w2|w3)\.weight$")
+# checkpoint suffix -> (our parameter suffix, shard id) for packed projections
+_PACKED = {
+    "self_attn.q_proj.weight": ("self_attn.qkv_proj.weight", "q"),
+    "self_attn.k_proj.weight": ("self_attn.qkv_proj.weight", "k"),
+    "self_attn.v_proj.weight": ("self_attn.qkv_proj.weight", "v"),
+    "mlp.gate_proj.weight": ("mlp.gate_up_proj.weight", 0),
+    "mlp.up_proj.weight": ("mlp.gate_up_proj.weight", 1),
+    "block_sparse_moe.shared_experts.gate_proj.weight": ("mlp.shared_experts.gate_up_proj.weight", 0),
+    "block_sparse_moe.shared_experts.up_proj.weight": ("mlp.shared_experts.gate_up_proj.weight", 1),
+}
+_RENAMED = {
+    "block_sparse_moe.shared_experts.down_proj.weight": "mlp.shared_experts.down_proj.weight",
+    "block_sparse_moe.gate.weight": "mlp.gate.weight",
+    "block_sparse_moe.e_score_correction_bias": "mlp.e_score_correction_bias",
+}
+
+
+class M3Attention(nn.Module):
+    """GQA with Gemma q/k norms and partial RoPE; on sparse layers also the MSA index branch."""
+
+    def __init__(self, spec: M3TextSpec, layer_id: int, quant_config=None, prefix: str = ""):
+        super().__init__()
+        tp_size, tp_rank = get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
+        if spec.num_heads % tp_size:
+            raise ValueError(f"num_attention_heads ({spec.num_heads}) is not divisible by the tensor-parallel size ({tp_size})")
+        self.head_dim = spec.head_dim
+        self.num_heads = spec.num_heads // tp_size
+        self.num_kv_heads = max(1, spec.num_kv_heads // tp_size)
+        self.qkv_proj = QKVParallelLinear(
+            spec.hidden_size, spec.head_dim, spec.num_heads, spec.num_kv_heads,
+            bias=False, quant_config=quant_config, prefix=f"{prefix}.qkv_proj",
+        )
+        self.o_proj = RowParallelLinear(
+            spec.num_heads * spec.head_dim, spec.hidden_size, bias=False, quant_config=quant_config, prefix=f"{prefix}.o_proj"
+        )
+        self.q_norm = GemmaRMSNorm(spec.head_dim, spec.rms_norm_eps)
+        self.k_norm = GemmaRMSNorm(spec.head_dim, spec.rms_norm_eps)
+        self.rotary = PartialNeoxRotary(spec.rotary_dim, spec.rope_theta)
+        self.attn = RadixAttention(
+            self.num_heads, spec.head_dim, 1.0 / math.sqrt(spec.head_dim), self.num_kv_heads,
+            layer_id=layer_id, quant_config=quant_config, prefix=f"{prefix}.attn",
+        )
+        self.is_sparse = spec.sparse_layers[layer_id]
+        if self.is_sparse:
+            self.index_heads, self.index_head_dim = spec.index_heads, spec.index_head_dim
+            # One index head per KV group: this rank keeps the heads of the KV groups it serves
+            # (KV heads are replicated when tp > num_kv_heads, and so are their index heads).
+            if tp_size <= spec.num_kv_heads:
+                first = tp_rank * self.num_kv_heads
+            else:
+                first = tp_rank // (tp_size // spec.num_kv_heads)
+            self.local_index_heads = slice(first, first + self.num_kv_heads)
+            self.index_q_proj = ReplicatedLinear(spec.hidden_size, spec.index_heads * spec.index_head_dim, bias=False, prefix=f"{prefix}.index_q_proj")
+            self.index_k_proj = ReplicatedLinear(spec.hidden_size, spec.index_head_dim, bias=False, prefix=f"{prefix}.index_k_proj")
+            self.index_q_norm = GemmaRMSNorm(spec.index_head_dim, spec.rms_norm_eps)
+            self.index_k_norm = GemmaRMSNorm(spec.index_head_dim, spec.rms_norm_eps)
+
+    def index_branch(self, positions: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(index queries ``[T, local KV heads, Di]``, index keys ``[T, Di]``), normed and rotated."""
+        tokens = hidden.shape[0]
+        iq, _ = self.index_q_proj(hidden)
+        ik, _ = self.index_k_proj(hidden)
+        iq = self.index_q_norm(iq.view(tokens, self.index_heads, self.index_head_dim))[:, self.local_index_heads]
+        ik = self.index_k_norm(ik.view(tokens, 1, self.index_head_dim))
+        iq, ik = self.rotary(positions, iq, ik)
+        return iq.contiguous(), ik.view(tokens, self.index_head_dim)
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, forward_batch: ForwardBatch) -> torch.Tensor:
+        tokens = hidden.shape[0]
+        qkv, _ = self.qkv_proj(hidden)
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+        q = self.q_norm(q.reshape(tokens, self.num_heads, self.head_dim))
+        k = self.k_norm(k.reshape(tokens, self.num_kv_heads, self.head_dim))
+        q, k = self.rotary(positions, q, k)
+        extra = {}
+        if self.is_sparse:
+            index_q, index_k = self.index_branch(positions, hidden)
+            extra = {"index_q": index_q, "index_k": index_k}
+        out = self.attn(q.reshape(tokens, q_size), k.reshape(tokens, kv_size), v.contiguous(), forward_batch, **extra)
+        out, _ = self.o_proj(out)
+        return out
+
+
+class M3DecoderLayer(nn.Module):
+    def __init__(self, spec: M3TextSpec, layer_id: int, quant_config=None, prefix: str = ""):
+        super().__init__()
+        self.self_attn = M3Attention(spec, layer_id, quant_config, prefix=f"{prefix}.self_attn")
+        if spec.moe_layers[layer_id]:
+            self.mlp = M3SparseMoeBlock(spec, quant_config, prefix=f"{prefix}.mlp")
+        else:
+            self.mlp = SwigluOaiMLP(spec, spec.dense_intermediate_size, reduce_results=True, quant_config=quant_config, prefix=f"{prefix}.mlp")
+        self.input_layernorm = GemmaRMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.post_attention_layernorm = GemmaRMSNorm(spec.hidden_size, spec.rms_norm_eps)
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, forward_batch: ForwardBatch) -> torch.Tensor:
+        hidden = hidden + self.self_attn(positions, self.input_layernorm(hidden), forward_batch)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class M3TextModel(nn.Module):
+    def __init__(self, spec: M3TextSpec, quant_config=None, prefix: str = ""):
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(spec.vocab_size, spec.hidden_size, prefix=f"{prefix}.embed_tokens")
+        self.layers = nn.ModuleList(
+            M3DecoderLayer(spec, i, quant_config, prefix=f"{prefix}.layers.{i}") for i in range(spec.num_layers)
+        )
+        self.norm = GemmaRMSNorm(spec.hidden_size, spec.rms_norm_eps)
+
+    def forward(self, input_ids, positions, forward_batch: ForwardBatch, input_embeds=None) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids) if input_embeds is None else input_embeds
+        for layer in self.layers:
+            hidden = layer(positions, hidden, forward_batch)
+        return self.norm(hidden)
+
+
+class MiniMaxM3SparseForCausalLM(nn.Module):
+    """Text-only M3. Also the language half of the VL class, which adds the vision path."""
+
+    def __init__(self, config, quant_config=None, prefix: str = ""):
+        super().__init__()
+        self.config = config
+        self.text_config = getattr(config, "text_config", config)
+        self.spec = M3TextSpec.from_config(config, getattr(config, "_name_or_path", None) or None)
+        self.model = M3TextModel(self.spec, quant_config, prefix="model")
+        if self.spec.tie_word_embeddings:
+            self.lm_head = self.model.embed_tokens
+        else:
+            self.lm_head = ParallelLMHead(self.spec.vocab_size, self.spec.hidden_size, prefix="lm_head")
+        self.logits_processor = LogitsProcessor(self.text_config)
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.model.embed_tokens
+
+    @torch.no_grad()
+    def forward(self, input_ids, positions, forward_batch: ForwardBatch, input_embeds=None, **kwargs):
+        hidden = self.model(input_ids, positions, forward_batch, input_embeds)
+        return self.logits_processor(input_ids, hidden, self.lm_head, forward_batch)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load the text model from original checkpoint names; see ``checkpoint_layout``."""
+        TextWeightLoader(self).load(weights)
+
+
+class TextWeightLoader:
+    """Routes checkpoint tensors into the sharded parameters, checking names and shapes."""
+
+    def __init__(self, model: MiniMaxM3SparseForCausalLM):
+        self.model = model
+        self.spec = model.spec
+        self.expected = expected_text_tensors(model.spec)
+        self.params = dict(model.named_parameters())
+        self.seen: set[str] = set()
+
+    def load(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        for name, tensor in weights:
+            self.load_one(name, tensor)
+        self.finish()
+
+    def load_one(self, checkpoint_name: str, tensor: torch.Tensor) -> None:
+        if checkpoint_name.startswith(IGNORED_PREFIXES):
+            return
+        name = text_tensor_name(checkpoint_name)
+        if name is None:
+            raise CheckpointError(f"checkpoint tensor '{checkpoint_name}' is not part of the M3 text model")
+        name = canonical_dense_mlp_name(name, self.spec)
+        if name not in self.expected:
+            raise CheckpointError(f"checkpoint tensor '{checkpoint_name}' is not part of this M3 configuration")
+        if tuple(tensor.shape) != self.expected[name]:
+            raise CheckpointError(
+                f"checkpoint tensor '{checkpoint_name}' has shape {tuple(tensor.shape)}, expected {self.expected[name]}"
+            )
+        self.seen.add(name)
+        self._copy(name, tensor)
+
+    def _copy(self, name: str, tensor: torch.Tensor) -> None:
+        expert = _EXPERT.match(name)
+        if expert:
+            self.model.get_submodule(f"{expert.group(1)}.mlp").load_expert_weight(int(expert.group(2)), expert.group(3), tensor)
+            return
+        layer_prefix, _, suffix = name.partition(".layers.")
+        if suffix:
+            layer_no, _, local = suffix.partition(".")
+            prefix = f"model.layers.{layer_no}."
+            if local in _PACKED:
+                target, shard = _PACKED[local]
+                param = self.params[prefix + target]
+                param.weight_loader(param, tensor, shard)
+                return
+            name = prefix + _RENAMED.get(local, local)
+        param = self.params[name]
+        getattr(param, "weight_loader", default_weight_loader)(param, tensor)
+
+    def finish(self) -> None:
+        missing = sorted(set(self.expected) - self.seen)
+        if missing:
+            shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+            raise CheckpointError(f"checkpoint is missing {len(missing)} tensor(s): {shown}")
+
+
+EntryClass = [MiniMaxM3SparseForCausalLM]

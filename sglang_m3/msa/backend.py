@@ -1,0 +1,62 @@
+"""The MSA attention backend for sparse layers (torch path; runs on any device torch supports).
+
+Each call stores the layer's new K/V and index keys at the batch's cache slots, then runs the
+reference MSA semantics per request on the keys gathered from the pool. The per-request loop is
+the CPU path: correctness first; the CUDA kernels in ``msa_kernels`` replace it on GPUs.
+"""
+
+from __future__ import annotations
+
+import torch
+from msa_kernels.reference import MSAParams, msa_attention
+from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+
+from sglang_m3.config import M3TextSpec
+from sglang_m3.msa.plan import MSABatchPlan, plan_forward_batch
+
+
+class MSATorchBackend(AttentionBackend):
+    def __init__(self, model_runner, spec: M3TextSpec):
+        super().__init__()
+        self.req_to_token_pool = model_runner.req_to_token_pool
+        self.token_to_kv_pool = model_runner.token_to_kv_pool
+        self.params = MSAParams(
+            block_size=spec.index_block_size,
+            topk=spec.index_topk_blocks,
+            local_blocks=spec.index_local_blocks,
+            init_blocks=spec.index_init_blocks,
+        )
+        self.plan: MSABatchPlan | None = None
+
+    def init_forward_metadata(self, forward_batch) -> None:
+        self.plan = plan_forward_batch(forward_batch, self.req_to_token_pool.req_to_token)
+
+    def _store(self, layer, forward_batch, k, v, index_k) -> None:
+        loc = forward_batch.out_cache_loc
+        self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(loc, None), k, v)
+        self.token_to_kv_pool.set_index_k(layer.layer_id, loc, index_k)
+
+    def _attend(self, q, layer, index_q) -> torch.Tensor:
+        pool = self.token_to_kv_pool
+        k_cache = pool.get_key_buffer(layer.layer_id)
+        v_cache = pool.get_value_buffer(layer.layer_id)
+        ik_cache = pool.get_index_k_buffer(layer.layer_id)
+        q = q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)
+        out = q.new_empty(q.shape[0], layer.tp_q_head_num, layer.v_head_dim)
+        for req in self.plan.requests:
+            rows = slice(req.query_start, req.query_start + req.query_len)
+            slots = req.kv_slots
+            out[rows], _ = msa_attention(
+                q[rows], k_cache[slots], v_cache[slots], index_q[rows], ik_cache[slots],
+                req.query_positions, self.params, scale=layer.scaling,
+            )
+        return out.view(-1, layer.tp_q_head_num * layer.v_head_dim)
+
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, index_q=None, index_k=None, **kwargs):
+        if save_kv_cache:
+            self._store(layer, forward_batch, k, v, index_k)
+        return self._attend(q, layer, index_q)
+
+    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, index_q=None, index_k=None, **kwargs):
+        return self.forward_extend(q, k, v, layer, forward_batch, save_kv_cache, index_q, index_k)

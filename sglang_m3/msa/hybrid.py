@@ -1,0 +1,58 @@
+"""Routes each attention call to the MSA backend (sparse layers) or SGLang's backend (dense layers)."""
+
+from __future__ import annotations
+
+from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+
+
+class M3HybridAttnBackend(AttentionBackend):
+    """Both backends plan every batch; a call goes to the one that owns its layer.
+
+    Everything else the runner asks of an attention backend (graph state, verify buffers,
+    fill values, ...) is the dense backend's business and is forwarded to it.
+    """
+
+    def __init__(self, dense: AttentionBackend, sparse: AttentionBackend, sparse_layer_ids):
+        self.dense = dense
+        self.sparse = sparse
+        self.sparse_layer_ids = frozenset(sparse_layer_ids)
+        # Class-level defaults of AttentionBackend would shadow the delegation below.
+        self.kv_index_translator = dense.kv_index_translator
+        self.attn_backend_list = [dense, sparse]
+
+    def __getattr__(self, name):
+        # Only reached for attributes this class does not define.
+        if name in ("dense", "sparse", "sparse_layer_ids"):
+            raise AttributeError(name)
+        return getattr(self.dense, name)
+
+    def init_forward_metadata(self, forward_batch):
+        self.dense.init_forward_metadata(forward_batch)
+        self.sparse.init_forward_metadata(forward_batch)
+
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture=False):
+        self.dense.init_forward_metadata_out_graph(forward_batch, in_capture)
+        self.sparse.init_forward_metadata_out_graph(forward_batch, in_capture)
+
+    def init_forward_metadata_in_graph(self, forward_batch):
+        self.dense.init_forward_metadata_in_graph(forward_batch)
+        self.sparse.init_forward_metadata_in_graph(forward_batch)
+
+    def init_cuda_graph_state(self, max_bs, max_num_tokens):
+        self.dense.init_cuda_graph_state(max_bs, max_num_tokens)
+        self.sparse.init_cuda_graph_state(max_bs, max_num_tokens)
+
+    def get_cuda_graph_seq_len_fill_value(self):
+        return self.dense.get_cuda_graph_seq_len_fill_value()
+
+    def _owner(self, layer) -> AttentionBackend:
+        return self.sparse if layer.layer_id in self.sparse_layer_ids else self.dense
+
+    def forward(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+        return self._owner(layer).forward(q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
+
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+        return self._owner(layer).forward_extend(q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
+
+    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+        return self._owner(layer).forward_decode(q, k, v, layer, forward_batch, save_kv_cache, **kwargs)

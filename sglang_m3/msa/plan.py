@@ -1,0 +1,58 @@
+"""Per-batch MSA metadata: which cache slots and query positions each request has.
+
+Built once per forward from SGLang's ``ForwardBatch`` and reused by every sparse layer. The
+query positions are absolute (``prefix_len + i`` for extend, ``seq_len - 1`` for decode), which is
+what makes chunked prefill with a prefix that is not a multiple of the block size, and several
+query tokens per request (speculative verification), come out right.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class RequestPlan:
+    query_start: int
+    query_len: int
+    kv_slots: torch.Tensor  # [kv_len] cache slot of every token 0 .. kv_len-1
+    query_positions: torch.Tensor  # [query_len] absolute positions of this request's queries
+
+
+@dataclass(frozen=True)
+class MSABatchPlan:
+    requests: tuple[RequestPlan, ...]
+
+    @property
+    def num_queries(self) -> int:
+        return sum(r.query_len for r in self.requests)
+
+
+def plan_batch(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_lens: torch.Tensor,
+) -> MSABatchPlan:
+    """Plan a batch whose request ``i`` has ``seq_lens[i]`` cached tokens, the last ``query_lens[i]`` of them queried."""
+    requests = []
+    start = 0
+    for pool_index, seq_len, query_len in zip(req_pool_indices.tolist(), seq_lens.tolist(), query_lens.tolist()):
+        if query_len > seq_len:
+            raise ValueError(f"a request queries {query_len} tokens but holds only {seq_len}")
+        positions = torch.arange(seq_len - query_len, seq_len, device=req_to_token.device)
+        requests.append(RequestPlan(start, query_len, req_to_token[pool_index, :seq_len], positions))
+        start += query_len
+    return MSABatchPlan(tuple(requests))
+
+
+def plan_forward_batch(forward_batch, req_to_token: torch.Tensor) -> MSABatchPlan:
+    """Plan from SGLang's ``ForwardBatch`` (decode: one query per request; extend: the new tokens)."""
+    seq_lens = forward_batch.seq_lens
+    if forward_batch.forward_mode.is_decode_or_idle():
+        query_lens = torch.ones_like(seq_lens)
+    else:
+        query_lens = forward_batch.extend_seq_lens
+    return plan_batch(req_to_token, forward_batch.req_pool_indices, seq_lens, query_lens)

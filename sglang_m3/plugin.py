@@ -1,0 +1,65 @@
+"""Entry point of the ``sglang.srt.plugins`` group: everything sglang-m3 changes in SGLang.
+
+SGLang calls ``register()`` in every one of its processes. It registers the project's model
+classes and parsers and installs the hooks in ``HOOKS`` (SGLang applies them right after all
+plugins ran). Every hook SGLang sees from this project is in that table, each with its reason;
+``tests/test_plugin_hooks.py`` fails when a target no longer exists in the installed SGLang.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from sglang_m3.integration import hooks
+
+
+
+
+@dataclass(frozen=True)
+class Hook:
+    target: str
+    kind: str  # a HookType name: BEFORE, AFTER, AROUND or REPLACE
+    function: Callable
+    reason: str
+
+
+HOOKS: tuple[Hook, ...] = (
+    Hook(
+        "sglang.srt.configs.model_config.is_minimax_sparse",
+        "REPLACE",
+        hooks.upstream_minimax_sparse_wiring_off,
+        "Upstream keys its own M3 KV pool (which refuses out-of-tree platforms), sparse backend, "
+        "server-arg overrides and CUDA-graph limits on this predicate; with it False SGLang treats "
+        "M3 as an MHA model and the hooks below install this project's pool and backend instead.",
+    ),
+    Hook(
+        "sglang.srt.layers.attention.attention_registry.attn_backend_wrapper",
+        "AROUND",
+        hooks.wrap_with_msa_backend,
+        "Sparse layers of M3 run the project's MSA backend; dense layers keep SGLang's backend.",
+    ),
+    Hook(
+        "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._build_mha_kv_pool",
+        "AROUND",
+        hooks.build_indexed_kv_pool,
+        "M3 needs the index key of every token beside its K/V at the same slot: swap in the "
+        "index-aware subclass of SGLang's MHA pool.",
+    ),
+    Hook(
+        "sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator._compute_cell_size",
+        "AFTER",
+        hooks.add_index_key_bytes,
+        "The KV budget must count the index keys, or the pool would overrun its memory share.",
+    ),
+)
+
+
+def register() -> None:
+    """Register models, parsers and hooks with SGLang (idempotent per process)."""
+    from sglang.srt.models.registry import ModelRegistry
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    ModelRegistry.register("sglang_m3.models", overwrite=True)
+    for hook in HOOKS:
+        HookRegistry.register(hook.target, hook.function, HookType[hook.kind])

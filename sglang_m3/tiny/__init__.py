@@ -1,0 +1,1 @@
+"""A deterministic tiny random-weight M3 checkpoint for tests, demos and CI (no downloads)."""
