@@ -1,0 +1,129 @@
+"""The M3 reasoning detector: exact splits per thinking mode, chunk-independence, truncation."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sglang_m3.parsers.m3_format import THINK_CLOSE, THINK_OPEN
+from sglang_m3.parsers.reasoning_detector import MiniMaxM3ReasoningDetector
+from tests.parsers import m3_strategies as m3
+
+PROPERTY_SETTINGS = settings(max_examples=200, deadline=None)
+
+# Reasoning and content text as a model writes it: no think tags inside.
+plain_text = m3.free_text.filter(lambda text: "<mm:" not in text and "</mm:" not in text)
+spacing = st.sampled_from(["", " ", "\n", " \n\t"])
+
+
+def one_shot(text, **options):
+    result = MiniMaxM3ReasoningDetector(**options).detect_and_parse(text)
+    return result.reasoning_text, result.normal_text
+
+
+def streamed(chunks, **options):
+    detector = MiniMaxM3ReasoningDetector(**options)
+    reasoning = content = ""
+    for result in [*(detector.parse_streaming_increment(c) for c in chunks), detector.finish()]:
+        reasoning += result.reasoning_text
+        content += result.normal_text
+    return reasoning, content
+
+
+@st.composite
+def replies(draw):
+    """(reply text, force_reasoning, expected reasoning, expected content) over every shape."""
+    reasoning, content, lead = draw(plain_text), draw(plain_text), draw(spacing)
+    shape = draw(st.sampled_from(["enabled", "enabled_redundant_open", "adaptive_think", "stray_close", "plain"]))
+    if shape == "enabled":
+        return reasoning + THINK_CLOSE + content, True, reasoning, content
+    if shape == "enabled_redundant_open":
+        return lead + THINK_OPEN + reasoning + THINK_CLOSE + content, True, reasoning, content
+    if shape == "adaptive_think":
+        return lead + THINK_OPEN + reasoning + THINK_CLOSE + content, False, reasoning, content
+    if shape == "stray_close":
+        return lead + THINK_CLOSE + content, False, "", content
+    content = draw(plain_text.filter(lambda text: text.strip() != ""))
+    return content, False, "", content
+
+
+@PROPERTY_SETTINGS
+@given(reply=replies(), data=st.data())
+def test_split_is_exact_and_chunk_independent(reply, data):
+    text, force, reasoning, content = reply
+    assert one_shot(text, force_reasoning=force) == (reasoning, content)
+    cuts = data.draw(m3.chunkings(len(text)))
+    assert streamed(m3.split_at(text, cuts), force_reasoning=force) == (reasoning, content)
+    assert streamed(list(text), force_reasoning=force) == (reasoning, content)
+
+
+def split_oracle(text, force):
+    """The specified split, written directly: a leading opener (after whitespace) starts
+    reasoning, a leading closer outside reasoning is dropped, the first closer inside reasoning
+    ends it; everything else is kept where it stands."""
+    head = text.lstrip(" \t\r\n")
+    rest, in_reasoning = text, force
+    if head.startswith(THINK_OPEN):
+        rest, in_reasoning = head[len(THINK_OPEN):], True
+    elif head.startswith(THINK_CLOSE) and not force:
+        return "", head[len(THINK_CLOSE):]
+    if not in_reasoning:
+        return "", text
+    reasoning, _, content = rest.partition(THINK_CLOSE)
+    return reasoning, content
+
+
+@PROPERTY_SETTINGS
+@given(reply=replies(), data=st.data())
+def test_truncated_reply_keeps_everything_but_markup(reply, data):
+    text, force, _, _ = reply
+    prefix = text[: data.draw(st.integers(0, len(text)))]
+    expected = split_oracle(prefix, force)
+    assert one_shot(prefix, force_reasoning=force) == expected
+    cuts = data.draw(m3.chunkings(len(prefix)))
+    assert streamed(m3.split_at(prefix, cuts), force_reasoning=force) == expected
+
+
+@pytest.mark.parametrize(
+    "text, force, expected",
+    [
+        ("<mm:think>plan</mm:think>answer", False, ("plan", "answer")),
+        ("</mm:think>answer", False, ("", "answer")),
+        ("\n</mm:think>\nanswer", False, ("", "\nanswer")),
+        ("plan</mm:think>answer", True, ("plan", "answer")),
+        ("<mm:think>plan</mm:think>answer", True, ("plan", "answer")),
+        ("still thinking", True, ("still thinking", "")),
+        ("<mm:think>cut off", False, ("cut off", "")),
+        ("answer mentions <mm:think> later", False, ("", "answer mentions <mm:think> later")),
+        ("answer</mm:think>tail", False, ("", "answer</mm:think>tail")),
+        ("</mm:th", False, ("", "</mm:th")),
+        ("", False, ("", "")),
+        ("", True, ("", "")),
+    ],
+)
+def test_examples(text, force, expected):
+    assert one_shot(text, force_reasoning=force) == expected
+    assert streamed(list(text), force_reasoning=force) == expected
+
+
+def test_stray_closer_split_across_chunks_is_dropped():
+    assert streamed(["</mm:", "thi", "nk>", "hello"]) == ("", "hello")
+
+
+def test_stream_reasoning_off_releases_reasoning_whole_at_its_end():
+    detector = MiniMaxM3ReasoningDetector(stream_reasoning=False, force_reasoning=True)
+    first = detector.parse_streaming_increment("step one, ")
+    second = detector.parse_streaming_increment("step two</mm:think>done")
+    assert (first.reasoning_text, first.normal_text) == ("", "")
+    assert (second.reasoning_text, second.normal_text) == ("step one, step two", "done")
+
+
+def test_force_nonempty_content_shows_reasoning_when_there_is_no_answer():
+    assert one_shot("only thoughts", force_reasoning=True, force_nonempty_content=True) == ("", "only thoughts")
+    assert one_shot("t</mm:think>a", force_reasoning=True, force_nonempty_content=True) == ("t", "a")
+
+
+def test_continuing_a_final_message_keeps_its_part():
+    inside = MiniMaxM3ReasoningDetector(continue_final_message=True, previous_content="<mm:think>so far")
+    assert (inside.detect_and_parse(" more</mm:think>ok").reasoning_text) == " more"
+    after = MiniMaxM3ReasoningDetector(continue_final_message=True, previous_content="Hello")
+    assert after.detect_and_parse("</mm:think> world").normal_text == "</mm:think> world"
