@@ -28,6 +28,10 @@ from dataclasses import dataclass
 import torch
 import triton
 
+# This file's folder is first on sys.path and its name equals the package's: drop it so that
+# ``msa_kernels`` resolves to the kernel package.
+sys.path = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
+
 from msa_kernels.api import prefill_select, run_decode, run_prefill
 from msa_kernels.paged_batch import compare_with_reference, make_paged_batch
 from msa_kernels.plan import page_table_from_req_to_token, plan_decode, plan_prefill

@@ -8,7 +8,7 @@ padding sorts last.
 import triton
 import triton.language as tl
 
-_BIG = 1 << 30
+_BIG = tl.constexpr(1 << 30)
 
 
 @triton.jit
