@@ -166,7 +166,7 @@ class Controller:
             await self.publish_status(key)
             # Permanent failures (403 RBAC, 404 missing LeaderWorkerSet CRD, 422) are retried
             # slowly: a cluster change can cure them, and hammering the API cannot.
-            delay = backoff(attempt) if transient else 300.0
+            delay = backoff(attempt, self.config.retry_base_seconds) if transient else 300.0
             raise RetryLater(f"{plan.namespace}/{plan.name}: {describe(error)}", delay) from error
         self.metrics.reconcile_seconds.observe(time.monotonic() - started)
         self.metrics.reconciles.labels("applied").inc()
@@ -206,7 +206,7 @@ class Controller:
 
     def _retry_publish(self, key: Key, attempt: int) -> None:
         loop = asyncio.get_running_loop()
-        loop.call_later(backoff(attempt, base=0.5, cap=30.0),
+        loop.call_later(backoff(attempt, self.config.retry_base_seconds, cap=30.0),
                         lambda: loop.create_task(self.publish_status(key, attempt + 1)))
 
     def _count_ready(self) -> None:

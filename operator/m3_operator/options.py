@@ -42,6 +42,8 @@ class OperatorConfig:
     """Period of the re-apply that repairs drift (children edited or deleted by hand)."""
     request_timeout_seconds: float = 30.0
     """Read timeout of every API request the operator makes."""
+    retry_base_seconds: float = 1.0
+    """First delay of the exponential backoff after a transient API error (doubles, max 60)."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> OperatorConfig:
