@@ -20,6 +20,21 @@ from .schema import API_VERSION, KIND, Recipe
 _SERVER_OWNED_KEYS = ("status",)
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """Safe YAML loader that refuses repeated keys, which plain YAML silently lets the last
+    one win (a recipe with two ``tp:`` lines would deploy whichever came second)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_recipe(path: str | os.PathLike) -> Recipe:
     """Read and check one recipe file."""
     source = str(path)
@@ -35,7 +50,8 @@ def load_recipe(path: str | os.PathLike) -> Recipe:
 def load_recipe_text(text: str, source: str = "<string>") -> Recipe:
     """Parse recipe YAML held in memory; ``source`` names it in errors."""
     try:
-        documents = [doc for doc in yaml.safe_load_all(text) if doc is not None]
+        documents = [doc for doc in yaml.load_all(text, Loader=_UniqueKeyLoader)
+                     if doc is not None]
     except yaml.YAMLError as error:
         raise RecipeLoadError(source, [Problem("<yaml>", _describe_yaml_error(error))]) from None
     if not documents:

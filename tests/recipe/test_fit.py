@@ -1,0 +1,161 @@
+"""Memory fit against hand computations (arithmetic written out, from M3_FACTS s.1 and s.6).
+
+Per token per GPU rank, bf16 (2 bytes):
+  main KV per layer = 2 (K and V) x KV heads on the rank x 128 (head dim) x 2 bytes
+  index key per sparse layer = 128 x 2 bytes = 256 bytes (one head, on every rank)
+At attention-TP >= 4 a rank holds 1 KV head: 2 x 1 x 128 x 2 = 512 bytes per layer.
+"""
+
+from __future__ import annotations
+
+from sglang_m3.recipe import estimate_fit, fit_applies, load_recipe, validate_recipe
+from sglang_m3.recipe.fit import attention_param_count, kv_bytes_per_token, weight_bytes_per_gpu
+from tests.recipe.recipe_factory import LIBRARY, make_recipe
+
+GB = 10**9
+
+
+def test_kv_bytes_per_token_by_hand():
+    # TP8 (and TP4): 1 KV head per rank. 60 layers x 512 + 57 sparse layers x 256
+    assert kv_bytes_per_token("auto", attention_tp=8, pp=1) == 60 * 512 + 57 * 256 == 45_312
+    assert kv_bytes_per_token("bf16", attention_tp=4, pp=1) == 45_312
+    # TP2: 2 KV heads per rank: 60 x (2 x 2 x 128 x 2 = 1024) + 57 x 256
+    assert kv_bytes_per_token("auto", attention_tp=2, pp=1) == 60 * 1024 + 14_592 == 76_032
+    # TP1: all 4 KV heads: 60 x 2048 + 57 x 256 (M3_FACTS s.3: dense GQA reads 2048 B/layer)
+    assert kv_bytes_per_token("auto", attention_tp=1, pp=1) == 122_880 + 14_592 == 137_472
+    # fp8 halves every element: 60 x 256 + 57 x 128
+    assert kv_bytes_per_token("fp8_e4m3", attention_tp=8, pp=1) == 15_360 + 7_296 == 22_656
+    # PP2: the fullest stage holds ceil(60/2) = 30 layers and ceil(57/2) = 29 sparse layers
+    assert kv_bytes_per_token("auto", attention_tp=8, pp=2) == 30 * 512 + 29 * 256 == 22_784
+
+
+def test_attention_parameters_by_hand():
+    # main: hidden 6144 x (q 64x128 + o 64x128 + k 4x128 + v 4x128) = 6144 x 17,408 per layer
+    main = 60 * 6144 * (8192 + 8192 + 512 + 512)
+    # index: hidden 6144 x (4 query heads + 1 key head) x 128 per sparse layer
+    index = 57 * 6144 * 5 * 128
+    assert attention_param_count() == main + index == 6_641_418_240
+
+
+def test_h200_bf16_tp8_library_recipe_by_hand():
+    report = estimate_fit(load_recipe(LIBRARY / "h200-bf16-tp8.yaml"))
+    # weights: 854 GB / 8 ranks (no attention DP, so nothing replicated)
+    assert abs(report.weight_bytes_per_gpu - 854 * GB // 8) <= 1
+    assert report.kv_heads_per_rank == 1 and report.kv_replication == 2  # 4 KV heads on 8 ranks
+    # static budget: 141 GB x 0.88 = 124.08 GB; KV pool = 124.08 - 106.75 = 17.33 GB
+    assert report.static_budget_bytes == 124_080_000_000
+    assert abs(report.kv_pool_bytes - 17_330_000_000) <= 1
+    # 17.33e9 / 45,312 = 382,459.4 tokens -> whole pages of 128: 2,987 x 128 = 382,336
+    assert report.pool_tokens == 382_336
+    # at 131,072 tokens per request: 382,336 // 131,072 = 2 requests
+    assert report.max_concurrency_at_context == 2
+    # at 2 requests: 382,336 / 2 = 191,168 -> whole pages: 1,493 x 128 = 191,104
+    assert report.max_context_at_concurrency == 191_104
+    # reserve: 8192-token chunk x 6144 x 2 B x 16 + 2 requests x 200,064 x 4 B logits + 2 GB
+    assert report.reserve_bytes == 8192 * 6144 * 32 + 2 * 200_064 * 4 + 2 * GB == 3_612_213_248
+    assert report.findings() == []
+
+
+def test_h100_bf16_tp8_pp2_by_hand():
+    report = estimate_fit(load_recipe(LIBRARY / "h100-bf16-tp8-pp2.yaml"))
+    # 854 GB over tp x pp = 16 GPUs = 53.375 GB
+    assert abs(report.weight_bytes_per_gpu - 53_375_000_000) <= 1
+    # 80 GB x 0.88 = 70.4 GB static; 70.4 - 53.375 = 17.025 GB of KV; 22,784 bytes per token
+    # 17.025e9 / 22,784 = 747,234.9 -> 5,837 pages x 128 = 747,136
+    assert report.kv_bytes_per_token == 22_784
+    assert report.pool_tokens == 747_136
+    assert report.max_concurrency_at_context == 747_136 // 131_072 == 5
+
+
+def test_b300_1m_context_fit_by_hand():
+    report = estimate_fit(load_recipe(LIBRARY / "b300-mxfp8-tp8-1m-context.yaml"))
+    # 440 GB / 8 = 55 GB weights; 288 GB x 0.85 = 244.8 GB static; 189.8 GB of KV
+    assert abs(report.weight_bytes_per_gpu - 55 * GB) <= 1
+    # 189.8e9 / 45,312 = 4,188,735.0 -> 32,724 pages x 128 = 4,188,672 tokens
+    assert report.pool_tokens == 4_188_672
+    # one 1M request needs 1,048,576 x 45,312 = 47.51 GB; 4,188,672 // 1,048,576 = 3
+    assert report.max_concurrency_at_context == 3
+    # at 3 requests: 4,188,672 / 3 = 1,396,224 tokens each, capped at M3's 1,048,576
+    assert report.max_context_at_concurrency == 1_048_576
+    assert report.findings() == []
+
+
+def test_attention_dp_replicates_attention_weights_by_hand():
+    # B200 MXFP8, tp 8 with attentionDp 8: each rank is its own attention group (attention-TP 1)
+    recipe = make_recipe(spec__parallelism={"tp": 8, "ep": 8, "attentionDp": 8},
+                         spec__serving={"memFractionStatic": 0.8, "maxRunningRequests": 16})
+    report = estimate_fit(recipe)
+    # attention weights in MXFP8: 6,641,418,240 params x (1 + 1/32) bytes = 6,848,962,560
+    attention = 6_641_418_240 + 6_641_418_240 // 32
+    assert attention == 6_848_962_560
+    # the rest is split 8 ways, attention is whole on every rank
+    assert report.weight_bytes_per_gpu == (440 * GB - attention) // 8 + attention == 60_992_842_240
+    # attention-TP 1 keeps all 4 KV heads: 137,472 bytes per token
+    assert report.kv_heads_per_rank == 4 and report.kv_bytes_per_token == 137_472
+    # 180 GB x 0.8 = 144 GB static; (144e9 - 60,992,842,240) / 137,472 = 603,811.6 -> 603,776
+    assert report.pool_tokens == 603_776
+    # 16 requests over 8 attention groups = 2 per group; 603,776 // 2 = 301,888 = 2,358.5 pages
+    assert report.requests_per_group == 2
+    assert report.max_context_at_concurrency == 2_358 * 128 == 301_824
+    assert weight_bytes_per_gpu("mxfp8", 8, 1, attention_dp=8) == report.weight_bytes_per_gpu
+
+
+def test_eagle3_draft_weights_counted_by_hand():
+    report = estimate_fit(load_recipe(LIBRARY / "b200-mxfp8-tp4-eagle3.yaml"))
+    # target 440 GB / 4 = 110 GB; draft 3.3e9 params x 2 bytes / 4 = 1.65 GB
+    assert report.draft_bytes_per_gpu == 1_650_000_000
+    assert abs(report.weight_bytes_per_gpu - 111_650_000_000) <= 1
+    # 180 x 0.75 = 135 GB static; 135 - 111.65 = 23.35 GB; / 45,312 = 515,316.0 -> 515,200
+    assert report.pool_tokens == 515_200
+    assert report.max_concurrency_at_context == 3
+
+
+def test_bf16_on_one_h100_node_is_impossible():
+    recipe = make_recipe(spec__hardware={"profile": "h100"},
+                         spec__model={"path": "MiniMaxAI/MiniMax-M3", "variant": "bf16"},
+                         spec__parallelism={"tp": 8})
+    report = estimate_fit(recipe)
+    # 854 / 8 = 106.75 GB of weights > 80 x 0.8 = 64 GB
+    assert report.kv_pool_bytes == 0 and report.pool_tokens == 0
+    [finding] = report.findings()
+    assert (finding.severity, finding.rule, finding.field) == ("error", "fit.weights", "spec.parallelism")
+    assert "106.8 GB per GPU" in finding.message and "64.0 GB" in finding.message
+
+
+def test_context_beyond_pool_is_an_error_and_concurrency_shortfall_a_warning():
+    h200 = dict(spec__hardware={"profile": "h200"},
+                spec__model={"path": "MiniMaxAI/MiniMax-M3", "variant": "bf16"},
+                spec__parallelism={"tp": 8})
+    # 141 x 0.88 = 124.08 GB static -> 382,336 KV tokens (as in the H200 test above)
+    too_long = estimate_fit(make_recipe(**h200, spec__contextLength=400_000,
+                                        spec__serving={"memFractionStatic": 0.88}))
+    assert [f.rule for f in too_long.findings()] == ["fit.context"]
+    assert "at most 382,336" in too_long.findings()[0].message
+    crowded = estimate_fit(make_recipe(**h200, spec__contextLength=131_072,
+                                       spec__serving={"memFractionStatic": 0.88,
+                                                      "maxRunningRequests": 3}))
+    # 382,336 // 131,072 = 2 < 3 requested
+    [finding] = crowded.findings()
+    assert (finding.severity, finding.rule) == ("warning", "fit.concurrency")
+    assert "only 2 request(s)" in finding.message
+
+
+def test_thin_kv_pool_and_small_reserve_are_warnings():
+    # 8 x H200 at 0.80: 112.8 GB static - 106.75 = 6.05 GB of KV, under 10% of 112.8 GB
+    thin = estimate_fit(make_recipe(
+        spec__hardware={"profile": "h200"},
+        spec__model={"path": "MiniMaxAI/MiniMax-M3", "variant": "bf16"},
+        spec__parallelism={"tp": 8}, spec__contextLength=8192,
+        spec__serving={"memFractionStatic": 0.80, "maxRunningRequests": 1}))
+    assert "fit.tight" in [f.rule for f in thin.findings()]
+    # B300 at 0.99 leaves 2.88 GB, less than the 2 GB graphs + 1.6 GB chunk activations
+    squeezed = estimate_fit(make_recipe(
+        spec__hardware={"profile": "b300"},
+        spec__serving={"memFractionStatic": 0.99, "maxRunningRequests": 1}))
+    assert "fit.reserve" in [f.rule for f in squeezed.findings()]
+
+
+def test_cpu_profile_is_outside_the_fit():
+    recipe = load_recipe(LIBRARY / "cpu-tiny.yaml")
+    assert not fit_applies(recipe)
+    assert not [f for f in validate_recipe(recipe) if f.rule.startswith("fit.")]

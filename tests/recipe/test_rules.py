@@ -1,0 +1,185 @@
+"""Deployment rules: targeted cases and hypothesis properties over the parallelism space."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sglang_m3.recipe import CATALOG, MAX_CONTEXT_LENGTH, validate_recipe
+from sglang_m3.recipe.render import TYPED_FLAGS
+from tests.recipe.recipe_factory import make_recipe
+
+DIVISORS_OF_64 = {1, 2, 4, 8, 16, 32, 64}
+
+
+def rules_fired(recipe) -> set[str]:
+    return {finding.rule for finding in validate_recipe(recipe)}
+
+
+def test_base_recipe_is_clean():
+    assert validate_recipe(make_recipe()) == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(tp=st.integers(1, 16), pp=st.integers(1, 4), dp=st.integers(1, 4),
+       per_node=st.integers(1, 8), nodes=st.integers(1, 4))
+def test_gpu_count_rule_fires_exactly_when_the_product_differs(tp, pp, dp, per_node, nodes):
+    recipe = make_recipe(spec__hardware={"profile": "b200", "gpusPerNode": per_node,
+                                         "nodes": nodes},
+                         spec__parallelism={"tp": tp, "pp": pp, "dp": dp, "ep": 1})
+    fired = "parallelism.gpu-count" in rules_fired(recipe)
+    assert fired == (tp * pp * dp != per_node * nodes)
+
+
+@settings(max_examples=200, deadline=None)
+@given(tp=st.integers(1, 128), attention_dp=st.integers(1, 16))
+def test_head_rules_fire_exactly_for_unsplittable_attention(tp, attention_dp):
+    recipe = make_recipe(spec__parallelism={"tp": tp, "ep": 1, "attentionDp": attention_dp})
+    fired = rules_fired(recipe)
+    if tp % attention_dp:
+        assert "parallelism.attention-dp" in fired
+        return
+    attention_tp = tp // attention_dp
+    splittable = attention_tp in DIVISORS_OF_64  # then 4 KV heads split or replicate evenly
+    head_rules = {"parallelism.query-heads", "parallelism.kv-heads"}
+    assert bool(fired & head_rules) == (not splittable)
+
+
+@settings(max_examples=100, deadline=None)
+@given(tp=st.sampled_from([1, 2, 4, 8, 16]), ep=st.integers(1, 32),
+       profile=st.sampled_from(["b200", "mi300x", "mi355x"]))
+def test_expert_parallel_rules(tp, ep, profile):
+    recipe = make_recipe(spec__hardware={"profile": profile, "gpusPerNode": min(tp, 8),
+                                         "nodes": max(1, tp // 8)},
+                         spec__parallelism={"tp": tp, "ep": ep},
+                         spec__serving={"watchdogTimeout": 3600})
+    fired = rules_fired(recipe)
+    assert ("parallelism.ep-divides-tp" in fired) == (tp % ep != 0)
+    assert ("amd.ep-equals-tp" in fired) == (CATALOG[profile].is_amd and ep != tp)
+
+
+@settings(max_examples=100, deadline=None)
+@given(context=st.integers(1, 4 * MAX_CONTEXT_LENGTH))
+def test_context_rule_fires_exactly_beyond_one_million(context):
+    recipe = make_recipe(spec__contextLength=context, spec__serving={"maxRunningRequests": 1,
+                                                                     "chunkedPrefillSize": None})
+    assert ("context.max" in rules_fired(recipe)) == (context > MAX_CONTEXT_LENGTH)
+
+
+@settings(max_examples=100, deadline=None)
+@given(page=st.integers(1, 1024), profile=st.sampled_from(sorted(CATALOG)))
+def test_page_size_rule_applies_to_gpus_only(page, profile):
+    recipe = make_recipe(spec__hardware={"profile": profile, "gpusPerNode": 1},
+                         spec__parallelism={"tp": 1}, spec__kvCache={"pageSize": page})
+    assert ("kv.page-size" in rules_fired(recipe)) == (CATALOG[profile].is_gpu and page != 128)
+
+
+@settings(max_examples=100, deadline=None)
+@given(profile=st.sampled_from(sorted(CATALOG)), variant=st.sampled_from(["bf16", "mxfp8"]))
+def test_variant_rule_follows_the_catalog(profile, variant):
+    recipe = make_recipe(spec__hardware={"profile": profile, "gpusPerNode": 1},
+                         spec__parallelism={"tp": 1},
+                         spec__model={"path": "m3", "variant": variant})
+    assert ("hardware.variant" in rules_fired(recipe)) == (variant not in CATALOG[profile].variants)
+
+
+def test_mxfp8_runs_on_blackwell_and_amd_only():
+    able = {name for name, p in CATALOG.items() if "mxfp8" in p.variants}
+    assert able == {"b200", "b300", "gb200", "mi300x", "mi325x", "mi350x", "mi355x"}
+
+
+@settings(max_examples=150, deadline=None)
+@given(flag=st.sampled_from(sorted(TYPED_FLAGS)), value=st.text(min_size=1, max_size=8),
+       equals=st.booleans(), position=st.integers(0, 3))
+def test_any_typed_flag_in_extra_args_is_refused_naming_its_field(flag, value, equals, position):
+    harmless = ["--enable-metrics", "--log-level", "info"][:position]
+    extra = harmless + ([f"{flag}={value}"] if equals else [flag, value])
+    findings = validate_recipe(make_recipe(spec__serving__extraArgs=extra))
+    duplicate = [f for f in findings if f.rule == "serving.extra-args-duplicate"]
+    assert duplicate, extra
+    assert duplicate[0].field == f"spec.serving.extraArgs[{len(harmless)}]"
+    assert TYPED_FLAGS[flag] in duplicate[0].message
+
+
+@settings(max_examples=100, deadline=None)
+@given(name=st.from_regex(r"--[a-z][a-z0-9-]{3,20}", fullmatch=True))
+def test_extra_args_that_own_no_typed_field_pass(name):
+    owned = any(typed.startswith(name) for typed in TYPED_FLAGS) or name == "--config"
+    recipe = make_recipe(spec__serving__extraArgs=[name, "1"])
+    refusals = [f for f in validate_recipe(recipe) if f.rule.startswith("serving.extra-args")]
+    assert bool(refusals) == owned
+
+
+def test_speculative_rules():
+    draft = {"path": "Inferact/MiniMax-M3-EAGLE3"}
+    cases = {
+        "speculative.draft-required": {"algorithm": "EAGLE3"},
+        "speculative.ngram-no-draft": {"algorithm": "NGRAM", "draftModel": draft},
+        "speculative.algorithm-draft": {"algorithm": "EAGLE", "draftModel": draft},
+        "speculative.chain-only": {"algorithm": "EAGLE3", "draftModel": draft, "eagleTopk": 2},
+        "speculative.draft-tokens": {"algorithm": "EAGLE3", "draftModel": draft,
+                                     "numSteps": 2, "numDraftTokens": 4},
+    }
+    for rule, speculative in cases.items():
+        assert rule in rules_fired(make_recipe(spec__speculative=speculative)), rule
+    good = make_recipe(spec__speculative={"algorithm": "EAGLE3", "draftModel": draft})
+    assert not {r for r in rules_fired(good) if r.startswith("speculative.")}
+    hopper = make_recipe(spec__hardware={"profile": "h200"},
+                         spec__model={"path": "MiniMaxAI/MiniMax-M3", "variant": "bf16"},
+                         spec__speculative={"algorithm": "EAGLE3", "draftModel": draft})
+    assert "speculative.triton-path" in rules_fired(hopper)
+
+
+def test_amd_mxfp8_on_cdna3_wants_a_long_watchdog():
+    mi300 = dict(spec__hardware={"profile": "mi300x"})
+    assert "amd.mxfp8-watchdog" in rules_fired(make_recipe(**mi300))
+    assert "amd.mxfp8-watchdog" not in rules_fired(
+        make_recipe(**mi300, spec__serving={"watchdogTimeout": 3600}))
+    assert "amd.mxfp8-watchdog" not in rules_fired(make_recipe(spec__hardware={"profile": "mi355x"}))
+
+
+def test_tp_across_nodes_warns_except_inside_an_nvl72_rack():
+    spread = dict(spec__parallelism={"tp": 16, "ep": 16}, spec__hardware__nodes=2)
+    assert "parallelism.tp-across-nodes" in rules_fired(make_recipe(**spread))
+    rack = make_recipe(spec__hardware={"profile": "gb200", "nodes": 4},
+                       spec__parallelism={"tp": 16, "ep": 16})
+    assert "parallelism.tp-across-nodes" not in rules_fired(rack)
+
+
+def test_other_warnings_and_errors():
+    assert "kv.fp8-e5m2" in rules_fired(make_recipe(spec__kvCache={"dtype": "fp8_e5m2"}))
+    assert "parsers.reasoning" in rules_fired(make_recipe(spec__parsers={"reasoning": None}))
+    assert "parsers.reasoning" not in rules_fired(make_recipe(
+        spec__parsers={"reasoning": None, "defaultThinkingMode": "disabled"}))
+    assert "parallelism.pp-uneven" in rules_fired(make_recipe(
+        spec__hardware={"profile": "b200", "gpusPerNode": 7},
+        spec__parallelism={"tp": 1, "pp": 7}))
+    assert "model.variant-path" in rules_fired(make_recipe(
+        spec__model={"path": "MiniMaxAI/MiniMax-M3-MXFP8", "variant": "bf16"}))
+    assert "model.tiny-on-gpu" in rules_fired(make_recipe(
+        spec__model={"path": "sglang-m3:tiny", "variant": "mxfp8"}))
+    assert "provenance.sglang-version" in rules_fired(make_recipe(
+        spec__provenance={"source": "x", "verified": {"hardware": "8x B200",
+                                                      "sglangVersion": "0.5.9",
+                                                      "date": "2026-06-01"}}))
+    assert "offload.mode-field" in rules_fired(make_recipe(
+        spec__hostOffload={"mode": "hisparse", "sizeGbPerRank": 10}))
+    assert "serving.mem-fraction" in rules_fired(make_recipe(
+        spec__serving={"memFractionStatic": 0.97, "maxRunningRequests": 1}))
+
+
+@settings(max_examples=150, deadline=None)
+@given(profile=st.sampled_from(sorted(CATALOG)), tp=st.integers(1, 64), pp=st.integers(1, 70),
+       context=st.integers(1, 2_000_000), page=st.integers(1, 256),
+       fraction=st.floats(0.01, 0.99), running=st.integers(1, 4096))
+def test_every_finding_names_a_spec_field_and_a_fix(profile, tp, pp, context, page, fraction,
+                                                     running):
+    recipe = make_recipe(spec__hardware={"profile": profile}, spec__contextLength=context,
+                         spec__parallelism={"tp": tp, "pp": pp, "ep": 1},
+                         spec__kvCache={"pageSize": page},
+                         spec__serving={"memFractionStatic": fraction,
+                                        "maxRunningRequests": running})
+    for finding in validate_recipe(recipe):
+        assert finding.severity in ("error", "warning")
+        assert finding.field.startswith("spec.")
+        assert len(finding.message) > 20 and finding.rule
