@@ -57,9 +57,12 @@ HOOKS: tuple[Hook, ...] = (
 
 def register() -> None:
     """Register models, parsers and hooks with SGLang (idempotent per process)."""
-    from sglang.srt.models.registry import ModelRegistry
+    from sglang.srt.models.registry import ModelRegistry, import_model_classes
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    ModelRegistry.register("sglang_m3.models", overwrite=True)
+    # Added to whatever the registry holds, replacing upstream's M3 classes. Not
+    # ModelRegistry.register(): that first imports every SGLang model, even when
+    # SGLANG_EXTERNAL_MODEL_PACKAGE=sglang_m3.models asked SGLang to skip them.
+    ModelRegistry.models.update(import_model_classes("sglang_m3.models", strict=True))
     for hook in HOOKS:
         HookRegistry.register(hook.target, hook.function, HookType[hook.kind])

@@ -1,0 +1,119 @@
+"""``sglang-m3 serve``: the embedded tiny M3 on CPU, a recipe, or any model passed through to SGLang."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+from sglang_m3.serve_support import CPU_PLATFORM_ENV, TINY_CPU_ARGS, TINY_MODEL_PATH, ensure_tiny_checkpoint, launch_command
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="serve M3 with SGLang (default: the embedded tiny model on CPU)",
+        description=(
+            "Start sglang.launch_server. With no model and no recipe, build (once, cached in "
+            "$SGLANG_M3_CACHE or ~/.cache/sglang-m3) and serve the tiny random-weight M3 on the "
+            "CPU platform, then print how to query it. With --model, pass everything through to "
+            "SGLang. With a recipe file, serve what the recipe renders. Arguments after the known "
+            "ones (e.g. --tp-size 8) go to SGLang unchanged."
+        ),
+    )
+    parser.add_argument("recipe", nargs="?", help="a recipe YAML file (see recipes/)")
+    parser.add_argument("--model", help="model directory or hub id to serve instead of the tiny model")
+    parser.add_argument("--host", default=None, help="listen address (default 127.0.0.1 for the tiny model)")
+    parser.add_argument("--port", type=int, default=None, help="listen port (default 30000)")
+    parser.add_argument("--dry-run", action="store_true", help="print the SGLang command line and exit")
+    parser.set_defaults(handler=run, accepts_extra_args=True)
+
+
+def _recipe_launch(path: str) -> tuple[list[str], dict[str, str]]:
+    from sglang_m3.recipe import has_errors, load_recipe, render_launch, validate_recipe
+
+    recipe = load_recipe(path)
+    findings = validate_recipe(recipe)
+    for finding in findings:
+        print(f"{path}: {finding}", file=sys.stderr)
+    if has_errors(findings):
+        raise SystemExit(1)
+    launch = render_launch(recipe)
+    argv = list(launch.argv)
+    if TINY_MODEL_PATH in argv:
+        argv[argv.index(TINY_MODEL_PATH)] = ensure_tiny_checkpoint()
+        argv += ["--dtype", "float32"]
+    return argv, dict(launch.env)
+
+
+def build_launch(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
+    """(SGLang arguments, extra environment) for the parsed command line."""
+    if args.recipe and args.model:
+        raise SystemExit("sglang-m3 serve: give a recipe or --model, not both")
+    if args.recipe:
+        argv, env = _recipe_launch(args.recipe)
+    elif args.model:
+        argv, env = ["--model-path", args.model], {}
+    else:
+        argv, env = ["--model-path", ensure_tiny_checkpoint(), *TINY_CPU_ARGS], dict(CPU_PLATFORM_ENV)
+        argv += ["--host", args.host or "127.0.0.1", "--port", str(args.port or 30000)]
+        args.host = args.port = None
+    if args.host:
+        argv += ["--host", args.host]
+    if args.port:
+        argv += ["--port", str(args.port)]
+    return argv + list(args.extra_args), env
+
+
+def _option(argv: list[str], flag: str, default: str) -> str:
+    return argv[len(argv) - 1 - argv[::-1].index(flag) + 1] if flag in argv else default
+
+
+def _wait_until_ready(base_url: str, process: subprocess.Popen, timeout_s: float = 900) -> bool:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline and process.poll() is None:
+        try:
+            with urllib.request.urlopen(f"{base_url}/model_info", timeout=5) as response:
+                if response.status == 200:
+                    return True
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(1)
+    return False
+
+
+def _print_usage(base_url: str, model: str) -> None:
+    print(
+        f"""
+sglang-m3: M3 is being served at {base_url}
+  curl {base_url}/v1/chat/completions -H 'Content-Type: application/json' \\
+    -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello"}}], "max_tokens": 32}}'
+  python -c "import openai; c = openai.OpenAI(base_url='{base_url}/v1', api_key='none'); \\
+print(c.chat.completions.create(model='{model}', messages=[{{'role': 'user', 'content': 'Hello'}}], max_tokens=32))"
+Press Ctrl+C to stop.""",
+        flush=True,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    argv, env = build_launch(args)
+    command = launch_command(argv)
+    if args.dry_run:
+        print(" ".join(f"{k}={v}" for k, v in env.items()), *command)
+        return 0
+    host = _option(argv, "--host", "127.0.0.1")
+    base_url = f"http://{'127.0.0.1' if host == '0.0.0.0' else host}:{_option(argv, '--port', '30000')}"
+    print("starting:", " ".join(command), flush=True)
+    process = subprocess.Popen(command, env={**os.environ, **env})
+    try:
+        if _wait_until_ready(base_url, process):
+            _print_usage(base_url, _option(argv, "--served-model-name", _option(argv, "--model-path", "")))
+        return process.wait()
+    except KeyboardInterrupt:
+        process.send_signal(signal.SIGINT)
+        return process.wait()

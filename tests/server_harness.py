@@ -1,0 +1,99 @@
+"""Starts the real ``sglang.launch_server`` on the CPU platform for tests, and stops it.
+
+Every server gets a free loopback port and its own log file; a failed start raises with the
+log's tail so the cause is visible in the test report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import requests
+
+READY_TIMEOUT_S = float(os.environ.get("SGLANG_M3_TEST_SERVER_TIMEOUT", "600"))
+
+
+@dataclass
+class RunningServer:
+    base_url: str
+    model_path: str
+    log_path: str
+    process: subprocess.Popen
+
+    @property
+    def openai_url(self) -> str:
+        return f"{self.base_url}/v1"
+
+    def log_tail(self, lines: int = 60) -> str:
+        with open(self.log_path, encoding="utf-8", errors="replace") as handle:
+            return "".join(handle.readlines()[-lines:])
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def cpu_server_args(model_path: str, port: int, *extra: str) -> list[str]:
+    return [
+        "--model-path", model_path, "--host", "127.0.0.1", "--port", str(port),
+        "--dtype", "float32", "--max-total-tokens", "8192", "--context-length", "4096",
+        "--mem-fraction-static", "0.3", "--max-running-requests", "8", "--enable-cache-report",
+        *extra,
+    ]
+
+
+@contextlib.contextmanager
+def launch_cpu_server(model_path: str, log_dir: str, *extra: str):
+    port = free_port()
+    log_path = os.path.join(log_dir, f"sglang-{port}.log")
+    env = {
+        **os.environ,
+        "SGLANG_PLATFORM": "sglang_m3_cpu",
+        "SGLANG_EXTERNAL_MODEL_PACKAGE": "sglang_m3.models",
+    }
+    with open(log_path, "w", encoding="utf-8") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "sglang.launch_server", *cpu_server_args(model_path, port, *extra)],
+            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        )
+    server = RunningServer(f"http://127.0.0.1:{port}", model_path, log_path, process)
+    try:
+        _wait_ready(server)
+        yield server
+    finally:
+        _stop(process)
+
+
+def _wait_ready(server: RunningServer) -> None:
+    deadline = time.time() + READY_TIMEOUT_S
+    while time.time() < deadline:
+        if server.process.poll() is not None:
+            raise RuntimeError(f"SGLang exited with {server.process.returncode}:\n{server.log_tail()}")
+        try:
+            if requests.get(f"{server.base_url}/health_generate", timeout=30).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(2)
+    raise TimeoutError(f"SGLang did not become ready in {READY_TIMEOUT_S} s:\n{server.log_tail()}")
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, 15)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, 9)
+        process.wait()
