@@ -90,3 +90,24 @@ def test_validate_command_passes_the_library(capsys):
     results = json.loads(out)
     assert len(results) == len(FILES) and all(r["ok"] for r in results)
     assert all(r["findings"] == [] and r["problems"] == [] for r in results)
+
+
+def test_readme_table_matches_the_fit():
+    from sglang_m3.recipe import estimate_fit, fit_applies
+
+    rows = {}
+    for line in (LIBRARY / "README.md").read_text().splitlines():
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        if line.startswith("| `"):
+            rows[cells[0].strip("`")] = cells
+    assert sorted(rows) == [path.name for path in FILES]
+    for path in FILES:
+        recipe = load_recipe(path)
+        cells = rows[path.name]
+        assert cells[2] == recipe.spec.model.variant
+        assert cells[4] == f"{recipe.spec.context_length:,}"
+        if fit_applies(recipe):
+            report = estimate_fit(recipe)
+            assert cells[5:7] == [f"{report.pool_tokens:,}", str(report.max_concurrency_at_context)]
+        else:
+            assert cells[5:7] == ["-", "-"]

@@ -110,6 +110,11 @@ def test_typed_flags_list_every_alias_sglang_registers():
     # and every typed flag is a real SGLang option
     known = set().union(*by_dest.values())
     assert set(TYPED_FLAGS) <= known, set(TYPED_FLAGS) - known
+    # the abbreviation check refuses prefixes of typed flags: no option SGLang accepts for
+    # another setting may be such a prefix, or a legitimate extra argument would be refused
+    others = known - set().union(*(by_dest[dest] for dest in owned_dests))
+    clashes = {o for o in others for typed in TYPED_FLAGS if typed.startswith(o) and len(o) > 3}
+    assert not clashes
 
 
 # --- property: random sound recipes render to command lines SGLang parses faithfully --------
