@@ -8,6 +8,7 @@ so a failure never leaves half an output behind.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shlex
 import sys
@@ -168,7 +169,10 @@ def run_fit(args: argparse.Namespace) -> int:
     report = estimate_fit(recipe)
     findings = report.findings()
     if args.output == "json":
-        print(json.dumps({"rows": dict(report.rows()),
+        numbers = {**dataclasses.asdict(report),
+                   "static_budget_bytes": report.static_budget_bytes,
+                   "reserve_budget_bytes": report.reserve_budget_bytes}
+        print(json.dumps({"fit": numbers, "table": dict(report.rows()),
                           "findings": [f.as_dict() for f in findings]}, indent=2))
     else:
         print(_table(report.rows()))

@@ -139,7 +139,8 @@ def estimate_fit(recipe: Recipe, geometry: M3Geometry = M3) -> FitReport:
     page = spec.kv_cache.page_size
     pool_tokens = (kv_pool // per_token) // page * page
 
-    requests = math.ceil(spec.serving.max_running_requests / parallel.attention_dp)
+    # SGLang gives each attention-DP worker max_running_requests // attentionDp (at least 1)
+    requests = max(1, spec.serving.max_running_requests // parallel.attention_dp)
     max_context = min(MAX_CONTEXT_LENGTH, (pool_tokens // requests) // page * page)
     return FitReport(
         profile=profile.name,
