@@ -32,7 +32,7 @@ import triton
 # ``msa_kernels`` resolves to the kernel package.
 sys.path = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
 
-from msa_kernels.api import prefill_select, run_decode, run_prefill
+from msa_kernels.api import decode_select, prefill_select, run_decode, run_prefill
 from msa_kernels.paged_batch import compare_with_reference, make_paged_batch
 from msa_kernels.plan import page_table_from_req_to_token, plan_decode, plan_prefill
 from msa_kernels.reference import MSAParams
@@ -261,6 +261,7 @@ def bench_decode(pool: Pool, sgl: SGLang | None, batch: int, L: int, q_len: int)
     row = {"phase": "decode", "L": L, "batch": batch, "q_len": q_len, "model_bytes": step_bytes, "input_sets": sets}
     ours = graph_replay_us(lambda i: run_decode(inputs[i][1], inputs[i][2], pool.k, pool.v, inputs[i][3], pool.ik), sets)
     row["ours_us"] = ours
+    row["ours_index_topk_us"] = graph_replay_us(lambda i: decode_select(inputs[i][1], inputs[i][3], pool.ik), sets)
     row["sglang_us"] = None
     if sgl:
         # Speculative rows go to SGLang's decode as one row per token (its own seq length, same slots).
@@ -295,6 +296,12 @@ def bench_prefill(pool: Pool, sgl: SGLang | None, n: int, prefix: int) -> dict:
     row = {"phase": "prefill", "L": total, "N": n, "prefix": prefix, "q_len": n,
            "model_flops": flops, "model_bytes": prefill_model_bytes(n, prefix)}
     row["ours_us"] = 1000 * bench_ms(lambda: run_prefill(plan, q, pool.k, pool.v, iq, pool.ik))
+    row["ours_attn_tile_tokens"] = plan.attn_tiles.max_tokens
+    variants = {}
+    for tile_tokens in (1, 2, 4, 8):
+        vplan = plan_prefill(PARAMS, plan.page_table, [total], [n], num_index_heads=HKV, attn_tile_tokens=tile_tokens)
+        variants[tile_tokens] = 1000 * bench_ms(lambda: run_prefill(vplan, q, pool.k, pool.v, iq, pool.ik), min_reps=3, budget_ms=200)
+    row["ours_us_by_attn_tile_tokens"] = variants
     row["ours_index_us"] = 1000 * bench_ms(lambda: prefill_select(plan, iq, pool.ik))
     row["sglang_us"] = row["sglang_index_us"] = None
     if sgl:

@@ -10,7 +10,7 @@ import triton
 from msa_kernels.plan import DecodePlan, PrefillPlan, Tiles
 from msa_kernels.triton_attention import merge_splits_kernel, sparse_attention_kernel
 from msa_kernels.triton_index import decode_index_scores_kernel, prefill_index_topk_kernel
-from msa_kernels.triton_select import decode_topk_union_kernel, tile_union_kernel
+from msa_kernels.triton_select import decode_topk_kernel
 
 _LOG2E = 1.4426950408889634
 
@@ -47,8 +47,7 @@ def _tile_args(tiles: Tiles):
 
 
 def _attention(
-    plan_tiles: Tiles, page_table, q, k_cache, v_cache, selected, union, count, out,
-    splits: int, sm_scale: float, block_size: int,
+    plan_tiles: Tiles, page_table, q, k_cache, v_cache, selected, out, splits: int, sm_scale: float, block_size: int
 ) -> None:
     """Sparse GQA over each tile's union of chosen blocks; split + LSE merge when ``splits > 1``."""
     num_tiles = plan_tiles.count
@@ -65,7 +64,7 @@ def _attention(
     else:
         part_o = part_lse = torch.empty(1, 1, 1, 1, dtype=torch.float32, device=q.device)
     sparse_attention_kernel[(num_tiles, hkv, splits)](
-        q, k_cache, v_cache, page_table, selected, union, count,
+        q, k_cache, v_cache, page_table, selected,
         out, part_o, part_lse,
         *_tile_args(plan_tiles),
         q.stride(0), q.stride(1),
@@ -73,13 +72,12 @@ def _attention(
         v_cache.stride(0), v_cache.stride(1),
         page_table.stride(0),
         selected.stride(0), selected.stride(1),
-        union.stride(0), union.stride(1),
         out.stride(0), out.stride(1),
         part_o.stride(0), part_o.stride(1), part_o.stride(2), part_o.stride(3),
         part_lse.stride(0), part_lse.stride(1), part_lse.stride(2),
         sm_scale * _LOG2E,
         G=group, GP=gp, ROWS=rows, D=d, BLOCK=block_size,
-        TOPK=topk, KP=_pow2(topk), SPLITS=splits, WRITE_PARTIAL=partial,
+        TOPK=topk, KP=_pow2(topk), UP=_pow2(plan_tiles.max_tokens * topk), SPLITS=splits, WRITE_PARTIAL=partial,
         num_warps=4 if rows <= 64 else 8, num_stages=2,
     )
     if partial:
@@ -98,31 +96,19 @@ def _scale(sm_scale: float | None, head_dim: int) -> float:
     return 1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale
 
 
-def run_decode(
-    plan: DecodePlan,
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    iq: torch.Tensor,
-    ik_cache: torch.Tensor,
-    sm_scale: float | None = None,
-    out: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One sparse layer's decode step: index scan, top-k + union, split sparse attention, merge.
+def decode_select(plan: DecodePlan, iq: torch.Tensor, ik_cache: torch.Tensor) -> torch.Tensor:
+    """Chosen blocks ``[batch*q_len, kv_heads, topk]`` (int32, ascending, -1 padded) of a decode batch.
 
-    ``q [batch*q_len, q_heads, D]``, ``iq [batch*q_len, kv_heads, Di]`` (request-major rows),
-    ``k_cache/v_cache [slots, kv_heads, D]``, ``ik_cache [slots, Di]`` (or ``[slots, 1, Di]``).
-    Returns ``(out [batch*q_len, q_heads, D], selected [batch*q_len, kv_heads, topk] int32)``;
-    rows of padded tokens (``q_lens[b] < q_len``) are left unwritten.
+    Two kernels: the index scan (keys on the MMA's M side, split over blocks) writes one fp32
+    block-max per (request, row, block); the top-k runs one small program per (request, head, token).
     """
     p = plan.params
-    hkv, _, di = _check_inputs(q, k_cache, v_cache, iq, ik_cache, plan.num_tokens, p.block_size)
     tiles = plan.tiles
-    batch = tiles.count
-    t = tiles.max_tokens
+    batch, t = tiles.count, tiles.max_tokens
+    hkv, di = iq.shape[1], iq.shape[-1]
     ik2 = ik_cache.reshape(ik_cache.shape[0], di)
     score_rows = max(16, _pow2(hkv * t))
-    scores = torch.empty(batch, score_rows, plan.max_blocks, dtype=torch.float32, device=q.device)
+    scores = torch.empty(batch, score_rows, plan.max_blocks, dtype=torch.float32, device=iq.device)
     decode_index_scores_kernel[(batch, plan.index_splits)](
         iq, ik2, plan.page_table, scores,
         tiles.tok0, tiles.pos0, tiles.ntok,
@@ -133,24 +119,44 @@ def run_decode(
         NUM_HEADS=hkv, ROWS=score_rows, D=di, BLOCK=p.block_size, SPLITS=plan.index_splits,
         num_warps=4, num_stages=3,
     )
-    selected = torch.empty(plan.num_tokens, hkv, p.topk, dtype=torch.int32, device=q.device)
-    union_slots = _pow2(t * p.topk)
-    union = torch.empty(batch, hkv, union_slots, dtype=torch.int32, device=q.device)
-    count = torch.empty(batch, hkv, dtype=torch.int32, device=q.device)
-    decode_topk_union_kernel[(batch, hkv)](
-        scores, selected, union, count,
+    selected = torch.empty(plan.num_tokens, hkv, p.topk, dtype=torch.int32, device=iq.device)
+    nbp = _pow2(plan.max_blocks)
+    decode_topk_kernel[(batch, hkv, t)](
+        scores, selected,
         tiles.tok0, tiles.pos0, tiles.ntok,
         scores.stride(0), scores.stride(1),
         selected.stride(0), selected.stride(1),
-        union.stride(0), union.stride(1),
-        NUM_HEADS=hkv, T=t, BLOCK=p.block_size, NBP=_pow2(plan.max_blocks),
-        TOPK=p.topk, KP=_pow2(p.topk), UP=union_slots, LOCAL=p.local_blocks, INIT=p.init_blocks,
-        num_warps=4 if plan.max_blocks <= 2048 else 8,
+        NUM_HEADS=hkv, BLOCK=p.block_size, NBP=nbp,
+        TOPK=p.topk, KP=_pow2(p.topk), LOCAL=p.local_blocks, INIT=p.init_blocks,
+        num_warps=1 if nbp <= 2048 else 2 if nbp <= 8192 else 4,
     )
+    return selected
+
+
+def run_decode(
+    plan: DecodePlan,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    iq: torch.Tensor,
+    ik_cache: torch.Tensor,
+    sm_scale: float | None = None,
+    out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sparse layer's decode step: index scan, top-k, split sparse attention, merge (4 launches).
+
+    ``q [batch*q_len, q_heads, D]``, ``iq [batch*q_len, kv_heads, Di]`` (request-major rows),
+    ``k_cache/v_cache [slots, kv_heads, D]``, ``ik_cache [slots, Di]`` (or ``[slots, 1, Di]``).
+    Returns ``(out [batch*q_len, q_heads, D], selected [batch*q_len, kv_heads, topk] int32)``;
+    rows of padded tokens (``q_lens[b] < q_len``) are left unwritten.
+    """
+    p = plan.params
+    _check_inputs(q, k_cache, v_cache, iq, ik_cache, plan.num_tokens, p.block_size)
+    selected = decode_select(plan, iq, ik_cache)
     if out is None:
         out = torch.empty(plan.num_tokens, q.shape[1], v_cache.shape[-1], dtype=q.dtype, device=q.device)
     _attention(
-        tiles, plan.page_table, q, k_cache, v_cache, selected, union, count, out,
+        plan.tiles, plan.page_table, q, k_cache, v_cache, selected, out,
         splits=plan.attn_splits, sm_scale=_scale(sm_scale, q.shape[-1]), block_size=p.block_size,
     )
     return out, selected
@@ -192,7 +198,7 @@ def run_prefill(
     sm_scale: float | None = None,
     out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One sparse layer's extend step: fused index scan + top-k, tile unions, sparse attention.
+    """One sparse layer's extend step: fused index scan + top-k, then sparse attention (2 launches).
 
     Shapes as :func:`run_decode` with rows packed request after request; the new tokens' K, V and
     index keys must already be in the caches (SGLang writes them before attention runs).
@@ -201,21 +207,10 @@ def run_prefill(
     hkv, _, _ = _check_inputs(q, k_cache, v_cache, iq, ik_cache, plan.num_tokens, p.block_size)
     selected = prefill_select(plan, iq, ik_cache)
     atiles = plan.attn_tiles
-    union_slots = _pow2(atiles.max_tokens * p.topk)
-    union = torch.empty(atiles.count, hkv, union_slots, dtype=torch.int32, device=q.device)
-    count = torch.empty(atiles.count, hkv, dtype=torch.int32, device=q.device)
-    tile_union_kernel[(atiles.count, hkv)](
-        selected, union, count,
-        atiles.tok0, atiles.ntok,
-        selected.stride(0), selected.stride(1),
-        union.stride(0), union.stride(1),
-        T=atiles.max_tokens, TOPK=p.topk, UP=union_slots,
-        num_warps=4,
-    )
     if out is None:
         out = torch.empty(plan.num_tokens, q.shape[1], v_cache.shape[-1], dtype=q.dtype, device=q.device)
     _attention(
-        atiles, plan.page_table, q, k_cache, v_cache, selected, union, count, out,
+        atiles, plan.page_table, q, k_cache, v_cache, selected, out,
         splits=1, sm_scale=_scale(sm_scale, q.shape[-1]), block_size=p.block_size,
     )
     return out, selected

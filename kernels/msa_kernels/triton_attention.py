@@ -10,10 +10,12 @@ merges their partial outputs by log-sum-exp; prefill runs one program per tile.
 import triton
 import triton.language as tl
 
+from msa_kernels.triton_select import union_ids
+
 
 @triton.jit
 def sparse_attention_kernel(
-    q_ptr, k_ptr, v_ptr, page_ptr, sel_ptr, union_ptr, count_ptr,
+    q_ptr, k_ptr, v_ptr, page_ptr, sel_ptr,
     out_ptr, part_o_ptr, part_lse_ptr,
     tile_req_ptr, tile_tok0_ptr, tile_pos0_ptr, tile_ntok_ptr,
     s_q_t, s_q_h,
@@ -21,13 +23,12 @@ def sparse_attention_kernel(
     s_v_slot, s_v_h,
     s_pg_b,
     s_sel_t, s_sel_h,
-    s_un_t, s_un_h,
     s_o_t, s_o_h,
     s_po_t, s_po_h, s_po_s, s_po_r,
     s_pl_t, s_pl_h, s_pl_s,
     qk_scale_log2,
     G: tl.constexpr, GP: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
-    TOPK: tl.constexpr, KP: tl.constexpr, SPLITS: tl.constexpr, WRITE_PARTIAL: tl.constexpr,
+    TOPK: tl.constexpr, KP: tl.constexpr, UP: tl.constexpr, SPLITS: tl.constexpr, WRITE_PARTIAL: tl.constexpr,
 ):
     tile = tl.program_id(0)
     h = tl.program_id(1)
@@ -49,14 +50,21 @@ def sparse_attention_kernel(
         mask=row_ok[:, None] & (slot[None, :] < TOPK),
         other=-1,
     )  # [ROWS, KP]: the blocks each row's token chose
-    count = tl.load(count_ptr + tile * tl.num_programs(1) + h)
+    # The union of the tile's choices, rebuilt in registers by every program (a few sorts of
+    # TOPK * tokens ids) instead of a launch and a round trip through memory.
+    u = tl.arange(0, UP)
+    ut = u // TOPK
+    picked = tl.load(
+        sel_ptr + (tok0 + ut) * s_sel_t + h * s_sel_h + (u % TOPK), mask=ut < ntok, other=-1
+    )
+    union, count = union_ids(picked, UP)
     last_pos = pos0 + ntok - 1
     keys = tl.arange(0, BLOCK)
     m_i = tl.full([ROWS], float("-inf"), tl.float32)
     l_i = tl.zeros([ROWS], tl.float32)
     acc = tl.zeros([ROWS, D], tl.float32)
-    for u in range(split, count, SPLITS):
-        blk = tl.load(union_ptr + tile * s_un_t + h * s_un_h + u)
+    for i in range(split, count, SPLITS):
+        blk = tl.sum(tl.where(u == i, union, 0), 0)
         page = tl.load(page_ptr + req * s_pg_b + blk).to(tl.int64)
         kpos = blk * BLOCK + keys
         key_ok = kpos <= last_pos  # never touch rows past the newest token (may hold garbage)

@@ -30,12 +30,14 @@ def forced_or_visible_scores(scores, blk, own, LOCAL: tl.constexpr, INIT: tl.con
 
 @triton.jit
 def topk_ids(ranked, blk, TOPK: tl.constexpr, KP: tl.constexpr):
-    """Ids of the ``TOPK`` largest entries of ``ranked`` (1-D), -1 where fewer are finite-or-forced."""
+    """Ids of the ``TOPK`` largest entries of ``ranked`` (1-D), -1 where fewer are finite-or-forced.
+
+    One fused max+argmax reduction per pick (ties go to the lower block id).
+    """
     slot = tl.arange(0, KP)
     chosen = tl.full([KP], -1, tl.int32)
     for i in tl.static_range(TOPK):
-        best = tl.max(ranked, 0)
-        where_best = tl.argmax(ranked, 0)
+        best, where_best = tl.max(ranked, 0, return_indices=True)
         chosen = tl.where(slot == i, tl.where(best > float("-inf"), where_best, -1), chosen)
         ranked = tl.where(blk == where_best, float("-inf"), ranked)
     return chosen
@@ -54,65 +56,30 @@ def union_ids(ids, UP: tl.constexpr):
 
 
 @triton.jit
-def decode_topk_union_kernel(
-    score_ptr, sel_ptr, union_ptr, count_ptr,
+def decode_topk_kernel(
+    score_ptr, sel_ptr,
     tile_tok0_ptr, tile_pos0_ptr, tile_ntok_ptr,
     s_sc_b, s_sc_r,
     s_sel_t, s_sel_h,
-    s_un_t, s_un_h,
-    NUM_HEADS: tl.constexpr, T: tl.constexpr, BLOCK: tl.constexpr, NBP: tl.constexpr,
-    TOPK: tl.constexpr, KP: tl.constexpr, UP: tl.constexpr,
-    LOCAL: tl.constexpr, INIT: tl.constexpr,
+    NUM_HEADS: tl.constexpr, BLOCK: tl.constexpr, NBP: tl.constexpr,
+    TOPK: tl.constexpr, KP: tl.constexpr, LOCAL: tl.constexpr, INIT: tl.constexpr,
 ):
-    """Per (request, index head): top-k of every query token's scores, then their union.
+    """Per (request, index head, query token): forced blocks + top-k of that token's scores.
 
-    Each token selects on its own (speculative verification never shares a selection); the union
-    lets the attention load a block once for all the request's tokens that chose it.
+    Each token selects on its own (speculative verification never shares a selection). Launched
+    with few warps: the TOPK serial reductions are then warp shuffles without block barriers.
     """
     b = tl.program_id(0)
     h = tl.program_id(1)
+    t = tl.program_id(2)
     tok0 = tl.load(tile_tok0_ptr + b)
-    pos0 = tl.load(tile_pos0_ptr + b)
+    pos = tl.load(tile_pos0_ptr + b) + t
     ntok = tl.load(tile_ntok_ptr + b)
+    own = pos // BLOCK
     blk = tl.arange(0, NBP)
+    row = t * NUM_HEADS + h
+    scores = tl.load(score_ptr + b * s_sc_b + row * s_sc_r + blk, mask=(blk <= own) & (t < ntok), other=float("-inf"))
+    ranked = forced_or_visible_scores(scores, blk, own, LOCAL, INIT)
+    chosen = sort_ids(topk_ids(ranked, blk, TOPK, KP))
     slot = tl.arange(0, KP)
-    for t in tl.static_range(T):
-        pos = pos0 + t
-        own = pos // BLOCK
-        row = t * NUM_HEADS + h
-        scores = tl.load(score_ptr + b * s_sc_b + row * s_sc_r + blk, mask=(blk <= own) & (t < ntok), other=float("-inf"))
-        ranked = forced_or_visible_scores(scores, blk, own, LOCAL, INIT)
-        chosen = sort_ids(topk_ids(ranked, blk, TOPK, KP))
-        tl.store(sel_ptr + (tok0 + t) * s_sel_t + h * s_sel_h + slot, chosen, mask=(slot < TOPK) & (t < ntok))
-    tl.debug_barrier()  # the union below reads what this program's threads just stored
-    u = tl.arange(0, UP)
-    ut = u // TOPK
-    picked = tl.load(
-        sel_ptr + (tok0 + ut) * s_sel_t + h * s_sel_h + (u % TOPK), mask=(ut < ntok) & (ut < T), other=-1
-    )
-    ids, count = union_ids(picked, UP)
-    tl.store(union_ptr + b * s_un_t + h * s_un_h + u, ids)
-    tl.store(count_ptr + b * tl.num_programs(1) + h, count)
-
-
-@triton.jit
-def tile_union_kernel(
-    sel_ptr, union_ptr, count_ptr,
-    tile_tok0_ptr, tile_ntok_ptr,
-    s_sel_t, s_sel_h,
-    s_un_t, s_un_h,
-    T: tl.constexpr, TOPK: tl.constexpr, UP: tl.constexpr,
-):
-    """Per (attention tile, KV head): distinct blocks chosen by any of the tile's tokens."""
-    tile = tl.program_id(0)
-    h = tl.program_id(1)
-    tok0 = tl.load(tile_tok0_ptr + tile)
-    ntok = tl.load(tile_ntok_ptr + tile)
-    u = tl.arange(0, UP)
-    ut = u // TOPK
-    picked = tl.load(
-        sel_ptr + (tok0 + ut) * s_sel_t + h * s_sel_h + (u % TOPK), mask=(ut < ntok) & (ut < T), other=-1
-    )
-    ids, count = union_ids(picked, UP)
-    tl.store(union_ptr + tile * s_un_t + h * s_un_h + u, ids)
-    tl.store(count_ptr + tile * tl.num_programs(1) + h, count)
+    tl.store(sel_ptr + (tok0 + t) * s_sel_t + h * s_sel_h + slot, chosen, mask=(slot < TOPK) & (t < ntok))
