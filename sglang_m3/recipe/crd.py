@@ -13,7 +13,6 @@ import re
 from typing import Any
 
 from .schema import (
-    API_VERSION,
     GROUP,
     KIND,
     PLURAL,
@@ -151,5 +150,3 @@ def _enum_type(values: list) -> str:
 def _one_line(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip()
 
-
-__all__ = ["API_VERSION", "crd_manifest", "crd_openapi_schema", "recipe_json_schema"]

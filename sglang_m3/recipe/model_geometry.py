@@ -17,7 +17,6 @@ TINY_MODEL_PATH = "sglang-m3:tiny"
 MAX_CONTEXT_LENGTH = 1_048_576
 
 GB = 10**9
-GIB = 2**30
 
 
 @dataclass(frozen=True)

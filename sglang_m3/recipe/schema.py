@@ -272,7 +272,3 @@ class Recipe(RecipeModel):
     """Name, and for Kubernetes namespace, labels and annotations."""
     spec: RecipeSpec
     """The deployment."""
-
-    @property
-    def name(self) -> str:
-        return self.metadata.name
