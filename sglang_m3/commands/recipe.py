@@ -19,7 +19,6 @@ import yaml
 from sglang_m3.recipe import (
     CATALOG,
     RecipeLoadError,
-    crd_manifest,
     crd_openapi_schema,
     estimate_fit,
     fit_applies,
@@ -78,12 +77,11 @@ def register(subparsers) -> None:
 
     schema = commands.add_parser(
         "schema", help="print the recipe JSON Schema or the Kubernetes CRD schema",
-        description="Print the JSON Schema of recipe files, or with --crd the CRD's structural "
-                    "openAPIV3Schema, or with --manifest the whole CustomResourceDefinition. "
-                    "All are generated from the same pydantic models the validator uses.")
-    which = schema.add_mutually_exclusive_group()
-    which.add_argument("--crd", action="store_true", help="the CRD openAPIV3Schema")
-    which.add_argument("--manifest", action="store_true", help="the full CRD object")
+        description="Print the JSON Schema of recipe files, or with --crd the structural "
+                    "openAPIV3Schema of the M3Recipe CRD (the operator adds names and status; "
+                    "`sglang-m3 operator crd` prints the whole CRD). Both are generated from the "
+                    "pydantic models the validator uses.")
+    schema.add_argument("--crd", action="store_true", help="the CRD openAPIV3Schema")
     schema.add_argument("--format", choices=("json", "yaml"), default="json")
     schema.set_defaults(handler=run_schema)
 
@@ -211,9 +209,7 @@ def run_render(args: argparse.Namespace) -> int:
 # --- schema, catalog --------------------------------------------------------------------------
 
 def run_schema(args: argparse.Namespace) -> int:
-    if args.manifest:
-        document = crd_manifest()
-    elif args.crd:
+    if args.crd:
         document = crd_openapi_schema()
     else:
         document = recipe_json_schema()

@@ -11,7 +11,7 @@ Typical use::
 """
 
 from .catalog import CATALOG, HardwareProfile, get_profile
-from .crd import crd_manifest, crd_openapi_schema, recipe_json_schema
+from .crd import crd_openapi_schema, recipe_json_schema
 from .errors import Problem, RecipeLoadError
 from .findings import Finding, has_errors
 from .fit import FitReport, estimate_fit, fit_applies
@@ -38,7 +38,6 @@ __all__ = [
     "Recipe",
     "RecipeLoadError",
     "RecipeSpec",
-    "crd_manifest",
     "crd_openapi_schema",
     "estimate_fit",
     "fit_applies",

@@ -1,5 +1,8 @@
 """JSON Schema and the Kubernetes CRD schema, both generated from the pydantic models.
 
+The full CustomResourceDefinition (names, status schema, printer columns) belongs to the
+operator (``m3_operator.crd``), which writes the status; this module supplies its schema.
+
 Kubernetes wants a *structural* OpenAPI v3 schema: every node typed, no ``$ref``, no
 ``anyOf``/``oneOf`` carrying types, no ``additionalProperties`` beside ``properties``, and
 OpenAPI 3.0's boolean ``exclusiveMinimum``. ``crd_openapi_schema`` rewrites pydantic's JSON
@@ -12,15 +15,7 @@ import copy
 import re
 from typing import Any
 
-from .schema import (
-    GROUP,
-    KIND,
-    PLURAL,
-    SHORT_NAMES,
-    SINGULAR,
-    VERSION,
-    Recipe,
-)
+from .schema import Recipe
 
 # Keys of pydantic's output that carry no meaning for Kubernetes. Defaults are left to the
 # operator (which applies the pydantic defaults), so that stored objects show what was written.
@@ -40,42 +35,6 @@ def crd_openapi_schema() -> dict[str, Any]:
     # Kubernetes validates metadata itself and allows no constraints on it beyond its type.
     schema["properties"]["metadata"] = {"type": "object"}
     return schema
-
-
-def crd_manifest() -> dict[str, Any]:
-    """The complete CustomResourceDefinition object for ``kubectl apply``."""
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{PLURAL}.{GROUP}"},
-        "spec": {
-            "group": GROUP,
-            "names": {
-                "kind": KIND,
-                "listKind": f"{KIND}List",
-                "plural": PLURAL,
-                "singular": SINGULAR,
-                "shortNames": list(SHORT_NAMES),
-            },
-            "scope": "Namespaced",
-            "versions": [
-                {
-                    "name": VERSION,
-                    "served": True,
-                    "storage": True,
-                    "schema": {"openAPIV3Schema": crd_openapi_schema()},
-                    "subresources": {"status": {}},
-                    "additionalPrinterColumns": [
-                        {"name": "Hardware", "type": "string",
-                         "jsonPath": ".spec.hardware.profile"},
-                        {"name": "Variant", "type": "string", "jsonPath": ".spec.model.variant"},
-                        {"name": "TP", "type": "integer", "jsonPath": ".spec.parallelism.tp"},
-                        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-                    ],
-                }
-            ],
-        },
-    }
 
 
 def _structural(node: Any, definitions: dict[str, Any]) -> Any:

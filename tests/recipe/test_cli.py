@@ -7,7 +7,7 @@ import shlex
 
 import yaml
 
-from sglang_m3.recipe import crd_manifest, crd_openapi_schema, load_recipe, render_launch
+from sglang_m3.recipe import crd_openapi_schema, load_recipe, recipe_json_schema, render_launch
 from tests.recipe.cli_runner import run_cli
 from tests.recipe.recipe_factory import BROKEN, LIBRARY, recipe_document
 
@@ -92,8 +92,10 @@ def test_schema_outputs(capsys):
     assert code == 0 and json.loads(out)["title"] == "Recipe"
     code, out, _ = run_cli(capsys, "schema", "--crd")
     assert json.loads(out) == crd_openapi_schema()
-    code, out, _ = run_cli(capsys, "schema", "--manifest", "--format", "yaml")
-    assert yaml.safe_load(out) == crd_manifest()
+    code, out, _ = run_cli(capsys, "schema", "--crd", "--format", "yaml")
+    assert yaml.safe_load(out) == crd_openapi_schema()
+    code, out, _ = run_cli(capsys, "schema", "--format", "yaml")
+    assert yaml.safe_load(out) == recipe_json_schema()
 
 
 def test_catalog_lists_every_profile(capsys):

@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 from sglang_m3.recipe import (
     CATALOG,
     RecipeLoadError,
-    crd_manifest,
     crd_openapi_schema,
     load_recipe,
     load_recipe_text,
@@ -175,9 +174,18 @@ def test_crd_schema_refuses_what_the_api_server_should(name):
         jsonschema.validate(document, as_json_schema(crd_openapi_schema()))
 
 
-def test_crd_manifest_is_a_valid_kubernetes_object():
+def test_crd_schema_is_valid_json_schema_props_for_kubernetes():
+    """Wrapped in the smallest CRD, the schema passes Kubernetes' own CRD object schema."""
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
-    manifest = crd_manifest()
-    assert manifest["spec"]["names"]["kind"] == "M3Recipe"
-    assert manifest["metadata"]["name"] == "m3recipes.m3.sglang.io"
-    kubernetes_validate.validate(manifest, "1.33", strict=True)
+    crd = {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "m3recipes.m3.sglang.io"},
+        "spec": {
+            "group": "m3.sglang.io", "scope": "Namespaced",
+            "names": {"kind": "M3Recipe", "plural": "m3recipes"},
+            "versions": [{"name": "v1alpha1", "served": True, "storage": True,
+                          "schema": {"openAPIV3Schema": crd_openapi_schema()}}],
+        },
+    }
+    kubernetes_validate.validate(crd, "1.33", strict=True)
