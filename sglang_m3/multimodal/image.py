@@ -7,12 +7,13 @@ from dataclasses import dataclass
 
 import torch
 from PIL import Image, UnidentifiedImageError
-from torchvision.transforms.v2 import functional as tvF
 
 from sglang_m3.multimodal.errors import MediaError
 from sglang_m3.multimodal.limits import MediaLimits
 from sglang_m3.multimodal.patches import PatchGeometry, fit_size, resize_frames, to_patch_rows
 from sglang_m3.multimodal.sources import MediaSource
+
+warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning, module=__name__)
 
 
 @dataclass
@@ -40,7 +41,10 @@ def decode_image(source: MediaSource, limits: MediaLimits) -> torch.Tensor:
                     raise MediaError(part, f"declared size {width}x{height} is empty")
                 image.load()
                 rgb = image if image.mode == "RGB" else image.convert("RGB")
-                return tvF.pil_to_tensor(rgb)
+                # One copy out of PIL (pil_to_tensor makes two); a [3, H, W] view of HWC bytes.
+                # The buffer is read-only; nothing writes to it (resize and patching copy).
+                pixels = torch.frombuffer(rgb.tobytes(), dtype=torch.uint8)
+                return pixels.view(height, width, 3).permute(2, 0, 1)
         except Image.DecompressionBombError as exc:
             raise MediaError(part, f"declared size is over PIL's decompression-bomb cap ({exc})") from None
         except UnidentifiedImageError:

@@ -71,19 +71,23 @@ def resize_frames(frames: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
 
 
 def to_patch_rows(frames: torch.Tensor, geometry: PatchGeometry) -> tuple[torch.Tensor, tuple[int, int, int]]:
-    """uint8 ``[frames, C, H, W]`` (sides multiples of patch x merge) -> float32 rows and (t, h, w) grid."""
+    """uint8 ``[frames, C, H, W]`` (sides multiples of patch x merge) -> float32 rows and (t, h, w) grid.
+
+    The cells are reordered while still uint8 (a quarter of the bytes of float32) and normalised
+    in place afterwards; per element this is the same ``(x - mean) / std`` as transformers'.
+    """
     num_frames, channels, height, width = frames.shape
     p, m, tp = geometry.patch_size, geometry.merge_size, geometry.temporal_patch_size
     if height % (p * m) or width % (p * m):
         raise ValueError(f"frame size {height}x{width} is not a multiple of {p * m}")
+    if pad := -num_frames % tp:
+        frames = torch.cat([frames, frames[-1:].expand(pad, -1, -1, -1)])
+    grid = (frames.shape[0] // tp, height // p, width // p)
+    gt, gh, gw = grid
+    cells = frames.reshape(gt, tp, channels, gh // m, m, p, gw // m, m, p)
+    # -> [t, h-block, w-block, h-in-block, w-in-block, channel, temporal, patch row, patch col]
+    cells = cells.permute(0, 3, 6, 4, 7, 2, 1, 5, 8).reshape(gt * gh * gw, channels, tp * p * p)
     mean = torch.tensor(geometry.image_mean) * (1.0 / geometry.rescale_factor)
     std = torch.tensor(geometry.image_std) * (1.0 / geometry.rescale_factor)
-    pixels = (frames.to(torch.float32) - mean.view(1, -1, 1, 1)) / std.view(1, -1, 1, 1)
-    if pad := -num_frames % tp:
-        pixels = torch.cat([pixels, pixels[-1:].expand(pad, -1, -1, -1)])
-    grid = (pixels.shape[0] // tp, height // p, width // p)
-    gt, gh, gw = grid
-    cells = pixels.view(gt, tp, channels, gh // m, m, p, gw // m, m, p)
-    # -> [t, h-block, w-block, h-in-block, w-in-block, channel, temporal, patch row, patch col]
-    cells = cells.permute(0, 3, 6, 4, 7, 2, 1, 5, 8)
-    return cells.reshape(gt * gh * gw, channels * tp * p * p), grid
+    rows = cells.to(torch.float32).sub_(mean.view(1, -1, 1)).div_(std.view(1, -1, 1))
+    return rows.view(gt * gh * gw, channels * tp * p * p), grid

@@ -17,6 +17,7 @@ import os
 from typing import Any
 
 import torch
+from sglang.srt.arg_groups.model_override_base import model_config_of
 from sglang.srt.managers.schedule_batch import Modality, MultimodalDataItem, MultimodalProcessorOutput
 from sglang.srt.multimodal.processors.base_processor import BaseMultimodalProcessor
 from sglang.srt.runtime_context import get_mm
@@ -68,6 +69,9 @@ class MiniMaxM3MultimodalProcessor(BaseMultimodalProcessor):
         workers = max(1, self.mm_io_worker_num)
         self.media = MediaPreprocessor(config, MediaWorkerPool(workers, workers * PENDING_PER_WORKER))
         self.tokens = config.tokens
+        # Patch rows travel in the model's dtype: half the bytes for bf16, and no cast left to
+        # do in the model worker (the vision tower casts to its weight dtype first anyway).
+        self.feature_dtype = model_config_of(server_args).dtype
         self.token_ids = {kind: self._special_id(getattr(self.tokens, kind)) for kind in ("image", "video", "start", "end")}
         if self.token_ids["image"] != getattr(hf_config, "image_token_id", self.token_ids["image"]):
             raise ValueError(
@@ -114,7 +118,7 @@ class MiniMaxM3MultimodalProcessor(BaseMultimodalProcessor):
         items = [
             MultimodalDataItem(
                 modality=Modality.IMAGE,
-                feature=image.pixel_values,
+                feature=image.pixel_values.to(self.feature_dtype),
                 offsets=[run],
                 model_specific_data={"image_grid_thw": torch.tensor([image.grid_thw])},
             )
@@ -126,7 +130,7 @@ class MiniMaxM3MultimodalProcessor(BaseMultimodalProcessor):
             items.append(
                 MultimodalDataItem(
                     modality=Modality.VIDEO,
-                    feature=video.pixel_values,
+                    feature=video.pixel_values.to(self.feature_dtype),
                     offsets=video_runs[start : start + count],
                     model_specific_data={"video_grid_thw": torch.tensor([video.grid_thw])},
                 )

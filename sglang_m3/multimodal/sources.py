@@ -93,10 +93,11 @@ def read_media(item: Any, *, kind: str, part: str, limits: MediaLimits) -> Media
     else:
         # SGLang also passes bare base64 strings (no data: prefix).
         source = _checked_bytes(_decode_base64(payload, part, cap), part, cap)
-    if kind == "image" and sniff_image_format(source.head()) is None:
+    image_format = sniff_image_format(source.head())
+    if kind == "image" and image_format is None:
         raise MediaError(part, "content is not a supported image (PNG, JPEG, WebP, GIF, BMP, TIFF)")
-    if kind == "video" and sniff_image_format(source.head()) is not None:
-        raise MediaError(part, f"content is a {sniff_image_format(source.head())} image, not a video")
+    if kind == "video" and image_format is not None:
+        raise MediaError(part, f"content is a {image_format} image, not a video")
     return source
 
 

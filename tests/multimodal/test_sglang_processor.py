@@ -28,18 +28,22 @@ VIDEO = encode_video(random_frames(12, 64, 40), 4)
 
 
 @pytest.fixture(scope="module")
-def tiny_vl(tmp_path_factory):
-    from sglang_m3.tiny.checkpoint import build_tiny_checkpoint
-
-    return build_tiny_checkpoint(str(tmp_path_factory.mktemp("tiny") / "vl"), vision=True)
+def tiny_vl(tiny_m3_vl_checkpoint):
+    return tiny_m3_vl_checkpoint
 
 
 @pytest.fixture(scope="module")
-def context(tiny_vl):
-    from sglang.srt.runtime_context import create_context, use_context
+def server_args(tiny_vl):
     from sglang.srt.server_args import ServerArgs
 
-    with use_context(create_context(ServerArgs(model_path=tiny_vl, device="cpu"), role="tokenizer")) as ctx:
+    return ServerArgs(model_path=tiny_vl, device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def context(server_args):
+    from sglang.srt.runtime_context import create_context, use_context
+
+    with use_context(create_context(server_args, role="tokenizer")) as ctx:
         yield ctx
 
 
@@ -49,10 +53,10 @@ def hf_processor(tiny_vl):
 
 
 @pytest.fixture(scope="module")
-def processor(context, tiny_vl, hf_processor):
+def processor(context, server_args, tiny_vl, hf_processor):
     from transformers import AutoConfig
 
-    ours = MiniMaxM3MultimodalProcessor(AutoConfig.from_pretrained(tiny_vl), None, hf_processor, None)
+    ours = MiniMaxM3MultimodalProcessor(AutoConfig.from_pretrained(tiny_vl), server_args, hf_processor, None)
     yield ours
     ours.shutdown()
 
@@ -118,6 +122,21 @@ def test_per_video_fps_is_honoured(processor):
     four = process(processor, "]<]video[>[", videos=[{"url": data_url, "preprocess_kwargs": {"fps": 4.0}}])
     assert one.mm_items[0].video_grid_thw[0, 0] == 2 and four.mm_items[0].video_grid_thw[0, 0] == 6
     assert video_fps("plain-string") is None
+
+
+def test_features_travel_in_the_model_dtype(tiny_vl, hf_processor):
+    from sglang.srt.runtime_context import create_context, use_context
+    from sglang.srt.server_args import ServerArgs
+    from transformers import AutoConfig
+
+    bf16_args = ServerArgs(model_path=tiny_vl, device="cpu", dtype="bfloat16")
+    with use_context(create_context(bf16_args, role="tokenizer")):
+        bf16 = MiniMaxM3MultimodalProcessor(AutoConfig.from_pretrained(tiny_vl), bf16_args, hf_processor, None)
+        output = process(bf16, "]<]image[>[", [IMAGE_A])
+        bf16.shutdown()
+    expected = hf_reference(hf_processor, "]<]image[>[", [IMAGE_A])["pixel_values"].to(torch.bfloat16)
+    assert output.mm_items[0].feature.dtype == torch.bfloat16
+    assert torch.equal(output.mm_items[0].feature, expected)
 
 
 def test_registration_replaces_the_upstream_processor(context, tiny_vl, monkeypatch):
