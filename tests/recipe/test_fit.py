@@ -8,6 +8,9 @@ At attention-TP >= 4 a rank holds 1 KV head: 2 x 1 x 128 x 2 = 512 bytes per lay
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from sglang_m3.recipe import estimate_fit, fit_applies, load_recipe, validate_recipe
 from sglang_m3.recipe.fit import attention_param_count, kv_bytes_per_token, weight_bytes_per_gpu
 from tests.recipe.recipe_factory import LIBRARY, make_recipe
@@ -159,3 +162,36 @@ def test_cpu_profile_is_outside_the_fit():
     recipe = load_recipe(LIBRARY / "cpu-tiny.yaml")
     assert not fit_applies(recipe)
     assert not [f for f in validate_recipe(recipe) if f.rule.startswith("fit.")]
+
+
+# --- properties --------------------------------------------------------------------------------
+
+
+@settings(max_examples=150, deadline=None)
+@given(low=st.floats(0.3, 0.9), high=st.floats(0.3, 0.9), context=st.integers(1024, 1_048_576),
+       running=st.integers(1, 256), profile=st.sampled_from(["b200", "b300", "mi355x", "gb200"]))
+def test_more_memory_fraction_never_shrinks_the_pool(low, high, context, running, profile):
+    low, high = sorted((low, high))
+    reports = [estimate_fit(make_recipe(
+        spec__hardware={"profile": profile, "gpusPerNode": 4}, spec__parallelism={"tp": 4},
+        spec__contextLength=context,
+        spec__serving={"memFractionStatic": fraction, "maxRunningRequests": running}))
+        for fraction in (low, high)]
+    assert reports[0].pool_tokens <= reports[1].pool_tokens
+    for report in reports:
+        # what the report promises fits in the pool it reports
+        assert report.max_concurrency_at_context * context <= report.pool_tokens
+        assert report.max_context_at_concurrency * report.requests_per_group <= report.pool_tokens
+        assert report.pool_tokens % 128 == 0
+
+
+@settings(max_examples=100, deadline=None)
+@given(variant=st.sampled_from(["bf16", "mxfp8"]), dtype=st.sampled_from(["auto", "fp8_e4m3"]),
+       pp=st.integers(1, 8))
+def test_more_tensor_parallelism_never_costs_more_per_gpu(variant, dtype, pp):
+    tps = [1, 2, 4, 8, 16, 32, 64]
+    weights = [weight_bytes_per_gpu(variant, tp, pp) for tp in tps]
+    kv = [kv_bytes_per_token(dtype, tp, pp) for tp in tps]
+    assert weights == sorted(weights, reverse=True)
+    assert kv == sorted(kv, reverse=True)
+    assert kv[2:] == [kv[2]] * (len(tps) - 2)  # from tp 4 on, KV heads are replicated

@@ -57,9 +57,13 @@ def test_error_names_file_and_every_field(tmp_path):
     assert str(path) in str(error) and "spec.contextLenght: unknown field" in str(error)
 
 
-def test_missing_file_is_a_load_error(tmp_path):
+def test_missing_or_undecodable_file_is_a_load_error(tmp_path):
     with pytest.raises(RecipeLoadError, match="no such file"):
         load_recipe(tmp_path / "absent.yaml")
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"\xff\xfe\x00kind")
+    with pytest.raises(RecipeLoadError, match="cannot read"):
+        load_recipe(binary)
 
 
 @settings(max_examples=300, deadline=None)
