@@ -4,10 +4,13 @@ Per GPU rank of one replica:
 
 * weights = (checkpoint - attention) / (tp x pp) + attention / (attention-TP x pp), where
   attention-TP = tp / attentionDp (attention DP replicates the attention weights per group);
-* KV bytes per token = worst pipeline stage's layers x (2 x KV heads per rank x 128 x dtype)
-  + its sparse layers x 128 x dtype for the index key. KV heads per rank = 4 / attention-TP,
-  at least 1: beyond attention-TP 4 each KV head (and the single index-key head always) is
-  replicated, so KV per token stops shrinking;
+* KV bytes per token = worst pipeline stage's layers x (2 x KV heads per rank x 128 x KV dtype)
+  + its sparse layers x 128 x index dtype for the index key. KV heads per rank = 4 /
+  attention-TP, at least 1: beyond attention-TP 4 each KV head (and the single index-key head
+  always) is replicated, so KV per token stops shrinking. This is the cell size SGLang 0.5.23
+  sizes its M3 pool with (``pool_configurator``, ``MiniMaxSparseKVPool``), including its rule
+  that the index key stays in bf16 under an fp8 KV cache except with fp8_e4m3 on Hopper and
+  Blackwell (fp8 attention GEMMs);
 * the static budget is GPU memory x memFractionStatic; the KV pool is what the weights leave
   of it; the rest of the GPU must hold the runtime reserve (activations of one prefill chunk,
   logits, CUDA graphs), which is a stated heuristic, not a measurement.
@@ -133,7 +136,8 @@ def estimate_fit(recipe: Recipe, geometry: M3Geometry = M3) -> FitReport:
     weights = draft + weight_bytes_per_gpu(spec.model.variant, parallel.tp, parallel.pp,
                                            parallel.attention_dp, geometry)
     kv_heads = max(1, geometry.num_kv_heads // attention_tp)
-    per_token = kv_bytes_per_token(spec.kv_cache.dtype, attention_tp, parallel.pp, geometry)
+    per_token = kv_bytes_per_token(spec.kv_cache.dtype, attention_tp, parallel.pp,
+                                   index_key_in_fp8(profile, spec.kv_cache.dtype), geometry)
     static_budget = int(profile.memory_bytes * spec.serving.mem_fraction_static)
     kv_pool = max(0, static_budget - weights)
     page = spec.kv_cache.page_size
@@ -169,16 +173,24 @@ def weight_bytes_per_gpu(variant: str, tp: int, pp: int, attention_dp: int = 1,
     return (total - attention) // (tp * pp) + attention // (attention_tp * pp)
 
 
-def kv_bytes_per_token(kv_dtype: str, attention_tp: int, pp: int,
+def index_key_in_fp8(profile: HardwareProfile, kv_dtype: str) -> bool:
+    """Whether SGLang stores the index key in fp8: only with an fp8_e4m3 KV cache on Hopper
+    (fp16-widened Triton decode) or Blackwell (fp8 attention GEMMs, with the trtllm_mha backend
+    the renderer picks); otherwise the index key keeps the model dtype."""
+    return kv_dtype == "fp8_e4m3" and profile.architecture in ("hopper", "blackwell")
+
+
+def kv_bytes_per_token(kv_dtype: str, attention_tp: int, pp: int, index_fp8: bool = False,
                        geometry: M3Geometry = M3) -> int:
     """Main KV of every layer plus the index key of every sparse layer, on the fullest
     pipeline stage, for one token on one rank."""
     element = KV_DTYPE_BYTES[kv_dtype]
+    index_element = 1 if index_fp8 else KV_DTYPE_BYTES["bf16"]
     kv_heads = max(1, geometry.num_kv_heads // attention_tp)
     layers = math.ceil(geometry.num_layers / pp)
     sparse_layers = math.ceil(geometry.sparse_layers / pp)
     main = layers * 2 * kv_heads * geometry.head_dim * element
-    index = sparse_layers * geometry.index_key_dim * element
+    index = sparse_layers * geometry.index_key_dim * index_element
     return main + index
 
 

@@ -26,10 +26,24 @@ def test_kv_bytes_per_token_by_hand():
     assert kv_bytes_per_token("auto", attention_tp=2, pp=1) == 60 * 1024 + 14_592 == 76_032
     # TP1: all 4 KV heads: 60 x 2048 + 57 x 256 (M3_FACTS s.3: dense GQA reads 2048 B/layer)
     assert kv_bytes_per_token("auto", attention_tp=1, pp=1) == 122_880 + 14_592 == 137_472
-    # fp8 halves every element: 60 x 256 + 57 x 128
-    assert kv_bytes_per_token("fp8_e4m3", attention_tp=8, pp=1) == 15_360 + 7_296 == 22_656
+    # fp8 KV halves the main KV: 60 x 256; the index key stays bf16 (57 x 256) ...
+    assert kv_bytes_per_token("fp8_e5m2", attention_tp=8, pp=1) == 15_360 + 14_592 == 29_952
+    # ... unless SGLang runs the index in fp8 too (57 x 128)
+    assert kv_bytes_per_token("fp8_e4m3", 8, 1, index_fp8=True) == 15_360 + 7_296 == 22_656
     # PP2: the fullest stage holds ceil(60/2) = 30 layers and ceil(57/2) = 29 sparse layers
     assert kv_bytes_per_token("auto", attention_tp=8, pp=2) == 30 * 512 + 29 * 256 == 22_784
+
+
+def test_index_key_dtype_follows_sglang_per_hardware():
+    fp8 = {"spec__kvCache": {"dtype": "fp8_e4m3"}}
+    # Blackwell with fp8_e4m3: fp8 attention GEMMs, index key in fp8 -> 22,656 bytes
+    assert estimate_fit(make_recipe(**fp8)).kv_bytes_per_token == 22_656
+    # MI355X with fp8_e4m3: index key stays bf16 -> 29,952 bytes
+    amd = make_recipe(**fp8, spec__hardware={"profile": "mi355x"})
+    assert estimate_fit(amd).kv_bytes_per_token == 29_952
+    # Blackwell with fp8_e5m2: fp8 attention GEMMs stay off, index key bf16
+    e5m2 = make_recipe(spec__kvCache={"dtype": "fp8_e5m2"})
+    assert estimate_fit(e5m2).kv_bytes_per_token == 29_952
 
 
 def test_attention_parameters_by_hand():
@@ -191,7 +205,7 @@ def test_more_memory_fraction_never_shrinks_the_pool(low, high, context, running
 def test_more_tensor_parallelism_never_costs_more_per_gpu(variant, dtype, pp):
     tps = [1, 2, 4, 8, 16, 32, 64]
     weights = [weight_bytes_per_gpu(variant, tp, pp) for tp in tps]
-    kv = [kv_bytes_per_token(dtype, tp, pp) for tp in tps]
+    kv = [kv_bytes_per_token(dtype, tp, pp, index_fp8=dtype != "auto") for tp in tps]
     assert weights == sorted(weights, reverse=True)
     assert kv == sorted(kv, reverse=True)
     assert kv[2:] == [kv[2]] * (len(tps) - 2)  # from tp 4 on, KV heads are replicated
