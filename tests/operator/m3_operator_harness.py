@@ -14,6 +14,10 @@ them, each in the simplest form that keeps the operator's contract observable:
 - the garbage collector: deleting an object deletes every object whose owner references
   point only at UIDs that no longer exist, as kube-controller-manager does.
 
+kmock also keeps every request for assertions and matches each new request against that
+history, which grows quadratically with hundreds of objects; ``ApiServer`` forgets finished
+requests and counts writes in ``writes`` instead.
+
 ``faults`` injects API failures (an HTTP status, or a delay past the client's timeout) for
 matching requests, before the request touches any state.
 """
@@ -26,6 +30,7 @@ import dataclasses
 import datetime
 import itertools
 import re
+import threading
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -82,13 +87,26 @@ class ApiServer(kmock.KubernetesEmulator):
     """kmock's emulator plus apply-creates, object identity, generation, GC and faults."""
 
     faults: list[Fault]
+    writes: int
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
         self.faults = []
+        self.writes = 0
         self._versions = itertools.count(1)
 
     async def _handle(self, request: kmock.Request):
+        if request.method.upper() in ("POST", "PUT", "PATCH", "DELETE"):
+            self.writes += 1
+        try:
+            return await self._serve(request)
+        finally:
+            for index in range(len(self._requests) - 1, -1, -1):
+                if self._requests[index] is request:
+                    del self._requests[index]
+                    break
+
+    async def _serve(self, request: kmock.Request):
         for fault in self.faults:
             if fault.matches(request):
                 fault.hits += 1
@@ -209,16 +227,17 @@ class Client:
         async with self.session.delete(path) as response:
             assert response.status < 300, await response.text()
 
-    def _stored(self, resource: str, namespace: str) -> dict[str, Any]:
+    def stored(self, resource: str, namespace: str = NAMESPACE) -> dict[str, Any]:
+        """Every live object of ``resource`` in ``namespace``, by name."""
         return {name: obj.raw for (res, ns, name), obj in self.server.objects.items()
                 if _spelled(res) == resource and ns == namespace and not obj.deleted}
 
     def get(self, resource: str, name: str, namespace: str = NAMESPACE) -> dict[str, Any] | None:
         """The stored object (e.g. ``get("apps/v1/deployments", "x")``), None when absent."""
-        return self._stored(resource, namespace).get(name)
+        return self.stored(resource, namespace).get(name)
 
     def names(self, resource: str, namespace: str = NAMESPACE) -> set[str]:
-        return set(self._stored(resource, namespace))
+        return set(self.stored(resource, namespace))
 
 
 def _spelled(resource: Any) -> str:
@@ -233,26 +252,53 @@ async def client(api: ApiServer) -> AsyncIterator[Client]:
 
 @contextlib.asynccontextmanager
 async def running_operator(api: ApiServer, config: OperatorConfig) -> AsyncIterator[Controller]:
-    """The real operator (kopf watch loop, handlers, official client) against ``api``."""
+    """The real operator (kopf watch loop, handlers, official client) against ``api``.
+
+    It runs on its own event loop in a thread, as it would in its own process: kopf treats
+    every task of its loop as its own at shutdown, and would otherwise wait for the emulator's
+    open watch streams.
+    """
     url = str(api.url).rstrip("/")
-    stop, ready = asyncio.Event(), asyncio.Event()
+    stop, ready = threading.Event(), threading.Event()
     controllers: list[Controller] = []
+    failures: list[BaseException] = []
 
     def login(**_: Any) -> kopf.ConnectionInfo:
         return kopf.ConnectionInfo(server=url)
 
-    task = asyncio.create_task(runner.run(
-        config, api_host=url, login=login, stop_flag=stop, ready_flag=ready,
-        registry_hook=lambda registry, controller: controllers.append(controller)))
-    await asyncio.wait_for(ready.wait(), 10)
+    def main() -> None:
+        try:
+            asyncio.run(runner.run(
+                config, api_host=url, login=login, stop_flag=stop, ready_flag=ready,
+                registry_hook=lambda registry, controller: controllers.append(controller)))
+        except BaseException as error:  # surfaced by the test below
+            failures.append(error)
+            ready.set()
+
+    thread = threading.Thread(target=main, name="m3-operator", daemon=True)
+    thread.start()
+    assert await asyncio.to_thread(ready.wait, 10), "the operator did not start"
+    assert not failures, failures
+    # Ready means started, not yet watching: wait for the watches the tests depend on.
+    await eventually(lambda: _watching(api, "m3recipes") and _watching(api, "pods"),
+                     what="the operator's watches")
     try:
         yield controllers[0]
     finally:
         stop.set()
-        await asyncio.wait_for(task, 20)
+        await asyncio.to_thread(thread.join, 20)
+        assert not thread.is_alive(), "the operator did not stop"
+        assert not failures, failures
 
 
-async def eventually(check: Callable[[], Any], timeout: float = 10.0, what: str = "") -> Any:
+def _watching(api: ApiServer, plural: str) -> bool:
+    """Whether a watch of ``plural`` is open (open streams stay in kmock's request list)."""
+    return any(request.params.get("watch") == "true" and request.url.path.endswith(plural)
+               for request in list(api))
+
+
+async def eventually(check: Callable[[], Any], timeout: float = 10.0, what: str = "",
+                     interval: float = 0.05) -> Any:
     """Poll ``check`` until it returns something truthy; fail with ``what`` after ``timeout``."""
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
@@ -261,7 +307,7 @@ async def eventually(check: Callable[[], Any], timeout: float = 10.0, what: str 
             return result
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what or check}")
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(interval)
 
 
 def condition(recipe: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
