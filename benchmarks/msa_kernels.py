@@ -298,7 +298,7 @@ def bench_prefill(pool: Pool, sgl: SGLang | None, n: int, prefix: int) -> dict:
     row["ours_us"] = 1000 * bench_ms(lambda: run_prefill(plan, q, pool.k, pool.v, iq, pool.ik))
     row["ours_attn_tile_tokens"] = plan.attn_tiles.max_tokens
     variants = {}
-    for tile_tokens in (1, 2, 4, 8):
+    for tile_tokens in (1, 2, 4):
         vplan = plan_prefill(PARAMS, plan.page_table, [total], [n], num_index_heads=HKV, attn_tile_tokens=tile_tokens)
         variants[tile_tokens] = 1000 * bench_ms(lambda: run_prefill(vplan, q, pool.k, pool.v, iq, pool.ik), min_reps=3, budget_ms=200)
     row["ours_us_by_attn_tile_tokens"] = variants

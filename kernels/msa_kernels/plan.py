@@ -126,7 +126,7 @@ def plan_decode(
     index_splits = max(1, min(max_blocks, (4 * num_sms + batch - 1) // batch))
     union_slots = q_len * params.topk
     per_split = batch * num_kv_heads
-    attn_splits = max(1, min(union_slots, (2 * num_sms + per_split - 1) // per_split))
+    attn_splits = max(1, min(union_slots, (4 * num_sms + per_split - 1) // per_split))
     return DecodePlan(
         params=params,
         page_table=page_table.to(torch.int32).contiguous(),
@@ -167,7 +167,7 @@ def plan_prefill(
     seq_lens: list[int],
     extend_lens: list[int],
     num_index_heads: int,
-    attn_tile_tokens: int = 4,
+    attn_tile_tokens: int = 1,
     index_rows: int = 128,
 ) -> PrefillPlan:
     """Plan an extend batch: request ``b`` has ``seq_lens[b]`` tokens, the last ``extend_lens[b]`` new.
@@ -175,6 +175,9 @@ def plan_prefill(
     ``q`` rows are packed request after request (SGLang's extend layout). The prefix length of a
     request is ``seq_lens[b] - extend_lens[b]`` and may be any value (not only multiples of the
     block size). ``index_rows`` is the indexer tile height in (token, index head) rows.
+    ``attn_tile_tokens`` query tokens share one attention program and load each block of their
+    union once: worth it when neighbouring tokens choose alike; on random inputs every size above
+    1 was slower on an H100 (benchmarks/KERNEL_NOTES.md), hence the default of 1.
     """
     batch = len(seq_lens)
     if len(extend_lens) != batch:

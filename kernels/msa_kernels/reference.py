@@ -12,7 +12,7 @@ Shapes, for one request whose key/value sequence has ``L`` tokens and which asks
 
 Semantics (per query at position p, index head r, block size B):
   * visible blocks are 0 .. p // B; the own block may be partial;
-  * block score = max over tokens j <= p of the block of dot(iq[p, r], ik[j]), in fp32;
+  * block score = max over tokens j <= p of the block of dot(iq[p, r], ik[j]), in fp32 (fp64 for fp64 inputs);
   * the newest ``local_blocks`` visible blocks and the first ``init_blocks`` blocks are forced in
     and occupy slots of the top-k; a forced block that would also rank is counted once;
   * the top-k blocks are chosen (all visible ones when fewer than k are visible);
@@ -50,6 +50,11 @@ class MSAParams:
             )
 
 
+def _acc(x: torch.Tensor) -> torch.Tensor:
+    """Accumulation dtype: fp32 for 16-bit inputs, the input's own for fp32/fp64 (exact oracles)."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 def num_blocks(length: int, block_size: int) -> int:
     return (length + block_size - 1) // block_size
 
@@ -58,7 +63,7 @@ def block_scores(iq: torch.Tensor, ik: torch.Tensor, q_pos: torch.Tensor, block_
     """Causal block-max scores ``[n, Hkv, num_blocks]`` in fp32; -inf marks invisible blocks."""
     length = ik.shape[0]
     nb = num_blocks(length, block_size)
-    scores = torch.einsum("nhd,ld->nhl", iq.float(), ik.float())
+    scores = torch.einsum("nhd,ld->nhl", _acc(iq), _acc(ik))
     token_pos = torch.arange(length, device=ik.device)
     causal = token_pos[None, :] <= q_pos[:, None]
     scores = scores.masked_fill(~causal[:, None, :], float("-inf"))
@@ -106,10 +111,10 @@ def sparse_attention(
     chosen.scatter_(2, selected.masked_fill(selected < 0, nb), True)
     token_pos = torch.arange(length, device=q.device)
     allowed = chosen[:, :, token_pos // block_size] & (token_pos[None, None, :] <= q_pos[:, None, None])
-    logits = torch.einsum("ngqd,lgd->ngql", q.float().view(n, hkv, group, d), k.float()) * scale
+    logits = torch.einsum("ngqd,lgd->ngql", _acc(q).view(n, hkv, group, d), _acc(k)) * scale
     logits = logits.masked_fill(~allowed[:, :, None, :], float("-inf"))
     probs = torch.softmax(logits, dim=-1)
-    out = torch.einsum("ngql,lgd->ngqd", probs, v.float())
+    out = torch.einsum("ngql,lgd->ngqd", probs, _acc(v).to(probs.dtype))
     return out.reshape(n, hq, dv).to(q.dtype)
 
 

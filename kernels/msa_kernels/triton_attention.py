@@ -133,3 +133,57 @@ def merge_splits_kernel(
         out.to(out_ptr.dtype.element_ty),
         mask=((g < G) & (t < ntok))[:, None],
     )
+
+
+@triton.jit
+def sparse_attention_keys_on_m_kernel(
+    q_ptr, k_ptr, v_ptr, page_ptr, sel_ptr, out_ptr,
+    tile_req_ptr, tile_tok0_ptr, tile_pos0_ptr,
+    s_q_t, s_q_h,
+    s_k_slot, s_k_h,
+    s_v_slot, s_v_h,
+    s_pg_b,
+    s_sel_t, s_sel_h,
+    s_o_t, s_o_h,
+    qk_scale_log2,
+    G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, TOPK: tl.constexpr, KP: tl.constexpr,
+):
+    """One query token x one KV head per program, transposed so the MMAs are not padded.
+
+    The group's 16 query heads are too few rows for Hopper's MMA (M >= 64), so the block's 128
+    keys go on M and the heads on N: S^T = K Q^T [keys, heads], O^T = V^T P^T [dim, heads];
+    the softmax statistics reduce over axis 0.
+    """
+    tile = tl.program_id(0)
+    h = tl.program_id(1)
+    req = tl.load(tile_req_ptr + tile)
+    tok = tl.load(tile_tok0_ptr + tile)
+    pos = tl.load(tile_pos0_ptr + tile)
+    g = tl.arange(0, GP)
+    head_ok = g < G
+    d = tl.arange(0, D)
+    q_t = tl.load(q_ptr + tok * s_q_t + (h * G + g)[None, :] * s_q_h + d[:, None], mask=head_ok[None, :], other=0.0)
+    keys = tl.arange(0, BLOCK)
+    m_i = tl.full([GP], float("-inf"), tl.float32)
+    l_i = tl.zeros([GP], tl.float32)
+    acc_t = tl.zeros([D, GP], tl.float32)
+    slot = tl.arange(0, KP)
+    chosen = tl.sum((tl.load(sel_ptr + tok * s_sel_t + h * s_sel_h + slot, mask=slot < TOPK, other=-1) >= 0).to(tl.int32), 0)
+    for i in range(0, chosen):  # ids are ascending with -1 padding last
+        blk = tl.load(sel_ptr + tok * s_sel_t + h * s_sel_h + i)
+        page = tl.load(page_ptr + req * s_pg_b + blk).to(tl.int64)
+        kpos = blk * BLOCK + keys
+        key_ok = kpos <= pos
+        slots = page * BLOCK + keys
+        k = tl.load(k_ptr + slots[:, None] * s_k_slot + h * s_k_h + d[None, :], mask=key_ok[:, None], other=0.0)
+        s_t = tl.dot(k, q_t) * qk_scale_log2  # [BLOCK, GP]
+        s_t = tl.where(key_ok[:, None], s_t, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s_t, axis=0))
+        alpha = tl.exp2(m_i - m_new)
+        p_t = tl.exp2(s_t - m_new[None, :])
+        l_i = l_i * alpha + tl.sum(p_t, axis=0)
+        v_t = tl.load(v_ptr + slots[None, :] * s_v_slot + h * s_v_h + d[:, None], mask=key_ok[None, :], other=0.0)
+        acc_t = acc_t * alpha[None, :] + tl.dot(v_t, p_t.to(v_t.dtype))
+        m_i = m_new
+    o_t = acc_t / l_i[None, :]
+    tl.store(out_ptr + tok * s_o_t + (h * G + g)[None, :] * s_o_h + d[:, None], o_t.to(out_ptr.dtype.element_ty), mask=head_ok[None, :])

@@ -42,19 +42,22 @@ def _assert_agrees(agreement):
 
 
 @pytest.mark.parametrize(
-    "hq, hkv, init_blocks, seq_lens, extend_lens",
+    "hq, hkv, init_blocks, seq_lens, extend_lens, attn_tile_tokens",
     [
-        (64, 4, 0, [3000, 2600, 130, 5000, 64], [3000, 700, 1, 129, 64]),
-        (64, 4, 1, [2049, 4100], [2049, 333]),
-        (16, 1, 0, [6000, 1000], [500, 1000]),
+        (64, 4, 0, [3000, 2600, 130, 5000, 64], [3000, 700, 1, 129, 64], 1),
+        (64, 4, 0, [3000, 2600, 130, 5000, 64], [3000, 700, 1, 129, 64], 4),
+        (64, 4, 1, [2049, 4100], [2049, 333], 1),
+        (16, 1, 0, [6000, 1000], [500, 1000], 1),
     ],
 )
-def test_prefill_bf16(hq, hkv, init_blocks, seq_lens, extend_lens):
+def test_prefill_bf16(hq, hkv, init_blocks, seq_lens, extend_lens, attn_tile_tokens):
     from msa_kernels.api import run_prefill
 
     params = MSAParams(block_size=BLOCK, topk=16, local_blocks=1, init_blocks=init_blocks)
     batch = _batch(seq_lens, extend_lens, hq, hkv, seed=sum(seq_lens))
-    plan = plan_prefill(params, _table(batch, max(seq_lens)), seq_lens, extend_lens, num_index_heads=hkv)
+    plan = plan_prefill(
+        params, _table(batch, max(seq_lens)), seq_lens, extend_lens, num_index_heads=hkv, attn_tile_tokens=attn_tile_tokens
+    )
     out, selected = run_prefill(plan, batch.q, batch.k_cache, batch.v_cache, batch.iq, batch.ik_cache)
     _assert_agrees(compare_with_reference(batch, params, out, selected, rel_tol=REL_TOL))
 

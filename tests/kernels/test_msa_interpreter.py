@@ -29,19 +29,19 @@ def _page_table(batch, max_context):
 
 
 @pytest.mark.parametrize(
-    "init_blocks, hq, hkv, seq_lens, extend_lens",
+    "init_blocks, hq, hkv, seq_lens, extend_lens, attn_tile_tokens",
     [
-        (0, 4, 2, [70, 130, 33], [70, 50, 5]),  # fresh prefill, prefix 80 and 28 (not block multiples)
-        (1, 4, 2, [97, 40], [1, 40]),  # one-token extend; context <= topk blocks (dense)
-        (0, 2, 1, [150], [23]),  # per-rank geometry under TP: one KV head
+        (0, 4, 2, [70, 130, 33], [70, 50, 5], 4),  # fresh prefill, prefix 80 and 28 (not block multiples)
+        (1, 4, 2, [97, 40], [1, 40], 1),  # one-token extend; context <= topk blocks (dense)
+        (0, 2, 1, [150], [23], 1),  # per-rank geometry under TP: one KV head
     ],
 )
-def test_prefill_matches_reference(interpreted_api, init_blocks, hq, hkv, seq_lens, extend_lens):
+def test_prefill_matches_reference(interpreted_api, init_blocks, hq, hkv, seq_lens, extend_lens, attn_tile_tokens):
     params = MSAParams(block_size=BLOCK, topk=4, local_blocks=1, init_blocks=init_blocks)
     batch = _batch(seq_lens, extend_lens, hq, hkv, seed=len(seq_lens) + init_blocks)
     plan = plan_prefill(
         params, _page_table(batch, max(seq_lens)), seq_lens, extend_lens,
-        num_index_heads=hkv, attn_tile_tokens=4, index_rows=16,
+        num_index_heads=hkv, attn_tile_tokens=attn_tile_tokens, index_rows=16,
     )
     out, selected = interpreted_api.run_prefill(plan, batch.q, batch.k_cache, batch.v_cache, batch.iq, batch.ik_cache)
     agreement = compare_with_reference(batch, params, out, selected, rel_tol=1e-4)
