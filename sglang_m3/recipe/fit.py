@@ -21,7 +21,6 @@ Speculative drafts add DRAFT_WEIGHT_BYTES / tp (from the published EAGLE3 draft)
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from .catalog import HardwareProfile, get_profile
@@ -180,18 +179,31 @@ def index_key_in_fp8(profile: HardwareProfile, kv_dtype: str) -> bool:
     return kv_dtype == "fp8_e4m3" and profile.architecture in ("hopper", "blackwell")
 
 
+def pipeline_stages(num_layers: int, pp: int) -> list[range]:
+    """Layers of each pipeline stage as SGLang splits them: evenly, the remainder going one
+    each to the last stages."""
+    base, remainder = divmod(num_layers, pp)
+    sizes = [base + (stage >= pp - remainder) for stage in range(pp)]
+    starts = [sum(sizes[:stage]) for stage in range(pp)]
+    return [range(start, start + size) for start, size in zip(starts, sizes)]
+
+
 def kv_bytes_per_token(kv_dtype: str, attention_tp: int, pp: int, index_fp8: bool = False,
                        geometry: M3Geometry = M3) -> int:
     """Main KV of every layer plus the index key of every sparse layer, on the fullest
-    pipeline stage, for one token on one rank."""
+    pipeline stage, for one token on one rank. The dense layers come first, so with pp > 1
+    the last stage (all sparse) is the fullest."""
     element = KV_DTYPE_BYTES[kv_dtype]
     index_element = 1 if index_fp8 else KV_DTYPE_BYTES["bf16"]
     kv_heads = max(1, geometry.num_kv_heads // attention_tp)
-    layers = math.ceil(geometry.num_layers / pp)
-    sparse_layers = math.ceil(geometry.sparse_layers / pp)
-    main = layers * 2 * kv_heads * geometry.head_dim * element
-    index = sparse_layers * geometry.index_key_dim * index_element
-    return main + index
+    main_per_layer = 2 * kv_heads * geometry.head_dim * element
+    index_per_sparse_layer = geometry.index_key_dim * index_element
+
+    def stage_bytes(layers: range) -> int:
+        sparse = sum(layer >= geometry.dense_layers for layer in layers)
+        return len(layers) * main_per_layer + sparse * index_per_sparse_layer
+
+    return max(stage_bytes(stage) for stage in pipeline_stages(geometry.num_layers, pp))
 
 
 def runtime_reserve_bytes(recipe: Recipe, profile: HardwareProfile,

@@ -30,8 +30,10 @@ def test_kv_bytes_per_token_by_hand():
     assert kv_bytes_per_token("fp8_e5m2", attention_tp=8, pp=1) == 15_360 + 14_592 == 29_952
     # ... unless SGLang runs the index in fp8 too (57 x 128)
     assert kv_bytes_per_token("fp8_e4m3", 8, 1, index_fp8=True) == 15_360 + 7_296 == 22_656
-    # PP2: the fullest stage holds ceil(60/2) = 30 layers and ceil(57/2) = 29 sparse layers
-    assert kv_bytes_per_token("auto", attention_tp=8, pp=2) == 30 * 512 + 29 * 256 == 22_784
+    # PP2: layers 0-29 and 30-59; the second stage is all sparse: 30 x 512 + 30 x 256
+    assert kv_bytes_per_token("auto", attention_tp=8, pp=2) == 30 * 512 + 30 * 256 == 23_040
+    # PP7: 60 = 7 x 8 + 4, the last 4 stages hold 9 layers, all sparse: 9 x (512 + 256)
+    assert kv_bytes_per_token("auto", attention_tp=8, pp=7) == 9 * 768 == 6_912
 
 
 def test_index_key_dtype_follows_sglang_per_hardware():
@@ -77,11 +79,12 @@ def test_h100_bf16_tp8_pp2_by_hand():
     report = estimate_fit(load_recipe(LIBRARY / "h100-bf16-tp8-pp2.yaml"))
     # 854 GB over tp x pp = 16 GPUs = 53.375 GB
     assert abs(report.weight_bytes_per_gpu - 53_375_000_000) <= 1
-    # 80 GB x 0.88 = 70.4 GB static; 70.4 - 53.375 = 17.025 GB of KV; 22,784 bytes per token
-    # 17.025e9 / 22,784 = 747,234.9 -> 5,837 pages x 128 = 747,136
-    assert report.kv_bytes_per_token == 22_784
-    assert report.pool_tokens == 747_136
-    assert report.max_concurrency_at_context == 747_136 // 131_072 == 5
+    # 80 GB x 0.88 = 70.4 GB static; 70.4 - 53.375 = 17.025 GB of KV; the second stage
+    # (layers 30-59, all sparse) needs 30 x 512 + 30 x 256 = 23,040 bytes per token
+    # 17.025e9 / 23,040 = 738,932.3 -> 5,772 pages x 128 = 738,816
+    assert report.kv_bytes_per_token == 23_040
+    assert report.pool_tokens == 738_816
+    assert report.max_concurrency_at_context == 738_816 // 131_072 == 5
 
 
 def test_b300_1m_context_fit_by_hand():
