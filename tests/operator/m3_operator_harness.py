@@ -16,7 +16,7 @@ them, each in the simplest form that keeps the operator's contract observable:
 
 kmock also keeps every request for assertions and matches each new request against that
 history, which grows quadratically with hundreds of objects; ``ApiServer`` forgets finished
-requests and counts writes in ``writes`` instead.
+requests and logs writes in ``writes`` instead.
 
 ``faults`` injects API failures (an HTTP status, or a delay past the client's timeout) for
 matching requests, before the request touches any state.
@@ -87,17 +87,17 @@ class ApiServer(kmock.KubernetesEmulator):
     """kmock's emulator plus apply-creates, object identity, generation, GC and faults."""
 
     faults: list[Fault]
-    writes: int
+    writes: list[str]
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
         self.faults = []
-        self.writes = 0
+        self.writes = []
         self._versions = itertools.count(1)
 
     async def _handle(self, request: kmock.Request):
         if request.method.upper() in ("POST", "PUT", "PATCH", "DELETE"):
-            self.writes += 1
+            self.writes.append(f"{request.method} {request.url.path}")
         try:
             return await self._serve(request)
         finally:
