@@ -170,6 +170,7 @@ def main() -> None:
     result = {
         "machine": {
             "cpu_count": os.cpu_count(),
+            "load_average_1_5_15_min_at_end": os.getloadavg(),
             "platform": platform.platform(),
             "python": sys.version.split()[0],
             "torch": torch.__version__,
@@ -200,7 +201,8 @@ def markdown(result: dict, workers: int) -> str:
         [
             "# Media preprocessing: sglang_m3.multimodal vs transformers (same inputs, same run)",
             "",
-            f"Machine: {m['cpu_count']} CPUs (shared), {m['platform']}, Python {m['python']}, torch {m['torch']}, "
+            f"Machine: {m['cpu_count']} CPUs shared with other work (load average at the end "
+            f"{m['load_average_1_5_15_min_at_end'][0]:.1f}), {m['platform']}, Python {m['python']}, torch {m['torch']}, "
             f"PyAV {m['pyav']}, commit {m['commit']}. One torch thread per worker; ours and transformers timed alternately, best run of each.",
             "Outputs of both sides were checked equal (atol 1e-6) before timing.",
             "",

@@ -265,9 +265,24 @@ class MiniMaxM3VisionEncoder(nn.Module):
         x = x.reshape(-1, merge * merge * dims.text_hidden_size)
         return self.patch_merge_mlp(x)
 
+    def encode_items(self, items: Sequence[Any], grid_key: str) -> torch.Tensor:
+        """Rows for SGLang ``MultimodalDataItem``s of one modality, concatenated in item order.
+
+        ``grid_key`` is ``"image_grid_thw"`` or ``"video_grid_thw"`` (as the M3 processor sets
+        them); this is what a VL model's ``get_image_feature`` / ``get_video_feature`` return.
+        """
+        weight = self.patch_embedding
+        pixel_values = torch.cat([item.feature for item in items]).to(device=weight.device, dtype=weight.dtype)
+        grids = torch.cat([getattr(item, grid_key).reshape(-1, 3) for item in items])
+        return self(pixel_values, grids)
+
     @staticmethod
     def param_name(checkpoint_name: str) -> str | None:
-        """This module's parameter name for a checkpoint tensor name, or None if not ours."""
+        """This module's parameter name for a checkpoint tensor name, or None if not a vision tensor.
+
+        A VL loader can route the checkpoint stream with it: names it maps go to
+        :meth:`load_weights`, the rest (``language_model.``) to the text model.
+        """
         if checkpoint_name.startswith(("multi_modal_projector.", "patch_merge_mlp.")):
             return checkpoint_name
         if not checkpoint_name.startswith(VISION_PREFIX):

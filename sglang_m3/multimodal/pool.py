@@ -2,7 +2,9 @@
 
 At most ``workers`` media are processed at once and at most ``max_pending`` are admitted
 (running or queued); further media wait for room (back-pressure) instead of growing memory.
-Decoders (PIL, PyAV/FFmpeg) and torch release the GIL, so the threads run in parallel.
+Decoders (PIL, PyAV/FFmpeg) and torch release the GIL, so the threads run in parallel; each
+worker keeps torch to one intra-op thread, so the pool width alone sets the CPU use (threads
+otherwise start with torch's default of one OpenMP thread per core and oversubscribe).
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import asyncio
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
+
+import torch
 
 T = TypeVar("T")
 
@@ -21,7 +25,9 @@ class MediaWorkerPool:
             raise ValueError(f"need workers >= 1 and max_pending >= workers, got {workers}, {max_pending}")
         self.workers = workers
         self.max_pending = max_pending
-        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="m3-media")
+        self._executor = ThreadPoolExecutor(
+            max_workers=workers, thread_name_prefix="m3-media", initializer=torch.set_num_threads, initargs=(1,)
+        )
         self._admitted: asyncio.Semaphore | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 

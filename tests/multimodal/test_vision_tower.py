@@ -136,6 +136,20 @@ def test_text_tensors_are_left_alone(pair):
     assert {k for k in tensors if not k.startswith(("language_model", "lm_head"))} == consumed
 
 
+def test_encode_items_takes_sglang_items(pair):
+    from types import SimpleNamespace
+
+    _, ours, _ = pair
+    a, b = torch.randn(16, PATCH_DIM), torch.randn(2 * 8, PATCH_DIM)
+    items = [
+        SimpleNamespace(feature=a.to(torch.bfloat16), image_grid_thw=torch.tensor([[1, 4, 4]])),
+        SimpleNamespace(feature=b.to(torch.bfloat16), image_grid_thw=torch.tensor([[2, 2, 4]])),
+    ]
+    with torch.no_grad():
+        expected = ours(torch.cat([a, b]).to(torch.bfloat16).float(), [[1, 4, 4], [2, 2, 4]])
+        torch.testing.assert_close(ours.encode_items(items, "image_grid_thw"), expected)
+
+
 def test_bad_input_shapes_are_refused(pair):
     _, ours, _ = pair
     with pytest.raises(ValueError, match=r"pixel_values has shape \(15, 1176\)"):
