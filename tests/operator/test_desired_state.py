@@ -1,0 +1,206 @@
+"""Golden tests of the desired state, and schema validation of every emitted object.
+
+Each case in ``cases/`` renders to ``golden/<case>.yaml``; set ``M3_UPDATE_GOLDEN=1`` to
+rewrite them after an intended change (and review the diff). Every object must validate
+against Kubernetes 1.33's schemas (strict), LeaderWorkerSets against the LWS schema subset.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import shlex
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from k8s_schemas import validate
+
+from m3_operator.desired import desired_state
+from m3_operator.options import OperatorConfig
+
+HERE = Path(__file__).parent
+CASES = sorted((HERE / "cases").glob("*.yaml"))
+UID = "7c6f1f2e-0000-4000-8000-000000000001"
+CONFIG = OperatorConfig()
+
+
+def load_case(path: Path) -> dict:
+    body = yaml.safe_load(path.read_text())
+    body["metadata"].update(namespace="serving", uid=UID, generation=3)
+    return body
+
+
+def render(path: Path):
+    plan = desired_state(load_case(path), CONFIG)
+    assert plan.valid, plan.problems
+    return plan
+
+
+def by_kind(plan) -> dict:
+    return {obj["kind"]: obj for obj in plan.objects}
+
+
+def server_container(template: dict) -> dict:
+    return template["spec"]["containers"][0]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda path: path.stem)
+def test_rendered_objects_match_golden(case: Path):
+    rendered = yaml.safe_dump_all(render(case).objects, sort_keys=False, width=100)
+    golden = HERE / "golden" / f"{case.stem}.yaml"
+    if os.environ.get("M3_UPDATE_GOLDEN"):
+        golden.parent.mkdir(exist_ok=True)
+        golden.write_text(rendered)
+    assert rendered == golden.read_text()
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda path: path.stem)
+def test_every_object_validates_against_pinned_schemas(case: Path):
+    for obj in render(case).objects:
+        validate(obj)
+
+
+def test_validators_reject_broken_objects():
+    """The schema checks above would catch a mistake (they are not vacuous)."""
+    plan = render(HERE / "cases" / "h200-two-node-lws.yaml")
+    objects = by_kind(plan)
+    lws = copy.deepcopy(objects["LeaderWorkerSet"])
+    lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0][
+        "livenessprobe"] = {}
+    with pytest.raises(jsonschema.ValidationError):
+        validate(lws)
+    lws = copy.deepcopy(objects["LeaderWorkerSet"])
+    lws["spec"]["leaderWorkerTemplate"]["size"] = "2"
+    with pytest.raises(jsonschema.ValidationError):
+        validate(lws)
+    service = copy.deepcopy(objects["Service"])
+    service["spec"]["ports"][0]["port"] = "http"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate(service)
+
+
+def test_single_node_is_a_deployment_with_gpus_probes_shm_and_drain():
+    objects = by_kind(render(HERE / "cases" / "h200-single-node.yaml"))
+    assert set(objects) == {"Deployment", "Service", "PodDisruptionBudget"}
+    deployment = objects["Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    container = server_container(deployment["spec"]["template"])
+
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": "8"}
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H200"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in \
+        pod["tolerations"]
+    shm = next(v for v in pod["volumes"] if v["name"] == "dshm")
+    assert shm["emptyDir"]["medium"] == "Memory"
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+
+    startup = container["startupProbe"]
+    assert startup["httpGet"]["path"] == "/health"
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= CONFIG.startup_budget_seconds
+    assert container["livenessProbe"]["httpGet"]["path"] == "/health"
+    pre_stop = container["lifecycle"]["preStop"]["exec"]["command"][-1]
+    assert pre_stop == f"sleep {CONFIG.pre_stop_seconds}"
+    assert pod["terminationGracePeriodSeconds"] > CONFIG.pre_stop_seconds + CONFIG.drain_seconds
+
+    args = container["args"]
+    assert args[args.index("--tp-size") + 1] == "8"
+    assert "--nnodes" not in args
+    owner = deployment["metadata"]["ownerReferences"][0]
+    assert owner["uid"] == UID and owner["controller"] is True
+    # The Service and PDB select the recipe's pods; the Service only the serving ones.
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    for selector in (objects["Service"]["spec"]["selector"],
+                     objects["PodDisruptionBudget"]["spec"]["selector"]["matchLabels"],
+                     deployment["spec"]["selector"]["matchLabels"]):
+        assert selector.items() <= labels.items()
+
+
+def test_multi_node_is_a_leader_worker_set_wired_into_sglang_flags():
+    objects = by_kind(render(HERE / "cases" / "h200-two-node-lws.yaml"))
+    lws = objects["LeaderWorkerSet"]
+    template = lws["spec"]["leaderWorkerTemplate"]
+    assert template["size"] == 2
+    leader, worker = template["leaderTemplate"], template["workerTemplate"]
+    for pod in (leader, worker):
+        args = server_container(pod)["args"]
+        assert args[args.index("--nnodes") + 1] == "2"
+        assert args[args.index("--node-rank") + 1] == "$(LWS_WORKER_INDEX)"
+        assert args[args.index("--dist-init-addr") + 1] == "$(LWS_LEADER_ADDRESS):20000"
+    # Only the leader runs SGLang's HTTP server: probes, port and Service selection.
+    assert "readinessProbe" in server_container(leader)
+    assert "readinessProbe" not in server_container(worker)
+    service_selector = objects["Service"]["spec"]["selector"]
+    assert service_selector.items() <= leader["metadata"]["labels"].items()
+    assert not service_selector.items() <= worker["metadata"]["labels"].items()
+
+
+def test_eagle3_renders_the_draft_model():
+    objects = by_kind(render(HERE / "cases" / "b200-mxfp8-eagle3.yaml"))
+    deployment = objects["Deployment"]
+    assert deployment["spec"]["replicas"] == 2
+    args = server_container(deployment["spec"]["template"])["args"]
+    assert args[args.index("--speculative-algorithm") + 1] == "EAGLE3"
+    assert args[args.index("--speculative-draft-model-path") + 1] == "Inferact/MiniMax-M3-EAGLE3"
+    assert args[args.index("--speculative-num-steps") + 1] == "3"
+    limits = server_container(deployment["spec"]["template"])["resources"]["limits"]
+    assert limits == {"nvidia.com/gpu": "4"}
+
+
+def test_model_cache_is_filled_once_and_mounted_by_every_server():
+    plan = render(HERE / "cases" / "h200-model-cache.yaml")
+    objects = by_kind(plan)
+    claim, job, deployment = (objects["PersistentVolumeClaim"], objects["Job"],
+                              objects["Deployment"])
+    assert [obj["kind"] for obj in plan.objects][:2] == ["PersistentVolumeClaim", "Job"]
+    assert claim["spec"] == {"accessModes": ["ReadWriteMany"],
+                             "resources": {"requests": {"storage": "1Ti"}},
+                             "storageClassName": "shared-nfs"}
+    script = job["spec"]["template"]["spec"]["containers"][0]["command"][-1]
+    commands = [shlex.split(part) for part in script.split(" && ")]
+    assert ["hf", "download", "MiniMaxAI/MiniMax-M3", "--revision", "main"] in commands
+    marker = commands[-1][-1]
+    pod = deployment["spec"]["template"]["spec"]
+    wait = pod["initContainers"][0]
+    assert marker in wait["command"][-1]
+    claim_volume = {"name": "model-cache",
+                    "persistentVolumeClaim": {"claimName": claim["metadata"]["name"]}}
+    assert claim_volume in pod["volumes"]
+    env = {e["name"]: e["value"] for e in server_container(deployment["spec"]["template"])["env"]}
+    assert env["HF_HOME"].startswith("/models/") and env["HF_HUB_OFFLINE"] == "1"
+    shm = next(v for v in pod["volumes"] if v["name"] == "dshm")
+    assert shm["emptyDir"]["sizeLimit"] == "64Gi"
+
+
+def test_new_weights_get_a_new_download_job():
+    body = load_case(HERE / "cases" / "h200-model-cache.yaml")
+    first = by_kind(desired_state(body, CONFIG))["Job"]["metadata"]["name"]
+    body["spec"]["model"]["revision"] = "v2"
+    second = by_kind(desired_state(body, CONFIG))["Job"]["metadata"]["name"]
+    assert first != second and first.startswith("h200-cached-download-")
+
+
+@pytest.mark.parametrize("change, field", [
+    (lambda b: b["spec"]["parallelism"].update(tp=3), "spec.parallelism"),
+    (lambda b: b["spec"].update(contextLenght=4096), "spec.contextLenght"),
+    (lambda b: b["metadata"].update(name="9lives"), "metadata.name"),
+    (lambda b: b["metadata"].setdefault("annotations", {}).update(
+        {"m3.sglang.io/replicas": "zero"}), "m3.sglang.io/replicas"),
+    (lambda b: b["metadata"].setdefault("annotations", {}).update(
+        {"m3.sglang.io/model-cache-sise": "1Ti"}), "m3.sglang.io/model-cache-sise"),
+])
+def test_invalid_recipes_yield_problems_and_no_objects(change, field):
+    body = load_case(HERE / "cases" / "h200-single-node.yaml")
+    change(body)
+    plan = desired_state(body, CONFIG)
+    assert not plan.valid and plan.objects == ()
+    assert any(field in problem for problem in plan.problems), plan.problems
+
+
+def test_desired_state_is_deterministic_and_does_not_mutate_its_input():
+    body = load_case(HERE / "cases" / "h200-two-node-lws.yaml")
+    snapshot = copy.deepcopy(body)
+    assert desired_state(body, CONFIG).objects == desired_state(body, CONFIG).objects
+    assert body == snapshot
