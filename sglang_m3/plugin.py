@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from sglang_m3.integration import hooks
+from sglang_m3.parsers import register_parsers, serving_hooks
 
 
 
@@ -52,6 +53,21 @@ HOOKS: tuple[Hook, ...] = (
         hooks.add_index_key_bytes,
         "The KV budget must count the index keys, or the pool would overrun its memory share.",
     ),
+    Hook(
+        "sglang.srt.entrypoints.openai.serving_chat.OpenAIServingChat.__init__",
+        "AFTER",
+        serving_hooks.adopt_m3_chat_rules,
+        "Upstream maps thinking / reasoning_effort onto thinking_mode (and checks tool-call "
+        "pairing) only for model_type minimax_m3_vl, and keys forced reasoning on the literal "
+        "parser name minimax-m3: extend both to the text-only model and the minimax_m3 alias.",
+    ),
+    Hook(
+        "sglang.srt.entrypoints.openai.serving_chat.OpenAIServingChat._patch_reasoning_skip_special_tokens",
+        "AFTER",
+        serving_hooks.keep_m3_markers_in_output,
+        "M3's think tags and tool-call namespace must survive detokenization for the parsers, "
+        "also when the tokenizer marks them special and the request skips special tokens.",
+    ),
 )
 
 
@@ -60,9 +76,13 @@ def register() -> None:
     from sglang.srt.models.registry import ModelRegistry, import_model_classes
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    from sglang_m3.multimodal.sglang_processor import register_multimodal_processor
+
     # Added to whatever the registry holds, replacing upstream's M3 classes. Not
     # ModelRegistry.register(): that first imports every SGLang model, even when
     # SGLANG_EXTERNAL_MODEL_PACKAGE=sglang_m3.models asked SGLang to skip them.
     ModelRegistry.models.update(import_model_classes("sglang_m3.models", strict=True))
+    register_parsers()
+    register_multimodal_processor()
     for hook in HOOKS:
         HookRegistry.register(hook.target, hook.function, HookType[hook.kind])

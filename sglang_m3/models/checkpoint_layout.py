@@ -36,7 +36,7 @@ def text_tensor_name(name: str) -> str | None:
 def canonical_dense_mlp_name(name: str, spec: M3TextSpec) -> str:
     """Map ``block_sparse_moe.{gate,up,down}_proj`` of a dense layer onto ``mlp.``."""
     match = _LAYER.match(name)
-    if match and not spec.moe_layers[int(match.group(1))]:
+    if match and int(match.group(1)) < spec.num_layers and not spec.moe_layers[int(match.group(1))]:
         rest = match.group(2)
         if rest.startswith("block_sparse_moe."):
             return f"model.layers.{match.group(1)}.mlp.{rest[len('block_sparse_moe.'):]}"

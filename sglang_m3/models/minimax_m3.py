@@ -147,6 +147,9 @@ class M3TextModel(nn.Module):
         )
         self.norm = GemmaRMSNorm(spec.hidden_size, spec.rms_norm_eps)
 
+    def get_input_embeddings(self) -> nn.Module:
+        return self.embed_tokens
+
     def forward(self, input_ids, positions, forward_batch: ForwardBatch, input_embeds=None) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids) if input_embeds is None else input_embeds
         for layer in self.layers:

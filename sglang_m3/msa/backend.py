@@ -16,6 +16,28 @@ from sglang_m3.config import M3TextSpec
 from sglang_m3.msa.plan import MSABatchPlan, plan_forward_batch
 
 
+def attend_paged(
+    plan: MSABatchPlan,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    index_q: torch.Tensor,
+    index_k_cache: torch.Tensor,
+    params: MSAParams,
+    scale: float,
+) -> torch.Tensor:
+    """MSA for a planned batch over a slot-indexed cache: ``[queries, Hq, Dv]``."""
+    out = q.new_empty(q.shape[0], q.shape[1], v_cache.shape[-1])
+    for req in plan.requests:
+        rows = slice(req.query_start, req.query_start + req.query_len)
+        slots = req.kv_slots
+        out[rows], _ = msa_attention(
+            q[rows], k_cache[slots], v_cache[slots], index_q[rows], index_k_cache[slots],
+            req.query_positions, params, scale=scale,
+        )
+    return out
+
+
 class MSATorchBackend(AttentionBackend):
     def __init__(self, model_runner, spec: M3TextSpec):
         super().__init__()
@@ -39,18 +61,16 @@ class MSATorchBackend(AttentionBackend):
 
     def _attend(self, q, layer, index_q) -> torch.Tensor:
         pool = self.token_to_kv_pool
-        k_cache = pool.get_key_buffer(layer.layer_id)
-        v_cache = pool.get_value_buffer(layer.layer_id)
-        ik_cache = pool.get_index_k_buffer(layer.layer_id)
-        q = q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)
-        out = q.new_empty(q.shape[0], layer.tp_q_head_num, layer.v_head_dim)
-        for req in self.plan.requests:
-            rows = slice(req.query_start, req.query_start + req.query_len)
-            slots = req.kv_slots
-            out[rows], _ = msa_attention(
-                q[rows], k_cache[slots], v_cache[slots], index_q[rows], ik_cache[slots],
-                req.query_positions, self.params, scale=layer.scaling,
-            )
+        out = attend_paged(
+            self.plan,
+            q.view(-1, layer.tp_q_head_num, layer.qk_head_dim),
+            pool.get_key_buffer(layer.layer_id),
+            pool.get_value_buffer(layer.layer_id),
+            index_q,
+            pool.get_index_k_buffer(layer.layer_id),
+            self.params,
+            layer.scaling,
+        )
         return out.view(-1, layer.tp_q_head_num * layer.v_head_dim)
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, index_q=None, index_k=None, **kwargs):

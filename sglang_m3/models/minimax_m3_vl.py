@@ -1,0 +1,62 @@
+"""MiniMax M3 with its vision tower for SGLang (architecture ``MiniMaxM3SparseForConditionalGeneration``).
+
+The text half is ``MiniMaxM3SparseForCausalLM`` unchanged; images and videos are encoded by
+``MiniMaxM3VisionEncoder`` (ViT, projector, 2x2 patch merge) and their rows replace the
+placeholder tokens' embeddings through SGLang's multimodal embedding routine, which also keys
+the radix cache on media content (padded placeholder ids carry the media hash).
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import Iterable
+
+import torch
+from sglang.srt.managers.mm_utils import general_mm_embed_routine, pad_mm_tokens
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+from sglang_m3.models.minimax_m3 import MiniMaxM3SparseForCausalLM
+from sglang_m3.models.vision import MiniMaxM3VisionEncoder
+
+
+class MiniMaxM3SparseForConditionalGeneration(MiniMaxM3SparseForCausalLM):
+    def __init__(self, config, quant_config=None, prefix: str = ""):
+        super().__init__(config, quant_config, prefix)
+        self.vision = MiniMaxM3VisionEncoder(config)
+
+    def pad_input_ids(self, input_ids: array, mm_inputs) -> array:
+        return pad_mm_tokens(input_ids, mm_inputs)
+
+    def get_image_feature(self, items) -> torch.Tensor:
+        return self.vision.encode_items(items, "image_grid_thw")
+
+    def get_video_feature(self, items) -> torch.Tensor:
+        return self.vision.encode_items(items, "video_grid_thw")
+
+    @torch.no_grad()
+    def forward(self, input_ids, positions, forward_batch: ForwardBatch, input_embeds=None, **kwargs):
+        hidden = general_mm_embed_routine(
+            input_ids=input_ids,
+            forward_batch=forward_batch,
+            language_model=self.model,
+            multimodal_model=self,
+            positions=positions,
+        )
+        return self.logits_processor(input_ids, hidden, self.lm_head, forward_batch)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Vision tensors go to the encoder, everything else to the text model; both check completeness."""
+        text_weights: list[tuple[str, torch.Tensor]] = []
+
+        def vision_stream():
+            for name, tensor in weights:
+                if MiniMaxM3VisionEncoder.param_name(name) is None:
+                    text_weights.append((name, tensor))
+                else:
+                    yield name, tensor
+
+        self.vision.load_weights(vision_stream())
+        super().load_weights(text_weights)
+
+
+EntryClass = [MiniMaxM3SparseForConditionalGeneration]
