@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from m3_operator.names import ANNOTATION_PREFIX
 
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+_WHOLE_NUMBER = re.compile(r"^[0-9]{1,9}$")  # ASCII digits only: "²".isdigit() is True
 _ACCESS_MODES = ("ReadWriteMany", "ReadOnlyMany", "ReadWriteOnce", "ReadWriteOncePod")
 
 
@@ -119,7 +120,7 @@ def parse_deployment_options(annotations: Mapping[str, str]) -> tuple[Deployment
     replicas = 1
     if "replicas" in ours:
         raw = ours["replicas"]
-        if raw.isdigit() and int(raw) >= 1:
+        if _WHOLE_NUMBER.match(raw) and int(raw) >= 1:
             replicas = int(raw)
         else:
             problem("replicas", f"must be a whole number >= 1, got {raw!r}")

@@ -37,43 +37,59 @@ class PodFailure:
 
 
 def pod_failures(pod: Mapping[str, Any]) -> list[PodFailure]:
-    """Every failure visible in one pod's status (empty for a healthy or starting pod)."""
-    name = (pod.get("metadata") or {}).get("name", "?")
-    status = pod.get("status") or {}
+    """Every failure visible in one pod's status (empty for a healthy or starting pod).
+
+    Reads defensively: a field of an unexpected type counts as absent, so one odd pod can
+    never stop the operator from reporting on the others."""
+    name = str(_map(pod.get("metadata")).get("name", "?"))
+    status = _map(pod.get("status"))
     failures: list[PodFailure] = []
-    statuses = [*(status.get("initContainerStatuses") or []),
-                *(status.get("containerStatuses") or [])]
+    statuses = [*_list(status.get("initContainerStatuses")),
+                *_list(status.get("containerStatuses"))]
     for container in statuses:
-        failure = _container_failure(name, container)
+        failure = _container_failure(name, _map(container))
         if failure is not None:
             failures.append(failure)
-    for condition in status.get("conditions") or []:
+    for condition in map(_map, _list(status.get("conditions"))):
         if (condition.get("type") == "PodScheduled" and condition.get("status") == "False"
                 and condition.get("reason") == "Unschedulable"):
             failures.append(PodFailure(name, None, "Unschedulable",
-                                       condition.get("message", "")))
+                                       _text(condition.get("message"))))
     if status.get("phase") == "Failed" and not failures:
-        failures.append(PodFailure(name, None, status.get("reason") or "Failed",
-                                   status.get("message", "")))
+        failures.append(PodFailure(name, None, _text(status.get("reason")) or "Failed",
+                                   _text(status.get("message"))))
     return failures
 
 
 def _container_failure(pod: str, container: Mapping[str, Any]) -> PodFailure | None:
-    name = container.get("name")
-    state = container.get("state") or {}
-    last = (container.get("lastState") or {}).get("terminated") or {}
-    terminated = state.get("terminated") or {}
+    name = _text(container.get("name")) or None
+    state = _map(container.get("state"))
+    last = _map(_map(container.get("lastState")).get("terminated"))
+    terminated = _map(state.get("terminated"))
     if "OOMKilled" in (terminated.get("reason"), last.get("reason")):
         restarts = container.get("restartCount", 0)
         return PodFailure(pod, name, "OOMKilled",
                           f"killed for exceeding its memory limit (restarts: {restarts})")
-    waiting = state.get("waiting") or {}
-    if waiting.get("reason") in _WAITING_FAILURES:
-        message = waiting.get("message", "")
+    waiting = _map(state.get("waiting"))
+    reason = waiting.get("reason")
+    if isinstance(reason, str) and reason in _WAITING_FAILURES:
+        message = _text(waiting.get("message"))
         if last.get("exitCode") is not None:
             message = f"last exit code {last['exitCode']}" + (f"; {message}" if message else "")
-        return PodFailure(pod, name, waiting["reason"], message)
+        return PodFailure(pod, name, reason, message)
     return None
+
+
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
 
 
 def most_severe(failures: Iterable[PodFailure]) -> list[PodFailure]:
