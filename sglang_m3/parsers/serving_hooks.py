@@ -33,3 +33,12 @@ def adopt_m3_chat_rules(result, serving_chat, *args, **kwargs):
     if hf_config is not None and serves_m3(hf_config):
         serving_chat.is_minimax_m3 = True
     return result
+
+
+def keep_m3_markers_in_output(result, serving_chat, request, *args, **kwargs):
+    """AFTER `OpenAIServingChat._patch_reasoning_skip_special_tokens`: M3's think tags and the
+    `]<]minimax[>[` namespace must reach the reasoning and tool-call parsers, which they do not
+    when a tokenizer marks them special and the request skips special tokens (the default)."""
+    if PARSER_NAME in (serving_chat.reasoning_parser, serving_chat.tool_call_parser):
+        request.skip_special_tokens = False
+    return result

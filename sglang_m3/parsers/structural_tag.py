@@ -15,6 +15,9 @@ from typing import Any, Dict, List, Literal, Optional, Union
 from xgrammar import StructuralTag, get_model_structural_tag
 
 XGRAMMAR_MODEL = "minimax_m3"
+# M3 separates elements with a newline; a cap on whitespace runs between elements keeps a
+# degenerate model (random weights, repetition) from spinning in spacing forever.
+MAX_WHITESPACE_BETWEEN_ELEMENTS = 8
 
 _SCHEMA_LIST_KEYS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _SCHEMA_MAP_KEYS = ("properties", "$defs", "definitions")
@@ -81,4 +84,5 @@ def build_structural_tag(
         tool_choice=tool_choice,
         reasoning=reasoning,
         parallel_tool_calls=parallel_tool_calls,
+        max_whitespace_cnt=MAX_WHITESPACE_BETWEEN_ELEMENTS,
     )

@@ -209,8 +209,7 @@ def test_earlier_tool_loop_loses_reasoning_but_keeps_calls(render):
         "]~b]user\nQ1[e~[\n"
         "]~b]ai\n</mm:think>"
         "]<]minimax[>[<tool_call>\n"
-        ']<]minimax[>[<invoke name="f">\n'
-        "]<]minimax[>[</invoke>\n"
+        ']<]minimax[>[<invoke name="f">]<]minimax[>[</invoke>\n'
         "]<]minimax[>[</tool_call>[e~[\n"
         "]~b]tool\ndone[e~[\n"
         "]~b]ai\n</mm:think>It is done.[e~[\n"

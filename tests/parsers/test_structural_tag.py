@@ -1,0 +1,120 @@
+"""Constrained M3 tool calls: the structural tag accepts what the template writes, and whatever a
+model sampling at random inside it produces parses into valid calls."""
+
+import json
+import random
+
+import jsonschema
+import pytest
+import torch
+import xgrammar as xgr
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sglang_m3.parsers.m3_format import NAMESPACE
+from sglang_m3.parsers.structural_tag import build_structural_tag, narrowed_schema
+from sglang_m3.parsers.tool_call_detector import MiniMaxM3ToolCallDetector
+from tests.parsers import m3_strategies as m3
+from tests.parsers.test_tool_call_properties import rendered_reply, sglang_tools
+
+TAG_SETTINGS = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+# A byte-level vocabulary (any UTF-8 text can be spelled) plus the namespace marker as one token,
+# as in M3's tokenizer, and an end-of-turn token.
+VOCAB = [bytes([value]) for value in range(256)] + [NAMESPACE.encode(), b"<eot>"]
+MARKER, EOT = len(VOCAB) - 2, len(VOCAB) - 1
+TOKENIZER_INFO = xgr.TokenizerInfo(VOCAB, stop_token_ids=[EOT])
+COMPILER = xgr.GrammarCompiler(TOKENIZER_INFO)
+
+
+def grammar_for(tools, tool_choice="required"):
+    return xgr.Grammar.from_structural_tag(build_structural_tag(tools, tool_choice, reasoning=False, parallel_tool_calls=True))
+
+
+def sample(tools, tool_choice, rng, max_steps=20000):
+    """Generate like a random-weight model: uniform over the tokens the grammar allows, except
+    that the turn ends with probability 1/2 and the namespace marker is taken with probability
+    1/10 whenever allowed (so free strings end after some ten characters, not some 250)."""
+    matcher = xgr.GrammarMatcher(COMPILER.compile_structural_tag(
+        build_structural_tag(tools, tool_choice, reasoning=False, parallel_tool_calls=True)
+    ))
+    bitmask = xgr.allocate_token_bitmask(1, TOKENIZER_INFO.vocab_size)
+    output = b""
+    for _ in range(max_steps):
+        matcher.fill_next_token_bitmask(bitmask)
+        allowed = torch.nonzero(xgr.testing.bitmask_to_bool_mask(bitmask, TOKENIZER_INFO.vocab_size)[0]).flatten().tolist()
+        if allowed == [EOT] or (EOT in allowed and rng.random() < 0.5):
+            return output.decode("utf-8", errors="replace")
+        if MARKER in allowed and rng.random() < 0.1:
+            token = MARKER
+        else:
+            token = rng.choice([t for t in allowed if t != EOT])
+        assert matcher.accept_token(token)
+        output += VOCAB[token]
+    pytest.fail(f"no end of turn after {max_steps} tokens: {output[:300]!r}")
+
+
+@TAG_SETTINGS
+@given(generated=m3.calls(untyped_allowed=False), content=m3.free_text)
+def test_template_rendered_calls_are_accepted_by_the_grammar(chat_tokenizer, generated, content):
+    reply = rendered_reply(chat_tokenizer, generated, "")
+    tools = m3.openai_tools(generated)
+    assert xgr.testing._is_grammar_accept_string(grammar_for(tools), reply)
+    name = generated[0][0]
+    forced = {"type": "function", "function": {"name": name}}
+    assert xgr.testing._is_grammar_accept_string(grammar_for(tools, forced), rendered_reply(chat_tokenizer, generated[:1], ""))
+    assert not xgr.testing._is_grammar_accept_string(grammar_for(tools), content + "no call at all")
+
+
+@TAG_SETTINGS
+@given(generated=m3.calls(untyped_allowed=False, max_calls=2), seed=st.integers(0, 2**32 - 1))
+def test_randomly_sampled_constrained_output_parses_into_schema_valid_calls(generated, seed):
+    tools = m3.openai_tools(generated)
+    schemas = {name: schema for name, schema, _ in generated}
+    forced_name = generated[-1][0]
+    for tool_choice in ("required", {"type": "function", "function": {"name": forced_name}}):
+        text = sample(tools, tool_choice, random.Random(seed))
+        result = MiniMaxM3ToolCallDetector().detect_and_parse(text, sglang_tools(generated))
+        assert result.calls, f"no call parsed from {text!r}"
+        for call in result.calls:
+            jsonschema.validate(json.loads(call.parameters), schemas[call.name])
+        if tool_choice != "required":
+            assert {call.name for call in result.calls} == {forced_name}
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {},
+        {"type": "object"},
+        {"type": "object", "properties": {"free": {}, "list": {"type": "array"}}},
+        {"type": "object", "additionalProperties": {"type": "integer"}, "required": ["n"]},
+        {"type": "object", "properties": {"p": {"$ref": "#/$defs/P"}}, "$defs": {"P": {"type": "object"}}},
+    ],
+)
+def test_schemas_xgrammar_refuses_are_narrowed_to_a_compilable_subset(schema):
+    """XGrammar's M3 converter rejects unconstrained sub-schemas; the narrowed schema compiles
+    and everything sampled from it still satisfies the original schema."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": schema}}]
+    sglang_tool = sglang_tools([("f", schema, None)])
+    for seed in range(5):
+        text = sample(tools, "required", random.Random(seed))
+        calls = MiniMaxM3ToolCallDetector().detect_and_parse(text, sglang_tool).calls
+        assert calls
+        for call in calls:
+            jsonschema.validate(json.loads(call.parameters), schema)
+
+
+def test_narrowing_keeps_declared_structure_and_drops_open_ends():
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {}},
+        "additionalProperties": {"type": "string"},
+        "required": ["a", "c"],
+    }
+    assert narrowed_schema(schema) == {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "string"}, "c": {"type": "string"}},
+        "required": ["a", "c"],
+        "additionalProperties": False,
+    }
