@@ -43,6 +43,9 @@ class OperatorConfig:
     """Period of the re-apply that repairs drift (children edited or deleted by hand)."""
     request_timeout_seconds: float = 30.0
     """Read timeout of every API request the operator makes."""
+    watch_timeout_seconds: float = 300.0
+    """The server is asked to end each watch after this long; the client abandons a watch
+    that has not ended 10% (at most 30 s) later, so a silently dead watch is re-opened."""
     retry_base_seconds: float = 1.0
     """First delay of the exponential backoff after a transient API error (doubles, max 60)."""
 

@@ -1,8 +1,8 @@
 """Start the operator: kopf settings, credentials, metrics, and the event loop.
 
 Settings that matter for robustness: every watch asks the server to close it after
-``WATCH_SERVER_TIMEOUT`` and the client gives up ``WATCH_CLIENT_SLACK`` seconds later, so a
-watch that silently died is re-established instead of waiting forever; API errors are retried
+``watch_timeout_seconds`` and the client gives up a little later, so a watch that silently
+died is re-established instead of waiting forever; API errors are retried
 with backoff; kopf keeps its bookkeeping in annotations under the operator's own prefix, so
 the status holds only what the CRD declares.
 """
@@ -23,16 +23,14 @@ from m3_operator.metrics import OperatorMetrics
 from m3_operator.names import KOPF_ANNOTATION_PREFIX
 from m3_operator.options import OperatorConfig
 
-WATCH_SERVER_TIMEOUT = 300
-WATCH_CLIENT_SLACK = 30
-
 logger = logging.getLogger(__name__)
 
 
 def operator_settings(config: OperatorConfig) -> kopf.OperatorSettings:
     settings = kopf.OperatorSettings()
-    settings.watching.server_timeout = WATCH_SERVER_TIMEOUT
-    settings.watching.client_timeout = WATCH_SERVER_TIMEOUT + WATCH_CLIENT_SLACK
+    timeout = config.watch_timeout_seconds
+    settings.watching.server_timeout = max(1, int(timeout))
+    settings.watching.client_timeout = timeout + min(30.0, timeout / 10)
     settings.watching.connect_timeout = 10
     settings.networking.request_timeout = config.request_timeout_seconds
     settings.networking.connect_timeout = 10

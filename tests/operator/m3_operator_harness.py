@@ -16,7 +16,7 @@ them, each in the simplest form that keeps the operator's contract observable:
 
 kmock also keeps every request for assertions and matches each new request against that
 history, which grows quadratically with hundreds of objects; ``ApiServer`` forgets finished
-requests and logs writes in ``writes`` instead.
+requests and logs every request line in ``log`` instead (``writes`` lists the writes).
 
 ``faults`` injects API failures (an HTTP status, or a delay past the client's timeout) for
 matching requests, before the request touches any state.
@@ -87,17 +87,16 @@ class ApiServer(kmock.KubernetesEmulator):
     """kmock's emulator plus apply-creates, object identity, generation, GC and faults."""
 
     faults: list[Fault]
-    writes: list[str]
+    log: list[str]
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
         self.faults = []
-        self.writes = []
+        self.log = []
         self._versions = itertools.count(1)
 
     async def _handle(self, request: kmock.Request):
-        if request.method.upper() in ("POST", "PUT", "PATCH", "DELETE"):
-            self.writes.append(f"{request.method} {request.url.path}")
+        self.log.append(f"{request.method.upper()} {request.url.path_qs}")
         try:
             return await self._serve(request)
         finally:
@@ -105,6 +104,10 @@ class ApiServer(kmock.KubernetesEmulator):
                 if self._requests[index] is request:
                     del self._requests[index]
                     break
+
+    @property
+    def writes(self) -> list[str]:
+        return [line for line in self.log if line.split()[0] in ("POST", "PUT", "PATCH", "DELETE")]
 
     async def _serve(self, request: kmock.Request):
         for fault in self.faults:
