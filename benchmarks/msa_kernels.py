@@ -325,6 +325,23 @@ def bench_prefill(pool: Pool, sgl: SGLang | None, n: int, prefix: int) -> dict:
     return row
 
 
+def sweep_decode_grids(pool: Pool, shapes) -> list[dict]:
+    """Decode step time for several grid sizings (results do not depend on them; speed does)."""
+    out = []
+    for batch, L, q_len in shapes:
+        rtt = pool.req_to_token([L] * batch, L)
+        table = page_table_from_req_to_token(rtt, torch.arange(batch, device="cuda"), L, BLOCK)
+        seq = torch.full((batch,), L, device="cuda")
+        q = torch.randn(batch * q_len, HQ, D, device="cuda", dtype=torch.bfloat16)
+        iq = torch.randn(batch * q_len, HKV, DI, device="cuda", dtype=torch.bfloat16)
+        for ipsm, apsm in ((4, 2), (8, 2), (16, 2), (32, 2), (4, 1), (4, 4)):
+            plan = plan_decode(PARAMS, table, seq, q_len=q_len, num_kv_heads=HKV, index_programs_per_sm=ipsm, attn_programs_per_sm=apsm)
+            us = graph_replay_us(lambda i: run_decode(plan, q, pool.k, pool.v, iq, pool.ik), 1)
+            out.append({"batch": batch, "L": L, "q_len": q_len, "index_programs_per_sm": ipsm, "attn_programs_per_sm": apsm, "ours_us": us})
+            print(json.dumps(out[-1]), flush=True)
+    return out
+
+
 CEILINGS: dict = {}
 
 
@@ -423,6 +440,7 @@ def main() -> None:
     parser.add_argument("--out", required=True, help="folder for the JSON, markdown and PNG results")
     parser.add_argument("--sglang-path", help="folder holding the stand-in 'sglang' package with SGLang's MSA kernels")
     parser.add_argument("--quick", action="store_true", help="a few headline shapes only")
+    parser.add_argument("--sweep", action="store_true", help="also time decode grid sizings at headline shapes")
     parser.add_argument("--commit", default=os.environ.get("MSA_COMMIT", "unknown"), help="commit of the benchmarked code")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -452,6 +470,7 @@ def main() -> None:
     for n, prefix in QUICK_PREFILL if args.quick else PREFILL_SHAPES:
         rows.append(bench_prefill(pool, sgl, n, prefix))
         print(json.dumps(rows[-1]), flush=True)
+    sweep = sweep_decode_grids(pool, QUICK_DECODE[:4]) if args.sweep else []
     props = torch.cuda.get_device_properties(0)
     gpu = props.name
     try:
@@ -462,7 +481,7 @@ def main() -> None:
         driver = "unknown"
     meta = {
         "gpu": gpu, "driver": driver, "torch": torch.__version__, "triton": triton.__version__, "commit": args.commit,
-        "sms": props.multi_processor_count, "ceilings": CEILINGS, "checks": checks,
+        "sms": props.multi_processor_count, "ceilings": CEILINGS, "checks": checks, "decode_grid_sweep": sweep,
         "sglang_topk": "SGLang's Triton 2-stage top-k (its JIT radix top-k needs SGLang's JIT stack)" if sgl else "not run",
         "timing": "decode: CUDA-graph replay, median, input sets rotated; prefill: CUDA events, median",
     }

@@ -8,7 +8,7 @@ import torch
 import triton
 
 from msa_kernels.plan import DecodePlan, PrefillPlan, Tiles
-from msa_kernels.triton_attention import merge_splits_kernel, sparse_attention_keys_on_m_kernel, sparse_attention_kernel
+from msa_kernels.triton_attention import merge_splits_kernel, sparse_attention_kernel
 from msa_kernels.triton_index import decode_index_scores_kernel, prefill_index_topk_kernel
 from msa_kernels.triton_select import decode_topk_kernel
 
@@ -200,9 +200,6 @@ def run_prefill(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One sparse layer's extend step: fused index scan + top-k, then sparse attention (2 launches).
 
-    With one token per attention tile (the default) the attention runs keys-on-M per token;
-    with larger tiles, tokens share each block of their union.
-
     Shapes as :func:`run_decode` with rows packed request after request; the new tokens' K, V and
     index keys must already be in the caches (SGLang writes them before attention runs).
     """
@@ -212,23 +209,8 @@ def run_prefill(
     atiles = plan.attn_tiles
     if out is None:
         out = torch.empty(plan.num_tokens, q.shape[1], v_cache.shape[-1], dtype=q.dtype, device=q.device)
-    scale = _scale(sm_scale, q.shape[-1])
-    if atiles.max_tokens > 1:
-        _attention(atiles, plan.page_table, q, k_cache, v_cache, selected, out, splits=1, sm_scale=scale, block_size=p.block_size)
-        return out, selected
-    hkv = k_cache.shape[1]
-    group = q.shape[1] // hkv
-    sparse_attention_keys_on_m_kernel[(atiles.count, hkv)](
-        q, k_cache, v_cache, plan.page_table, selected, out,
-        atiles.req, atiles.tok0, atiles.pos0,
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1),
-        v_cache.stride(0), v_cache.stride(1),
-        plan.page_table.stride(0),
-        selected.stride(0), selected.stride(1),
-        out.stride(0), out.stride(1),
-        scale * _LOG2E,
-        G=group, GP=max(16, _pow2(group)), D=q.shape[-1], BLOCK=p.block_size, TOPK=p.topk, KP=_pow2(p.topk),
-        num_warps=4, num_stages=3,
+    _attention(
+        atiles, plan.page_table, q, k_cache, v_cache, selected, out,
+        splits=1, sm_scale=_scale(sm_scale, q.shape[-1]), block_size=p.block_size,
     )
     return out, selected

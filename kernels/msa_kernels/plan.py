@@ -99,14 +99,16 @@ def plan_decode(
     q_lens: torch.Tensor | None = None,
     num_kv_heads: int = 4,
     num_sms: int = 132,
+    index_programs_per_sm: int = 4,
+    attn_programs_per_sm: int = 2,
 ) -> DecodePlan:
     """Plan a decode batch: request ``b`` holds ``seq_lens[b]`` tokens, the last ``q_lens[b]`` new.
 
     ``q`` rows are laid out request-major with a fixed stride of ``q_len`` rows per request
     (speculative verification sends ``q_len`` draft tokens per request); ``q_lens`` (device,
     each in 1..q_len) lets requests use fewer. ``page_table`` comes from
-    :func:`page_table_from_req_to_token` and fixes the maximum context. ``num_kv_heads`` and
-    ``num_sms`` only size the grids (enough programs to fill the GPU), never the results.
+    :func:`page_table_from_req_to_token` and fixes the maximum context. ``num_kv_heads``,
+    ``num_sms`` and the ``*_programs_per_sm`` knobs only size the grids, never the results.
     """
     batch = seq_lens.shape[0]
     _check_page_table(page_table, batch)
@@ -123,10 +125,10 @@ def plan_decode(
         max_tokens=q_len,
     )
     max_blocks = page_table.shape[1]
-    index_splits = max(1, min(max_blocks, (4 * num_sms + batch - 1) // batch))
+    index_splits = max(1, min(max_blocks, (index_programs_per_sm * num_sms + batch - 1) // batch))
     union_slots = q_len * params.topk
     per_split = batch * num_kv_heads
-    attn_splits = max(1, min(union_slots, (4 * num_sms + per_split - 1) // per_split))
+    attn_splits = max(1, min(union_slots, (attn_programs_per_sm * num_sms + per_split - 1) // per_split))
     return DecodePlan(
         params=params,
         page_table=page_table.to(torch.int32).contiguous(),
