@@ -12,9 +12,11 @@ import math
 import shlex
 from typing import Any
 
+import yaml
+
 from m3_operator.names import LEADER, ROLE_LABEL, model_cache_claim, recipe_labels
 from m3_operator.options import DeploymentOptions, OperatorConfig
-from m3_operator.recipe_api import HardwareProfile, LaunchSpec, Recipe
+from m3_operator.recipe_api import TINY_MODEL_PATH, HardwareProfile, LaunchSpec, Recipe
 
 CONTAINER_NAME = "sglang"
 HTTP_PORT_NAME = "http"
@@ -64,14 +66,15 @@ def pod_template(
     env = [{"name": key, "value": value} for key, value in sorted(launch.env.items())]
     if cache_hash is not None:
         env += [{"name": "HF_HOME", "value": HF_HOME}, {"name": "HF_HUB_OFFLINE", "value": "1"}]
+    command, args, command_env = server_command(recipe, launch)
 
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": image,
         "imagePullPolicy": config.image_pull_policy,
-        "command": ["python3", "-m", "sglang.launch_server"],
-        "args": list(launch.argv),
-        "env": env,
+        "command": command,
+        "args": args,
+        "env": env + command_env,
         "ports": [],
         "volumeMounts": [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}],
         "lifecycle": {"preStop": {"exec": {
@@ -84,8 +87,9 @@ def pod_template(
     if multi_node and serves_http:
         container["ports"].append(
             {"name": DIST_PORT_NAME, "containerPort": config.dist_port, "protocol": "TCP"})
-    if not container["ports"]:
-        del container["ports"]
+    for key in ("args", "env", "ports"):
+        if not container[key]:
+            del container[key]
     if profile.resource_name is not None:
         count = str(gpus_per_node(recipe, profile))
         container["resources"] = {"limits": {profile.resource_name: count},
@@ -113,6 +117,23 @@ def pod_template(
     labels = recipe_labels(name)
     labels[ROLE_LABEL] = role
     return {"metadata": {"labels": labels}, "spec": spec}
+
+
+def server_command(recipe: Recipe,
+                   launch: LaunchSpec) -> tuple[list[str], list[str], list[dict[str, str]]]:
+    """(command, args, extra env) of the server container.
+
+    SGLang's own launcher runs every real model with the rendered arguments. The embedded tiny
+    model exists only once ``sglang-m3 serve`` has built it, so for it the pod hands the recipe
+    to ``sglang-m3 serve``, which renders the same arguments with the built checkpoint's path.
+    """
+    if recipe.spec.model.path != TINY_MODEL_PATH:
+        return ["python3", "-m", "sglang.launch_server"], list(launch.argv), []
+    document = recipe.model_dump(mode="json", by_alias=True, exclude_none=True)
+    document["metadata"] = {"name": recipe.metadata.name}
+    script = 'printf "%s" "$M3_RECIPE" > /tmp/recipe.yaml && exec sglang-m3 serve /tmp/recipe.yaml'
+    return (["/bin/sh", "-c", script], [],
+            [{"name": "M3_RECIPE", "value": yaml.safe_dump(document, sort_keys=False)}])
 
 
 def _probes(config: OperatorConfig) -> dict[str, Any]:

@@ -174,6 +174,19 @@ def test_model_cache_is_filled_once_and_mounted_by_every_server():
     assert shm["emptyDir"]["sizeLimit"] == "64Gi"
 
 
+def test_tiny_model_pods_hand_the_recipe_to_sglang_m3_serve():
+    """The tiny model exists only once `sglang-m3 serve` built it: the pod carries the recipe."""
+    from m3_operator.recipe_api import parse_recipe
+
+    body = load_case(HERE / "cases" / "cpu-tiny.yaml")
+    container = server_container(by_kind(desired_state(body, CONFIG))["Deployment"]["spec"][
+        "template"])
+    assert container["command"][-1].endswith("exec sglang-m3 serve /tmp/recipe.yaml")
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert parse_recipe(yaml.safe_load(env["M3_RECIPE"])).spec == parse_recipe(body).spec
+    assert "resources" not in container  # no GPU on the CPU profile
+
+
 def test_new_weights_get_a_new_download_job():
     body = load_case(HERE / "cases" / "h200-model-cache.yaml")
     first = by_kind(desired_state(body, CONFIG))["Job"]["metadata"]["name"]
