@@ -74,6 +74,8 @@ class FitReport:
     kv_bytes_per_token: int
     kv_pool_bytes: int
     pool_tokens: int
+    #: the pool is limited by serving.maxTotalTokens rather than by memory
+    pool_capped: bool
     reserve_bytes: int
     requests_per_group: int
     context_length: int
@@ -107,7 +109,8 @@ class FitReport:
             ("KV pool per GPU", gb(self.kv_pool_bytes)),
             ("KV heads per rank", f"{self.kv_heads_per_rank} ({replication})"),
             ("KV + index bytes per token per GPU", f"{self.kv_bytes_per_token:,}"),
-            ("KV pool tokens", f"{self.pool_tokens:,}"),
+            ("KV pool tokens", f"{self.pool_tokens:,}"
+                               + (" (capped by maxTotalTokens)" if self.pool_capped else "")),
             ("runtime reserve needed / left", f"{gb(self.reserve_bytes)} / "
                                               f"{gb(self.reserve_budget_bytes)}"),
             ("requested: concurrency per attention group x context",
@@ -141,6 +144,10 @@ def estimate_fit(recipe: Recipe, geometry: M3Geometry = M3) -> FitReport:
     kv_pool = max(0, static_budget - weights)
     page = spec.kv_cache.page_size
     pool_tokens = (kv_pool // per_token) // page * page
+    cap = spec.serving.max_total_tokens  # SGLang never allocates more than this many tokens
+    pool_capped = cap is not None and cap < pool_tokens
+    if pool_capped:
+        pool_tokens = cap
 
     # SGLang gives each attention-DP worker max_running_requests // attentionDp (at least 1)
     requests = max(1, spec.serving.max_running_requests // parallel.attention_dp)
@@ -156,6 +163,7 @@ def estimate_fit(recipe: Recipe, geometry: M3Geometry = M3) -> FitReport:
         kv_bytes_per_token=per_token,
         kv_pool_bytes=kv_pool,
         pool_tokens=pool_tokens,
+        pool_capped=pool_capped,
         reserve_bytes=runtime_reserve_bytes(recipe, profile, geometry),
         requests_per_group=requests,
         context_length=spec.context_length,
@@ -232,12 +240,13 @@ def _fit_findings(report: FitReport) -> list[Finding]:
             "fit.weights"))
         return findings
     if report.pool_tokens < report.context_length:
-        findings.append(Finding(
-            "error", "spec.contextLength",
-            f"the KV pool holds {report.pool_tokens:,} tokens per GPU, less than one request "
-            f"of contextLength {report.context_length:,}; lower contextLength to at most "
-            f"{report.pool_tokens:,}, use an fp8 kvCache.dtype, or add GPUs",
-            "fit.context"))
+        if not report.pool_capped:  # a cap below the context is the max-total-tokens rule's
+            findings.append(Finding(
+                "error", "spec.contextLength",
+                f"the KV pool holds {report.pool_tokens:,} tokens per GPU, less than one "
+                f"request of contextLength {report.context_length:,}; lower contextLength to "
+                f"at most {report.pool_tokens:,}, use an fp8 kvCache.dtype, or add GPUs",
+                "fit.context"))
         return findings
     if report.max_concurrency_at_context < report.requests_per_group:
         findings.append(Finding(

@@ -320,6 +320,18 @@ def _typed_flag_for(flag: str) -> str | None:
     return None
 
 
+def check_max_total_tokens(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
+    spec = recipe.spec
+    cap = spec.serving.max_total_tokens
+    if cap is not None and cap < spec.context_length:
+        yield _error(
+            "spec.serving.maxTotalTokens",
+            f"a KV pool capped at {cap:,} tokens cannot hold one request of contextLength "
+            f"{spec.context_length:,}; raise maxTotalTokens to at least {spec.context_length} or "
+            f"lower contextLength",
+            "serving.max-total-tokens")
+
+
 def check_mem_fraction(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
     fraction = recipe.spec.serving.mem_fraction_static
     if profile.is_gpu and fraction > 0.95:
@@ -415,6 +427,7 @@ RULES: tuple[Rule, ...] = (
     check_context_length,
     check_speculative,
     check_extra_args,
+    check_max_total_tokens,
     check_mem_fraction,
     check_amd_watchdog,
     check_parsers,

@@ -212,3 +212,14 @@ def test_more_tensor_parallelism_never_costs_more_per_gpu(variant, dtype, pp):
     assert weights == sorted(weights, reverse=True)
     assert kv == sorted(kv, reverse=True)
     assert kv[2:] == [kv[2]] * (len(tps) - 2)  # from tp 4 on, KV heads are replicated
+
+
+def test_max_total_tokens_caps_the_pool():
+    # B200 TP8 MXFP8 at 0.8: 144 GB - 55 GB = 89 GB / 45,312 -> 1,964,160 tokens (page-rounded),
+    # but SGLang never allocates more than maxTotalTokens
+    capped = estimate_fit(make_recipe(spec__serving={"memFractionStatic": 0.8,
+                                                     "maxRunningRequests": 2,
+                                                     "maxTotalTokens": 300_000}))
+    assert capped.pool_tokens == 300_000 and capped.pool_capped
+    assert capped.max_concurrency_at_context == 300_000 // 131_072 == 2
+    assert capped.findings() == []

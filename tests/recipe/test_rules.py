@@ -183,3 +183,12 @@ def test_every_finding_names_a_spec_field_and_a_fix(profile, tp, pp, context, pa
         assert finding.severity in ("error", "warning")
         assert finding.field.startswith("spec.")
         assert len(finding.message) > 20 and finding.rule
+
+
+@settings(max_examples=100, deadline=None)
+@given(cap=st.integers(1, 2_000_000), context=st.integers(1, 1_048_576))
+def test_max_total_tokens_rule_fires_exactly_below_the_context(cap, context):
+    recipe = make_recipe(spec__contextLength=context,
+                         spec__serving={"maxTotalTokens": cap, "maxRunningRequests": 1,
+                                        "chunkedPrefillSize": None})
+    assert ("serving.max-total-tokens" in rules_fired(recipe)) == (cap < context)
