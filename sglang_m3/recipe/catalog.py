@@ -40,7 +40,9 @@ class HardwareProfile(BaseModel):
     #: GPUs joined by one NVLink / Infinity Fabric domain: tensor parallelism beyond it
     #: crosses the slower scale-out network (72 on a GB200 NVL72 rack, else one node)
     scale_up_gpus: int
-    #: Kubernetes node label (key, value) that selects nodes with this accelerator
+    #: Kubernetes node label (key, value) that selects nodes with this accelerator: the
+    #: product label GPU feature discovery (NVIDIA) or the AMD node labeller publishes; the
+    #: value is the usual product string, and clusters that label differently must override it
     node_label: tuple[str, str]
     #: extended resource the pods request, or None where no device plugin is involved
     resource_name: str | None
