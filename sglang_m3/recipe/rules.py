@@ -133,27 +133,17 @@ def check_heads(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
             "parallelism.attention-dp")
         return
     attention_tp = parallel.tp // parallel.attention_dp
-    field = "spec.parallelism.tp" if parallel.attention_dp == 1 else "spec.parallelism"
     heads = M3.num_query_heads
-    kv = M3.num_kv_heads
     if heads % attention_tp:
+        # Every divisor of 64 also splits the 4 KV heads (and 4 index heads) evenly, or is a
+        # multiple of 4 that replicates each KV head attention_tp / 4 times.
         yield _error(
-            field,
-            f"attention TP size {attention_tp} does not divide the {heads} query heads; use "
-            f"tp / attentionDp in 1, 2, 4, 8, 16, 32, 64",
-            "parallelism.query-heads")
-    elif attention_tp > kv and attention_tp % kv:
-        yield _error(
-            field,
-            f"attention TP size {attention_tp} exceeds the {kv} KV heads (and {M3.num_index_heads}"
-            f" index heads) but is not a multiple of {kv}, so KV heads cannot be replicated "
-            f"evenly; use a multiple of {kv}",
-            "parallelism.kv-heads")
-    elif attention_tp < kv and kv % attention_tp:
-        yield _error(
-            field,
-            f"attention TP size {attention_tp} does not divide the {kv} KV heads; use 1, 2 or 4",
-            "parallelism.kv-heads")
+            "spec.parallelism.tp" if parallel.attention_dp == 1 else "spec.parallelism",
+            f"attention TP size {attention_tp} (tp / attentionDp) does not divide the {heads} "
+            f"query heads; use 1, 2 or 4 (the {M3.num_kv_heads} KV heads split across ranks) "
+            f"or 8, 16, 32, 64 (each KV head replicated on attention-TP / {M3.num_kv_heads} "
+            f"ranks)",
+            "parallelism.heads")
 
 
 def check_expert_parallel(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
