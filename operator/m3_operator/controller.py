@@ -121,6 +121,8 @@ class Controller:
         if not recipe:
             return None
         key = (meta.get("namespace") or "default", recipe)
+        if deleted and key not in self.records:
+            return None  # a child of a deleted recipe, being garbage-collected
         record = self.records.setdefault(key, Record())
         if kind == "Pod":
             if deleted:
