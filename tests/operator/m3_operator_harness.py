@@ -33,6 +33,7 @@ import re
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -40,6 +41,7 @@ import kmock
 import kopf
 import pytest
 import pytest_asyncio
+import yaml
 from kmock._internal import enums
 
 from m3_operator import runner
@@ -48,6 +50,9 @@ from m3_operator.options import OperatorConfig
 
 NAMESPACE = "serving"
 RECIPES = "m3.sglang.io/v1alpha1/m3recipes"
+#: Collection URL of the test namespace's recipes (POST creates one, /<name> addresses it).
+RECIPE_PATH = f"/apis/m3.sglang.io/v1alpha1/namespaces/{NAMESPACE}/m3recipes"
+_BASE_RECIPE = Path(__file__).parent / "cases" / "h200-single-node.yaml"
 
 #: (resource, kind, namespaced, subresources) the emulated cluster serves.
 RESOURCES = [
@@ -192,6 +197,13 @@ def _merge(base: Any, patch: Any) -> Any:
         else:
             merged[key] = _merge(base.get(key), value)
     return merged
+
+
+def recipe_body(name: str) -> dict[str, Any]:
+    """The single-node H200 test recipe, named ``name``, in the test namespace."""
+    body = yaml.safe_load(_BASE_RECIPE.read_text())
+    body["metadata"] = {"name": name, "namespace": NAMESPACE}
+    return body
 
 
 @pytest.fixture

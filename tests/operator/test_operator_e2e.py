@@ -9,25 +9,28 @@ kubelet and the Deployment / LeaderWorkerSet controllers.
 from __future__ import annotations
 
 import asyncio
-import copy
-from pathlib import Path
 
 import pytest
-import yaml
-from m3_operator_harness import NAMESPACE, RECIPES, Fault, condition, eventually, running_operator
+from m3_operator_harness import (
+    NAMESPACE,
+    RECIPE_PATH,
+    RECIPES,
+    Fault,
+    condition,
+    eventually,
+    recipe_body,
+    running_operator,
+)
 
 from m3_operator.options import OperatorConfig
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(120)]
 
 CONFIG = OperatorConfig(resync_seconds=0, request_timeout_seconds=2.0, retry_base_seconds=0.1)
-RECIPE_PATH = f"/apis/{RECIPES}".replace("/m3recipes", f"/namespaces/{NAMESPACE}/m3recipes")
-BASE = yaml.safe_load((Path(__file__).parent / "cases" / "h200-single-node.yaml").read_text())
 
 
 def recipe(name: str, **spec_changes) -> dict:
-    body = copy.deepcopy(BASE)
-    body["metadata"] = {"name": name, "namespace": NAMESPACE}
+    body = recipe_body(name)
     for dotted, value in spec_changes.items():
         node = body["spec"]
         *parents, leaf = dotted.split("__")

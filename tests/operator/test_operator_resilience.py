@@ -3,25 +3,16 @@ the periodic re-apply, and the admission webhook refuses what the reconciler wou
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import kopf
 import pytest
-import yaml
-from m3_operator_harness import NAMESPACE, RECIPES, eventually, running_operator
+from m3_operator_harness import NAMESPACE, RECIPE_PATH, eventually, recipe_body, running_operator
 
 from m3_operator import runner, webhook
 from m3_operator.options import OperatorConfig
 
-BASE = yaml.safe_load((Path(__file__).parent / "cases" / "h200-single-node.yaml").read_text())
-RECIPE_PATH = f"/apis/m3.sglang.io/v1alpha1/namespaces/{NAMESPACE}/m3recipes"
-
-
-def recipe(name: str) -> dict:
-    body = copy.deepcopy(BASE)
-    body["metadata"] = {"name": name, "namespace": NAMESPACE}
-    return body
+recipe = recipe_body
 
 
 def recipe_watches(api) -> int:

@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import os
-import copy
 import time
-from pathlib import Path
 
 import pytest
-import yaml
-from m3_operator_harness import NAMESPACE, RECIPES, condition, eventually, running_operator
+from m3_operator_harness import (
+    NAMESPACE,
+    RECIPE_PATH,
+    RECIPES,
+    condition,
+    eventually,
+    recipe_body,
+    running_operator,
+)
 
 from m3_operator.options import OperatorConfig
 
 COUNT = int(os.environ.get("M3_OPERATOR_SCALE_COUNT", "200"))
-BASE = yaml.safe_load((Path(__file__).parent / "cases" / "h200-single-node.yaml").read_text())
-RECIPE_PATH = f"/apis/m3.sglang.io/v1alpha1/namespaces/{NAMESPACE}/m3recipes"
 
 
 @pytest.mark.asyncio
@@ -27,9 +30,7 @@ async def test_200_recipes_reach_steady_state(api, client):
     async with running_operator(api, config):
         started = time.monotonic()
         for name in names:
-            body = copy.deepcopy(BASE)
-            body["metadata"] = {"name": name, "namespace": NAMESPACE}
-            await client.create(RECIPE_PATH, body)
+            await client.create(RECIPE_PATH, recipe_body(name))
 
         def all_applied():
             recipes = client.stored(RECIPES)
