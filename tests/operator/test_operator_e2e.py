@@ -46,7 +46,7 @@ def workload_status_path(resource: str, name: str) -> str:
 
 
 async def test_create_update_switch_and_delete(api, client):
-    async with running_operator(api, CONFIG):
+    async with running_operator(api, CONFIG) as controller:
         created = await client.create(RECIPE_PATH, recipe("alpha"))
         uid = created["metadata"]["uid"]
 
@@ -71,6 +71,9 @@ async def test_create_update_switch_and_delete(api, client):
         await eventually(lambda: (condition(client.get(RECIPES, "alpha"), "Ready") or {})
                          .get("status") == "True", what="Ready=True")
         assert client.get(RECIPES, "alpha")["status"]["readyReplicas"] == 1
+        metrics = controller.metrics.registry
+        assert metrics.get_sample_value("m3_operator_reconciles_total", {"outcome": "applied"}) >= 1
+        assert metrics.get_sample_value("m3_operator_recipes", {"ready": "True"}) == 1
 
         # A spec change re-renders the server arguments into the Deployment.
         await client.patch(f"{RECIPE_PATH}/alpha", {"spec": {"contextLength": 65536}})
