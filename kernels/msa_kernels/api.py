@@ -58,13 +58,16 @@ def _attention(
     topk = selected.shape[-1]
     d = q.shape[-1]
     partial = splits > 1
+    union_slots = _pow2(plan_tiles.max_tokens * topk)
+    single = plan_tiles.max_tokens == 1
+    union = torch.empty(1 if single else num_tiles * hkv * splits * union_slots, dtype=torch.int32, device=q.device)
     if partial:
         part_o = torch.empty(num_tiles, hkv, splits, rows, d, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(num_tiles, hkv, splits, rows, dtype=torch.float32, device=q.device)
     else:
         part_o = part_lse = torch.empty(1, 1, 1, 1, dtype=torch.float32, device=q.device)
     sparse_attention_kernel[(num_tiles, hkv, splits)](
-        q, k_cache, v_cache, page_table, selected,
+        q, k_cache, v_cache, page_table, selected, union,
         out, part_o, part_lse,
         *_tile_args(plan_tiles),
         q.stride(0), q.stride(1),
@@ -77,7 +80,8 @@ def _attention(
         part_lse.stride(0), part_lse.stride(1), part_lse.stride(2),
         sm_scale * _LOG2E,
         G=group, GP=gp, ROWS=rows, D=d, BLOCK=block_size,
-        TOPK=topk, KP=_pow2(topk), UP=_pow2(plan_tiles.max_tokens * topk), SPLITS=splits, WRITE_PARTIAL=partial,
+        TOPK=topk, KP=_pow2(topk), UP=union_slots, SPLITS=splits, WRITE_PARTIAL=partial,
+        SINGLE_TOKEN=single,
         num_warps=4 if rows <= 64 else 8, num_stages=2,
     )
     if partial:

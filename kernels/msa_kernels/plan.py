@@ -99,7 +99,7 @@ def plan_decode(
     q_lens: torch.Tensor | None = None,
     num_kv_heads: int = 4,
     num_sms: int = 132,
-    index_programs_per_sm: int = 4,
+    index_programs_per_sm: int = 16,
     attn_programs_per_sm: int = 2,
 ) -> DecodePlan:
     """Plan a decode batch: request ``b`` holds ``seq_lens[b]`` tokens, the last ``q_lens[b]`` new.

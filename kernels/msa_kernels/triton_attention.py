@@ -15,7 +15,7 @@ from msa_kernels.triton_select import union_ids
 
 @triton.jit
 def sparse_attention_kernel(
-    q_ptr, k_ptr, v_ptr, page_ptr, sel_ptr,
+    q_ptr, k_ptr, v_ptr, page_ptr, sel_ptr, union_ptr,
     out_ptr, part_o_ptr, part_lse_ptr,
     tile_req_ptr, tile_tok0_ptr, tile_pos0_ptr, tile_ntok_ptr,
     s_q_t, s_q_h,
@@ -29,6 +29,7 @@ def sparse_attention_kernel(
     qk_scale_log2,
     G: tl.constexpr, GP: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
     TOPK: tl.constexpr, KP: tl.constexpr, UP: tl.constexpr, SPLITS: tl.constexpr, WRITE_PARTIAL: tl.constexpr,
+    SINGLE_TOKEN: tl.constexpr,
 ):
     tile = tl.program_id(0)
     h = tl.program_id(1)
@@ -50,29 +51,35 @@ def sparse_attention_kernel(
         mask=row_ok[:, None] & (slot[None, :] < TOPK),
         other=-1,
     )  # [ROWS, KP]: the blocks each row's token chose
-    # The union of the tile's choices, rebuilt in registers by every program (a few sorts of
-    # TOPK * tokens ids) instead of a launch and a round trip through memory.
-    u = tl.arange(0, UP)
-    ut = u // TOPK
-    picked = tl.load(
-        sel_ptr + (tok0 + ut) * s_sel_t + h * s_sel_h + (u % TOPK), mask=ut < ntok, other=-1
-    )
-    union, count = union_ids(picked, UP)
+    # The block list is read from memory inside the loop (not extracted from registers) so that
+    # the software pipeliner can prefetch the next block's K/V while this one is computed.
+    if SINGLE_TOKEN:  # the token's own sorted choice, -1 padded
+        list_ptr = sel_ptr + tok0 * s_sel_t + h * s_sel_h
+        count = tl.sum((tl.max(row_sel, axis=0) >= 0).to(tl.int32), 0)
+    else:  # union of the tile's choices, built in registers, staged in this program's scratch row
+        u = tl.arange(0, UP)
+        ut = u // TOPK
+        picked = tl.load(sel_ptr + (tok0 + ut) * s_sel_t + h * s_sel_h + (u % TOPK), mask=ut < ntok, other=-1)
+        union, count = union_ids(picked, UP)
+        list_ptr = union_ptr + ((tile * tl.num_programs(1) + h) * SPLITS + split) * UP
+        tl.store(list_ptr + u, union)
+        tl.debug_barrier()
     last_pos = pos0 + ntok - 1
     keys = tl.arange(0, BLOCK)
     m_i = tl.full([ROWS], float("-inf"), tl.float32)
     l_i = tl.zeros([ROWS], tl.float32)
     acc = tl.zeros([ROWS, D], tl.float32)
     for i in range(split, count, SPLITS):
-        blk = tl.sum(tl.where(u == i, union, 0), 0)
+        blk = tl.load(list_ptr + i)
         page = tl.load(page_ptr + req * s_pg_b + blk).to(tl.int64)
         kpos = blk * BLOCK + keys
         key_ok = kpos <= last_pos  # never touch rows past the newest token (may hold garbage)
         slots = page * BLOCK + keys
         k_t = tl.load(k_ptr + slots[None, :] * s_k_slot + h * s_k_h + d[:, None], mask=key_ok[None, :], other=0.0)
         s = tl.dot(q, k_t) * qk_scale_log2
-        member = tl.max((row_sel == blk).to(tl.int32), axis=1) > 0
-        allowed = member[:, None] & (kpos[None, :] <= row_pos[:, None])
+        allowed = kpos[None, :] <= row_pos[:, None]
+        if not SINGLE_TOKEN:  # rows whose token did not choose this block of the union
+            allowed = allowed & (tl.max((row_sel == blk).to(tl.int32), axis=1) > 0)[:, None]
         s = tl.where(allowed, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
