@@ -21,7 +21,7 @@ from transformers import AutoProcessor
 from transformers.video_utils import VideoMetadata
 from transformers_oracle import load_reference_model
 
-from sglang_m3.multimodal.sglang_processor import PACKAGE, PACKAGE_ENV
+from sglang_m3.multimodal.sglang_processor import PACKAGE_ENV
 from tests.multimodal.media_factory import decode_all_frames, encode_image, encode_video, random_frames, random_image
 
 
@@ -50,17 +50,12 @@ def data_url(mime: str, payload: bytes) -> str:
 
 
 @pytest.fixture(scope="module")
-def vl_server(tiny_m3_vl_checkpoint, server_log_dir, monkeypatch_module):
-    # What sglang_m3.plugin's register_multimodal_processor() sets in every SGLang process.
-    monkeypatch_module.setenv(PACKAGE_ENV, PACKAGE)
-    with launch_cpu_server(tiny_m3_vl_checkpoint, server_log_dir) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def monkeypatch_module():
+def vl_server(tiny_m3_vl_checkpoint, server_log_dir):
+    # The server must pick our processor through the plugin alone (register_multimodal_processor).
     with pytest.MonkeyPatch.context() as patch:
-        yield patch
+        patch.delenv(PACKAGE_ENV, raising=False)
+        with launch_cpu_server(tiny_m3_vl_checkpoint, server_log_dir) as server:
+            yield server
 
 
 def processed(model_dir: str, prompt: str, images=(), video: bytes | None = None):
