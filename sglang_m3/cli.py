@@ -32,10 +32,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args, extra = build_parser().parse_known_args(argv)
     if extra and not getattr(args, "accepts_extra_args", False):
         build_parser().error(f"unrecognized arguments: {' '.join(extra)}")
     args.extra_args = extra
+    args.argv = argv
     return int(args.handler(args) or 0)
 
 

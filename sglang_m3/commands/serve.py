@@ -34,6 +34,40 @@ def register(subparsers) -> None:
     parser.set_defaults(handler=run, accepts_extra_args=True)
 
 
+_OWN_OPTIONS = {"--model": "model", "--host": "host", "--port": "port"}
+
+
+def split_command_line(argv: list[str]) -> argparse.Namespace:
+    """Separate serve's own options from the SGLang flags that follow them, keeping their order.
+
+    argparse cannot do this with a positional recipe: in ``serve --model M --tp-size 8`` it would
+    take ``8`` (a value of an SGLang flag it does not know) for the recipe.
+    """
+    tokens = argv[argv.index("serve") + 1 :] if "serve" in argv else list(argv)
+    own = argparse.Namespace(recipe=None, model=None, host=None, port=None, dry_run=False, extra_args=[])
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        flag, has_inline, inline = token.partition("=")
+        if flag in _OWN_OPTIONS:
+            value = inline if has_inline else (tokens[i + 1] if i + 1 < len(tokens) else None)
+            if value is None:
+                raise SystemExit(f"sglang-m3 serve: {flag} needs a value")
+            setattr(own, _OWN_OPTIONS[flag], value)
+            i += 1 if has_inline else 2
+        elif token == "--dry-run":
+            own.dry_run = True
+            i += 1
+        elif own.recipe is None and not own.extra_args and not token.startswith("-"):
+            own.recipe = token
+            i += 1
+        else:
+            own.extra_args.append(token)
+            i += 1
+    own.port = int(own.port) if own.port is not None else None
+    return own
+
+
 def _recipe_launch(path: str) -> tuple[list[str], dict[str, str]]:
     from sglang_m3.recipe import has_errors, load_recipe, render_launch, validate_recipe
 
@@ -101,6 +135,7 @@ Press Ctrl+C to stop.""",
 
 
 def run(args: argparse.Namespace) -> int:
+    args = split_command_line(args.argv)
     argv, env = build_launch(args)
     command = launch_command(argv)
     if args.dry_run:

@@ -1,0 +1,85 @@
+"""``sglang-m3 serve`` as a user runs it: start, the printed query instructions, an OpenAI call."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import openai
+import pytest
+from server_harness import free_port
+
+pytestmark = pytest.mark.server
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_serve(args, cache_dir, timeout_s=600):
+    """Start ``sglang-m3 serve ARGS``; return (process, base_url) once it printed its usage."""
+    env = {**os.environ, "SGLANG_M3_CACHE": cache_dir, "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sglang_m3.cli", "serve", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO, start_new_session=True,
+    )
+    lines: list[str] = []
+    found = threading.Event()
+    url: list[str] = []
+
+    def read():
+        for line in process.stdout:
+            lines.append(line)
+            match = re.search(r"M3 is being served at (http://\S+)", line)
+            if match:
+                url.append(match.group(1))
+                found.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    deadline = time.time() + timeout_s
+    while not found.is_set() and time.time() < deadline and process.poll() is None:
+        time.sleep(1)
+    if not found.is_set():
+        stop(process)
+        pytest.fail("serve did not print its usage:\n" + "".join(lines[-60:]))
+    return process, url[0], lines
+
+
+def stop(process):
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGINT)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+
+
+def chat(base_url, model):
+    client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="none")
+    reply = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hello"}], max_tokens=8, temperature=0)
+    return reply
+
+
+def test_default_serve_builds_and_serves_the_tiny_model(tmp_path):
+    port = free_port()
+    process, base_url, lines = run_serve(["--port", str(port)], str(tmp_path))
+    try:
+        assert base_url == f"http://127.0.0.1:{port}"
+        assert any("curl" in line and "/v1/chat/completions" in line for line in lines), "prints how to query it"
+        model_dir = os.path.join(str(tmp_path), "tiny-m3-seed0")
+        assert os.path.isfile(os.path.join(model_dir, "model.safetensors"))
+        reply = chat(base_url, model_dir)
+        assert reply.usage.completion_tokens >= 1
+    finally:
+        stop(process)
+
+
+def test_dry_run_prints_the_launch_line(tmp_path):
+    env = {**os.environ, "SGLANG_M3_CACHE": str(tmp_path)}
+    out = subprocess.run(
+        [sys.executable, "-m", "sglang_m3.cli", "serve", "--model", "/models/m3", "--tp-size", "8", "--dry-run"],
+        capture_output=True, text=True, env=env, check=True,
+    ).stdout
+    assert "sglang.launch_server --model-path /models/m3 --tp-size 8" in out
