@@ -41,29 +41,20 @@ def test_single_user_turn_adaptive_is_the_default(render):
 
 
 @pytest.mark.parametrize(
-    "mode, prompt_end",
+    "template_kwargs, prompt_end",
     [
-        ("enabled", "]~b]ai\n<mm:think>"),
-        ("disabled", "]~b]ai\n</mm:think>"),
-        ("adaptive", "]~b]ai\n"),
+        ({"thinking_mode": "enabled"}, "]~b]ai\n<mm:think>"),
+        ({"thinking_mode": "disabled"}, "]~b]ai\n</mm:think>"),
+        ({"thinking_mode": "adaptive"}, "]~b]ai\n"),
+        ({"reasoning_effort": "none"}, "]~b]ai\n</mm:think>"),
+        ({"reasoning_effort": "minimal"}, "]~b]ai\n</mm:think>"),
+        ({"reasoning_effort": "low"}, "]~b]ai\n"),
+        ({"reasoning_effort": "high"}, "]~b]ai\n"),
     ],
 )
-def test_thinking_mode_sets_the_generation_prefix(render, mode, prompt_end):
-    prompt = render([{"role": "user", "content": "Hi"}], thinking_mode=mode)
-    assert prompt == "]~!b[]~b]user\nHi[e~[\n" + prompt_end
-
-
-@pytest.mark.parametrize(
-    "effort, prompt_end",
-    [
-        ("none", "]~b]ai\n</mm:think>"),
-        ("minimal", "]~b]ai\n</mm:think>"),
-        ("low", "]~b]ai\n"),
-        ("high", "]~b]ai\n"),
-    ],
-)
-def test_reasoning_effort_none_and_minimal_disable_thinking(render, effort, prompt_end):
-    prompt = render([{"role": "user", "content": "Hi"}], reasoning_effort=effort)
+def test_thinking_mode_and_effort_set_the_generation_prefix(render, template_kwargs, prompt_end):
+    """thinking_mode picks the prefix; without it, effort none / minimal means disabled."""
+    prompt = render([{"role": "user", "content": "Hi"}], **template_kwargs)
     assert prompt == "]~!b[]~b]user\nHi[e~[\n" + prompt_end
 
 
