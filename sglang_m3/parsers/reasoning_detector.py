@@ -64,6 +64,11 @@ class MiniMaxM3ReasoningDetector(BaseReasoningFormatDetector):
         self._unsent_reasoning = ""
         self._saw_content = False
 
+    def get_self_opened_think_start_token_ids(self, tokenizer) -> List[int]:
+        """Adaptive replies open `<mm:think>` themselves (only `enabled` prefills it); SGLang
+        counts the reasoning tokens of such replies from this tag."""
+        return tokenizer.encode(THINK_OPEN, add_special_tokens=False)
+
     # -- one-shot ----------------------------------------------------------------------------
 
     def detect_and_parse(self, text: str) -> StreamingParseResult:

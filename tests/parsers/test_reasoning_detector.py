@@ -1,5 +1,7 @@
 """The M3 reasoning detector: exact splits per thinking mode, chunk-independence, truncation."""
 
+import copy
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -127,3 +129,10 @@ def test_continuing_a_final_message_keeps_its_part():
     assert (inside.detect_and_parse(" more</mm:think>ok").reasoning_text) == " more"
     after = MiniMaxM3ReasoningDetector(continue_final_message=True, previous_content="Hello")
     assert after.detect_and_parse("</mm:think> world").normal_text == "</mm:think> world"
+
+
+def test_self_opened_reasoning_is_announced_by_the_open_tag(chat_tokenizer):
+    tokenizer = copy.deepcopy(chat_tokenizer)
+    tokenizer.add_special_tokens({"additional_special_tokens": [THINK_OPEN]})
+    ids = MiniMaxM3ReasoningDetector().get_self_opened_think_start_token_ids(tokenizer)
+    assert tokenizer.decode(ids) == THINK_OPEN
