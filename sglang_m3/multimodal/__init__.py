@@ -3,7 +3,17 @@
 Media sources (URL, data URL / base64, allowed local path, raw bytes) are read once with size
 caps, decoded with their declared size checked first, resized to multiples of patch x merge,
 normalised and cut into patch rows with grid metadata; the prompt's placeholders are expanded to
-the matching number of tokens. The GPU worker only ever sees patch tensors.
+the matching number of tokens. The GPU worker only ever sees patch tensors. The output equals
+transformers' ``MiniMaxM3VLImageProcessor`` / ``MiniMaxM3VLVideoProcessor``.
+
+Configuration, through SGLang's ``--mm-process-config`` JSON::
+
+    {"image": {"min_pixels": 3136, "max_pixels": 451584},
+     "video": {"min_pixels": 3136, "max_pixels": 602112, "fps": 1.0},
+     "limits": {"max_images": 16, "max_video_frames": 768, "max_video_seconds": 1200, ...}}
+
+``limits`` takes the fields of :class:`~sglang_m3.multimodal.limits.MediaLimits`; unknown keys
+fail at startup. The worker pool is ``--mm-io-worker-num`` threads wide.
 
 Modules: ``limits`` (configurable caps), ``errors`` (errors that name the content part),
 ``sources`` (reading media bytes), ``patches`` (resize geometry, normalise, patchify),

@@ -67,7 +67,10 @@ def read_header(source: MediaSource, limits: MediaLimits) -> VideoHeader:
             seconds = container.duration / av.time_base
         else:
             seconds = 0.0
-        width, height = stream.codec_context.width, stream.codec_context.height
+        codec = stream.codec_context
+        if codec is None:
+            raise MediaError(part, "the video stream has no decodable codec (corrupt or truncated file)")
+        width, height = codec.width, codec.height
         if width * height == 0:
             raise MediaError(part, f"video declares an empty frame size {width}x{height}")
         if width * height > limits.max_frame_pixels:
@@ -78,7 +81,7 @@ def read_header(source: MediaSource, limits: MediaLimits) -> VideoHeader:
             raise MediaError(
                 part, f"video declares {seconds:.0f} s, over the limit of {limits.max_video_seconds:.0f} s"
             )
-        total = stream.frames or sum(1 for packet in container.demux(stream) if packet.size)
+        total = stream.frames or _count_packets(container, stream, part)
         if seconds == 0.0:
             seconds = total / fps
             if seconds > limits.max_video_seconds:
@@ -90,9 +93,17 @@ def read_header(source: MediaSource, limits: MediaLimits) -> VideoHeader:
     return VideoHeader(fps=fps, total_frames=total, seconds=seconds, width=width, height=height)
 
 
+def _count_packets(container, stream, part: str) -> int:
+    """Frame count of a container that does not declare one (WebM, Matroska): demux, no decoding."""
+    try:
+        return sum(1 for packet in container.demux(stream) if packet.size)
+    except av.FFmpegError as exc:
+        raise MediaError(part, f"video is corrupt or truncated ({exc})") from None
+
+
 def _open_container(handle, part: str):
     try:
-        return av.open(handle, mode="r")
+        return av.open(handle, mode="r", metadata_errors="ignore")
     except av.FFmpegError as exc:
         raise MediaError(part, f"content is not a decodable video ({exc})") from None
 

@@ -60,6 +60,7 @@ VIDEO_CORPUS = {
     "1-hour declared video": (one_hour_video(), r"video declares 3600 s, over the limit of 1200 s"),
     "truncated MP4": (MP4[: len(MP4) // 2], r"not a decodable video|corrupt or truncated|no video stream"),
     "zero-byte video": (b"", r"media is empty \(0 bytes\)"),
+    "MP4 cut inside its stream description": (MP4[: MP4.index(b"vide") + 4], r"no decodable codec"),
     "image sent as video": (PNG, r"is a PNG image, not a video"),
     "wrong MIME (image/png data URL as video)": (data_url("image/png", MP4), r"declared MIME type 'image/png'"),
     "random bytes as video": (b"\x00\x00\x00\x18ftypmp42" + bytes(range(256)) * 8, r"not a decodable video"),
