@@ -35,12 +35,12 @@ def upstream_minimax_sparse_wiring_off(config) -> bool:
 def wrap_with_msa_backend(original, runner, full_attn_backend):
     if not is_m3(runner.model_config.hf_config):
         return original(runner, full_attn_backend)
-    from sglang_m3.msa.backend import MSATorchBackend
     from sglang_m3.msa.hybrid import M3HybridAttnBackend
+    from sglang_m3.msa.triton_backend import msa_backend_for
 
     spec = spec_of(runner.model_config)
     dense = original(runner, full_attn_backend)
-    return M3HybridAttnBackend(dense, MSATorchBackend(runner, spec), spec.sparse_layer_ids)
+    return M3HybridAttnBackend(dense, msa_backend_for(runner, spec), spec.sparse_layer_ids)
 
 
 def build_indexed_kv_pool(original, configurator, *, max_total_num_tokens, mha_pool_class, quant_method=None):

@@ -1,0 +1,80 @@
+"""The MSA backend on CUDA: the same cache handling as the torch backend, the Triton kernels for attention.
+
+``init_forward_metadata`` makes one ``msa_kernels`` plan per forward (page table from
+``req_to_token`` with page = block = 128, tiles of query tokens); ``_attend`` runs every sparse
+layer against it: decode (and speculative verification with equal draft lengths) on the decode
+kernels, extend / chunked prefill on the prefill kernels.
+"""
+
+from __future__ import annotations
+
+import torch
+from msa_kernels.api import run_decode, run_prefill
+from msa_kernels.plan import DecodePlan, page_table_from_req_to_token, plan_decode, plan_prefill
+
+from sglang_m3.msa.backend import MSATorchBackend
+
+
+def _blocks_for(max_seq_len: int, block_size: int, limit: int) -> int:
+    """Page-table width: the next power of two of the blocks needed (few kernel variants), capped."""
+    need = max(1, -(-max_seq_len // block_size))
+    return min(limit, 1 << (need - 1).bit_length())
+
+
+def _is_target_verify(forward_mode) -> bool:
+    return bool(getattr(forward_mode, "is_target_verify", lambda: False)())
+
+
+class MSATritonBackend(MSATorchBackend):
+    """Sparse layers through ``msa_kernels`` (requires page size == MSA block size)."""
+
+    def __init__(self, model_runner, spec):
+        super().__init__(model_runner, spec)
+        device = torch.device(model_runner.device)
+        # The SM count only sizes grids; off CUDA (the Triton interpreter in CI) any value works.
+        self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
+        self.num_kv_heads = self.token_to_kv_pool.head_num  # per rank
+        self.kernel_plan = None
+
+    def init_forward_metadata(self, forward_batch) -> None:
+        self.kernel_plan = plan_kernels(
+            forward_batch, self.req_to_token_pool.req_to_token, self.params, self.num_kv_heads, self.num_sms
+        )
+
+    def _attend(self, q, layer, index_q) -> torch.Tensor:
+        pool = self.token_to_kv_pool
+        run = run_decode if isinstance(self.kernel_plan, DecodePlan) else run_prefill
+        out, _ = run(
+            self.kernel_plan,
+            q.view(-1, layer.tp_q_head_num, layer.qk_head_dim),
+            pool.get_key_buffer(layer.layer_id),
+            pool.get_value_buffer(layer.layer_id),
+            index_q,
+            pool.get_index_k_buffer(layer.layer_id),
+            sm_scale=layer.scaling,
+        )
+        return out.view(-1, layer.tp_q_head_num * layer.v_head_dim)
+
+
+def plan_kernels(forward_batch, req_to_token: torch.Tensor, params, num_kv_heads: int, num_sms: int = 132):
+    """The ``msa_kernels`` plan of one SGLang forward batch (decode, verify or extend)."""
+    block = params.block_size
+    seq_lens_cpu = forward_batch.seq_lens_cpu.tolist()
+    width = _blocks_for(max(seq_lens_cpu), block, -(-req_to_token.shape[1] // block))
+    max_context = min(width * block, req_to_token.shape[1])
+    table = page_table_from_req_to_token(req_to_token, forward_batch.req_pool_indices, max_context, block)
+    mode = forward_batch.forward_mode
+    heads = num_kv_heads
+    if mode.is_decode_or_idle():
+        return plan_decode(params, table, forward_batch.seq_lens, q_len=1, num_kv_heads=heads, num_sms=num_sms)
+    extend_lens = list(forward_batch.extend_seq_lens_cpu)
+    if _is_target_verify(mode) and len(set(extend_lens)) == 1:
+        return plan_decode(params, table, forward_batch.seq_lens, q_len=extend_lens[0], num_kv_heads=heads, num_sms=num_sms)
+    return plan_prefill(params, table, seq_lens_cpu, extend_lens, num_index_heads=heads)
+
+
+def msa_backend_for(model_runner, spec) -> MSATorchBackend:
+    """The Triton kernels on CUDA, the torch reference path anywhere else (the CPU platform)."""
+    if torch.device(model_runner.device).type == "cuda":
+        return MSATritonBackend(model_runner, spec)
+    return MSATorchBackend(model_runner, spec)
