@@ -342,6 +342,75 @@ def sweep_decode_grids(pool: Pool, shapes) -> list[dict]:
     return out
 
 
+def breakdown() -> dict:
+    """Ablation evidence: each decode kernel alone (graph replay), index-scan launch variants, the
+    replay floor of a one-kernel graph, and the prefill attention alone (its K/V read rate)."""
+    from msa_kernels import api
+    from msa_kernels.triton_index import decode_index_scores_kernel
+    from msa_kernels.triton_select import decode_topk_kernel
+
+    P, res = PARAMS, {}
+
+    def graph_us(fn):
+        return graph_replay_us(lambda i: fn(), 1)
+
+    for B, L, T in ((8, 128 * 1024, 1), (1, 32 * 1024, 1), (8, 32 * 1024, 4)):
+        slots = B * L
+        ik = torch.randn(slots, 1, 128, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(slots, HKV, D, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        pages = torch.randperm(slots // 128, device="cuda").int().view(B, L // 128)
+        plan = plan_decode(P, pages, torch.full((B,), L, device="cuda"), q_len=T, num_kv_heads=HKV)
+        q = torch.randn(B * T, HQ, D, device="cuda", dtype=torch.bfloat16)
+        iq = torch.randn(B * T, HKV, 128, device="cuda", dtype=torch.bfloat16)
+        tiles = plan.tiles
+        rows = max(16, triton.next_power_of_2(HKV * T))
+        scores = torch.empty(B, rows, plan.max_blocks, device="cuda")
+        ik2 = ik.view(slots, 128)
+        key = f"B{B}_L{L // 1024}K_q{T}"
+        r = {"index_bytes_min_us": B * L * 256 / 3.0e12 * 1e6}
+        def index(nw, ns, splits):
+            return lambda: decode_index_scores_kernel[(B, splits)](
+                iq, ik2, plan.page_table, scores, tiles.tok0, tiles.pos0, tiles.ntok,
+                iq.stride(0), iq.stride(1), ik2.stride(0), plan.page_table.stride(0), scores.stride(0), scores.stride(1),
+                NUM_HEADS=HKV, ROWS=rows, D=128, BLOCK=128, SPLITS=splits, num_warps=nw, num_stages=ns)
+        for nw, ns in ((4, 3), (4, 2), (4, 4), (8, 3)):
+            r[f"index_w{nw}_s{ns}"] = graph_us(index(nw, ns, plan.index_splits))
+        sel = torch.empty(B * T, HKV, 16, dtype=torch.int32, device="cuda")
+        nbp = triton.next_power_of_2(plan.max_blocks)
+        r["topk"] = graph_us(lambda: decode_topk_kernel[(B, HKV, T)](
+            scores, sel, tiles.tok0, tiles.pos0, tiles.ntok, scores.stride(0), scores.stride(1), sel.stride(0), sel.stride(1),
+            NUM_HEADS=HKV, BLOCK=128, NBP=nbp, TOPK=16, KP=16, LOCAL=1, INIT=0, num_warps=max(1, min(16, nbp // 1024))))
+        r["select_total"] = graph_us(lambda: api.decode_select(plan, iq, ik))
+        r["step_total"] = graph_us(lambda: api.run_decode(plan, q, k, v, iq, ik))
+        out = torch.empty_like(q)
+        selected = api.decode_select(plan, iq, ik)
+        r["attention_and_merge"] = graph_us(lambda: api._attention(tiles, plan.page_table, q, k, v, selected, out, plan.attn_splits, D ** -0.5, 128))
+        r["empty_graph_kernel_us"] = graph_us(lambda: scores[:1, :1, :1].zero_())
+        res[key] = r
+        print(key, json.dumps({a: round(b, 1) for a, b in r.items()}), flush=True)
+        del ik, k, v, scores
+        torch.cuda.empty_cache()
+
+    # prefill attention alone at N=32K (T=1): bytes moved from L2 vs time
+    N = 32 * 1024
+    k = torch.randn(N, HKV, D, device="cuda", dtype=torch.bfloat16); v = torch.randn_like(k)
+    ik = torch.randn(N, 1, 128, device="cuda", dtype=torch.bfloat16)
+    pages = torch.randperm(N // 128, device="cuda").int().view(1, -1)
+    q = torch.randn(N, HQ, D, device="cuda", dtype=torch.bfloat16); iq = torch.randn(N, HKV, 128, device="cuda", dtype=torch.bfloat16)
+    for T in (1, 2):
+        plan = plan_prefill(P, pages, [N], [N], num_index_heads=HKV, attn_tile_tokens=T)
+        selected = api.prefill_select(plan, iq, ik)
+        out = torch.empty_like(q)
+        fn = lambda: api._attention(plan.attn_tiles, plan.page_table, q, k, v, selected, out, 1, D ** -0.5, 128)
+        fn(); torch.cuda.synchronize()
+        ms = triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median")
+        kv_l2_bytes = N * HKV * 16 * 128 * D * 2 * 2
+        res[f"prefill32K_attn_T{T}"] = {"ms": ms, "kv_bytes_per_token_quads_GB": kv_l2_bytes / 1e9, "kv_read_rate_TBps_if_T1": kv_l2_bytes / (ms * 1e-3) / 1e12}
+        print(f"prefill32K_attn_T{T}", json.dumps(res[f"prefill32K_attn_T{T}"]), flush=True)
+    return res
+
+
 CEILINGS: dict = {}
 
 
@@ -441,12 +510,17 @@ def main() -> None:
     parser.add_argument("--sglang-path", help="folder holding the stand-in 'sglang' package with SGLang's MSA kernels")
     parser.add_argument("--quick", action="store_true", help="a few headline shapes only")
     parser.add_argument("--sweep", action="store_true", help="also time decode grid sizings at headline shapes")
+    parser.add_argument("--breakdown", action="store_true", help="only the per-kernel ablation; writes msa_kernels_breakdown.json")
     parser.add_argument("--commit", default=os.environ.get("MSA_COMMIT", "unknown"), help="commit of the benchmarked code")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU")
     os.makedirs(args.out, exist_ok=True)
     torch.manual_seed(0)
+    if args.breakdown:
+        with open(os.path.join(args.out, "msa_kernels_breakdown.json"), "w") as f:
+            json.dump(breakdown(), f, indent=1)
+        return
     CEILINGS.update(measure_ceilings())
     print("ceilings", CEILINGS, flush=True)
     sgl = SGLang.load(args.sglang_path)
