@@ -302,6 +302,11 @@ def bench_prefill(pool: Pool, sgl: SGLang | None, n: int, prefix: int) -> dict:
         vplan = plan_prefill(PARAMS, plan.page_table, [total], [n], num_index_heads=HKV, attn_tile_tokens=tile_tokens)
         variants[tile_tokens] = 1000 * bench_ms(lambda: run_prefill(vplan, q, pool.k, pool.v, iq, pool.ik), min_reps=3, budget_ms=200)
     row["ours_us_by_attn_tile_tokens"] = variants
+    row["ours_index_rows"] = plan.index_tiles.max_tokens * HKV
+    row["ours_index_us_by_index_rows"] = {}
+    for rows in (64, 128):
+        rplan = plan_prefill(PARAMS, plan.page_table, [total], [n], num_index_heads=HKV, index_rows=rows)
+        row["ours_index_us_by_index_rows"][rows] = 1000 * bench_ms(lambda: prefill_select(rplan, iq, pool.ik))
     row["ours_index_us"] = 1000 * bench_ms(lambda: prefill_select(plan, iq, pool.ik))
     row["sglang_us"] = row["sglang_index_us"] = None
     if sgl:

@@ -163,6 +163,11 @@ def _tiles_for(
     )
 
 
+def _index_rows_for(extend_lens: list[int], num_index_heads: int, num_sms: int) -> int:
+    tiles_at_128 = sum(-(-e * num_index_heads // 128) for e in extend_lens)
+    return 128 if tiles_at_128 >= 2 * num_sms else 64
+
+
 def plan_prefill(
     params: MSAParams,
     page_table: torch.Tensor,
@@ -170,13 +175,16 @@ def plan_prefill(
     extend_lens: list[int],
     num_index_heads: int,
     attn_tile_tokens: int = 1,
-    index_rows: int = 128,
+    index_rows: int | None = None,
+    num_sms: int = 132,
 ) -> PrefillPlan:
     """Plan an extend batch: request ``b`` has ``seq_lens[b]`` tokens, the last ``extend_lens[b]`` new.
 
     ``q`` rows are packed request after request (SGLang's extend layout). The prefix length of a
     request is ``seq_lens[b] - extend_lens[b]`` and may be any value (not only multiples of the
-    block size). ``index_rows`` is the indexer tile height in (token, index head) rows.
+    block size). ``index_rows`` is the indexer tile height in (token, index head) rows; by default
+    128, or 64 when 128-row tiles would leave SMs idle (a short chunk after a long prefix: each
+    tile scans the whole prefix, so the tile count is the parallelism).
     ``attn_tile_tokens`` query tokens share one attention program and load each block of their
     union once: worth it when neighbouring tokens choose alike; on random inputs every size above
     1 was slower on an H100 (benchmarks/KERNEL_NOTES.md), hence the default of 1.
@@ -190,6 +198,8 @@ def plan_prefill(
             raise ValueError(f"request {b}: extend length {e} must be in 1..seq_len ({s})")
         if _num_blocks(s, params.block_size) > page_table.shape[1]:
             raise ValueError(f"request {b}: seq_len {s} needs more blocks than page_table has ({page_table.shape[1]})")
+    if index_rows is None:
+        index_rows = _index_rows_for(extend_lens, num_index_heads, num_sms)
     if index_rows % num_index_heads:
         raise ValueError(f"index_rows {index_rows} must be a multiple of the index heads ({num_index_heads})")
     device = page_table.device
