@@ -168,3 +168,29 @@ def test_bad_media_gets_a_400_naming_the_part_and_the_server_keeps_serving(vl_se
     assert "image 2" in response.text and "truncated" in response.text
     follow_up = generate(vl_server, "Describe ]<]image[>[ briefly.", [IMAGE_A])
     assert len(served_tokens(follow_up)) == NEW_TOKENS
+
+
+def test_openai_chat_with_an_image_and_a_video(vl_server, tiny_m3_vl_checkpoint):
+    """The chat path: content parts -> template placeholders -> our processor -> the model."""
+    body = {
+        "model": "default",
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "What is in"},
+                    {"type": "image_url", "image_url": {"url": data_url("image/png", IMAGE_A)}},
+                    {"type": "text", "text": "and in"},
+                    {"type": "video_url", "video_url": {"url": data_url("video/mp4", VIDEO)}},
+                ],
+            }
+        ],
+        "max_tokens": 4,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
+    response = requests.post(f"{vl_server.base_url}/v1/chat/completions", json=body, timeout=600)
+    assert response.status_code == 200, response.text
+    media = processed(tiny_m3_vl_checkpoint, "]<]image[>[]<]video[>[", [IMAGE_A], VIDEO)["input_ids"].shape[1]
+    assert response.json()["usage"]["prompt_tokens"] > media
+    assert response.json()["usage"]["completion_tokens"] == 4
