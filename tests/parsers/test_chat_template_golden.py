@@ -121,6 +121,14 @@ def test_media_parts_become_placeholders(render):
     )
 
 
+def test_thinking_content_parts_count_as_reasoning(render):
+    reply = {"role": "assistant", "content": [{"type": "thinking", "thinking": "plan"}, {"type": "text", "text": "A"}]}
+    current = render([{"role": "user", "content": "Q"}, reply], add_generation_prompt=False)
+    assert current == "]~!b[]~b]user\nQ[e~[\n]~b]ai\n<mm:think>plan</mm:think>A[e~[\n"
+    earlier = render([{"role": "user", "content": "Q"}, reply, {"role": "user", "content": "R"}])
+    assert earlier == "]~!b[]~b]user\nQ[e~[\n]~b]ai\n</mm:think>A[e~[\n]~b]user\nR[e~[\n]~b]ai\n"
+
+
 def test_earlier_reasoning_is_dropped_from_history(render):
     messages = [
         {"role": "user", "content": "Q1"},
@@ -261,3 +269,28 @@ def test_string_arguments_are_refused_with_the_function_name(render):
 def test_unknown_role_is_rejected(render):
     with pytest.raises(jinja2.exceptions.TemplateError, match="unsupported message role 'narrator'"):
         render([{"role": "narrator", "content": "x"}])
+
+
+def test_sglang_reads_the_template_as_m3(chat_tokenizer):
+    """SGLang inspects a template to choose how to feed it: content as OpenAI parts (so media
+    placeholders render), reasoning history through `reasoning_content`, and M3's parsers as the
+    suggested ones."""
+    from sglang.srt.parser.jinja_template_utils import (
+        detect_jinja_template_content_format,
+        jinja_template_reads_reasoning_content,
+    )
+    from sglang.srt.parser.template_detection import (
+        REASONING_PARSER_RULES,
+        TOOL_CALL_PARSER_RULES,
+        build_detection_context,
+        detect_reasoning_pattern,
+        match_rules,
+    )
+
+    template = chat_tokenizer.chat_template
+    assert detect_jinja_template_content_format(template) == "openai"
+    assert jinja_template_reads_reasoning_content(template)
+    force_reasoning, reasoning_config = detect_reasoning_pattern(template)
+    context = build_detection_context(template, chat_tokenizer, reasoning_config, force_reasoning)
+    assert match_rules(context, REASONING_PARSER_RULES, "reasoning parser") == "minimax-m3"
+    assert match_rules(context, TOOL_CALL_PARSER_RULES, "tool-call parser") == "minimax-m3"
