@@ -118,3 +118,23 @@ def test_narrowing_keeps_declared_structure_and_drops_open_ends():
         "required": ["a", "c"],
         "additionalProperties": False,
     }
+
+
+def test_auto_choice_with_strict_tools_constrains_calls_but_allows_plain_answers():
+    """tool_choice=auto constrains only when tools are strict (SGLang's rule); then a plain
+    answer and a well-formed call are both allowed, a malformed call is not."""
+    from sglang.srt.entrypoints.openai.protocol import Tool
+    from sglang.srt.function_call.function_call_parser import FunctionCallParser
+
+    from sglang_m3.parsers import register_parsers
+
+    register_parsers()
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    tool = Tool.model_validate({"type": "function", "function": {"name": "f", "parameters": schema, "strict": True}})
+    kind, tag = FunctionCallParser([tool], "minimax-m3").get_structure_constraint("auto")
+    assert kind == "structural_tag"
+    grammar = xgr.Grammar.from_structural_tag(tag)
+    call = f'{NAMESPACE}<tool_call>\n{NAMESPACE}<invoke name="f">\n{NAMESPACE}<n>4{NAMESPACE}</n>\n{NAMESPACE}</invoke>\n{NAMESPACE}</tool_call>'
+    assert xgr.testing._is_grammar_accept_string(grammar, "Just an answer.")
+    assert xgr.testing._is_grammar_accept_string(grammar, "Let me look. " + call)
+    assert not xgr.testing._is_grammar_accept_string(grammar, call.replace("<n>4", "<n>four"))
