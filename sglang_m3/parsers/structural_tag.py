@@ -10,7 +10,7 @@ declared properties (required ones listed as the original lists them), arrays wi
 schemas hold strings.
 """
 
-from typing import Any, Dict, List, Literal, Optional, Union
+from typing import Any, Dict, List, Literal, Union
 
 from xgrammar import StructuralTag, get_model_structural_tag
 
