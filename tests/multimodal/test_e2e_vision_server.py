@@ -194,3 +194,24 @@ def test_openai_chat_with_an_image_and_a_video(vl_server, tiny_m3_vl_checkpoint)
     media = processed(tiny_m3_vl_checkpoint, "]<]image[>[]<]video[>[", [IMAGE_A], VIDEO)["input_ids"].shape[1]
     assert response.json()["usage"]["prompt_tokens"] > media
     assert response.json()["usage"]["completion_tokens"] == 4
+
+
+def test_limits_come_from_mm_process_config(tiny_m3_vl_checkpoint, server_log_dir):
+    large = encode_image(random_image(640, 480, seed=9), "PNG")
+    config = '{"limits": {"max_images": 1}, "image": {"max_pixels": 12544}}'
+    with launch_cpu_server(tiny_m3_vl_checkpoint, server_log_dir, "--mm-process-config", config) as server:
+        body = {
+            "text": "]<]image[>[ and ]<]image[>[",
+            "image_data": [data_url("image/png", IMAGE_A)] * 2,
+            "sampling_params": {"max_new_tokens": 2},
+        }
+        refused = requests.post(f"{server.base_url}/generate", json=body, timeout=600)
+        assert refused.status_code == 400 and "request: 2 images, over the limit of 1" in refused.text
+        served = generate(server, "Describe ]<]image[>[ briefly.", [large])
+    capped = AutoProcessor.from_pretrained(tiny_m3_vl_checkpoint)
+    capped.image_processor = type(capped.image_processor)(size={"shortest_edge": 3136, "longest_edge": 12544})
+    expected = capped(
+        text=["Describe ]<]image[>[ briefly."], images=[Image.open(io.BytesIO(large))], add_special_tokens=False
+    )
+    uncapped = processed(tiny_m3_vl_checkpoint, "Describe ]<]image[>[ briefly.", [large])
+    assert served["meta_info"]["prompt_tokens"] == len(expected["input_ids"][0]) < uncapped["input_ids"].shape[1]
