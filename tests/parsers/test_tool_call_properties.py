@@ -70,13 +70,18 @@ def scanned_text(events):
 
 
 @PROPERTY_SETTINGS
-@given(generated=m3.calls(), content=m3.free_text, trailing=m3.free_text)
-def test_rendered_calls_parse_back_exactly(chat_tokenizer, generated, content, trailing):
-    reply = rendered_reply(chat_tokenizer, generated, content) + trailing
+@given(generated=m3.calls(), content=m3.free_text, middle=m3.free_text, trailing=m3.free_text, data=st.data())
+def test_rendered_calls_parse_back_exactly(chat_tokenizer, generated, content, middle, trailing, data):
+    """One block, or the calls split over two blocks with text between and after them."""
+    split = data.draw(st.integers(1, len(generated)))
+    reply = rendered_reply(chat_tokenizer, generated[:split], content) + middle
+    if split < len(generated):
+        reply += rendered_reply(chat_tokenizer, generated[split:])
+    reply += trailing
     tools = sglang_tools(generated)
     normal_text, calls = parse_one_shot(reply, tools)
     assert calls == expected_arguments(generated)
-    assert normal_text == (content + "\n" if content else "") + trailing
+    assert normal_text == (content + "\n" if content else "") + middle + trailing
 
 
 @PROPERTY_SETTINGS
