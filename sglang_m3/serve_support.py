@@ -10,7 +10,10 @@ import sys
 
 TINY_MODEL_PATH = "sglang-m3:tiny"
 # CPU serving defaults for the tiny model: small KV budget, float32 for exact comparisons.
-TINY_CPU_ARGS = ("--dtype", "float32", "--max-total-tokens", "8192", "--context-length", "4096", "--mem-fraction-static", "0.5")
+TINY_CPU_ARGS = (
+    "--dtype", "float32", "--max-total-tokens", "8192", "--context-length", "4096",
+    "--mem-fraction-static", "0.5", "--sleep-on-idle",
+)
 # The tiny model is the only one served: SGLang then skips importing its ~200 model modules
 # (tens of seconds per process on a small machine).
 CPU_PLATFORM_ENV = {"SGLANG_PLATFORM": "sglang_m3_cpu", "SGLANG_EXTERNAL_MODEL_PACKAGE": "sglang_m3.models"}

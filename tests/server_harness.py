@@ -46,6 +46,8 @@ def cpu_server_args(model_path: str, port: int, *extra: str) -> list[str]:
         "--model-path", model_path, "--host", "127.0.0.1", "--port", str(port),
         "--dtype", "float32", "--max-total-tokens", "8192", "--context-length", "4096",
         "--mem-fraction-static", "0.3", "--max-running-requests", "8", "--enable-cache-report",
+        # An idle scheduler otherwise spins on its sockets; several test servers share 2 cores.
+        "--sleep-on-idle",
         *extra,
     ]
 
