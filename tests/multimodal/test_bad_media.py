@@ -128,30 +128,19 @@ def test_too_many_media_are_refused(preprocessor):
 
 
 @pytest.mark.parametrize(
-    "limits,reason",
+    "limits,kind,reason",
     [
-        (MediaLimits(max_image_bytes=100), r"media is \d+ bytes, over the limit of 100"),
-        (MediaLimits(max_image_pixels=1000), r"declared size 64x48 \(3072 pixels\) is over the limit of 1000"),
+        (MediaLimits(max_image_bytes=100), "image", r"media is \d+ bytes, over the limit of 100"),
+        (MediaLimits(max_image_pixels=1000), "image", r"declared size 64x48 \(3072 pixels\) is over the limit of 1000"),
+        (MediaLimits(max_video_bytes=1000), "video", r"over the limit of 1000"),
+        (MediaLimits(max_frame_pixels=1000), "video", r"frame size 32x32 is over the limit of 1000 pixels"),
+        (MediaLimits(max_video_seconds=1.0), "video", r"video declares 2 s, over the limit of 1 s"),
+        (MediaLimits(max_video_total_pixels=1000), "video", r"2 sampled frames of 56x56 are 6272 pixels"),
     ],
 )
-def test_image_limits_are_configurable(limits, reason):
+def test_limits_are_configurable(limits, kind, reason):
     pool = MediaWorkerPool(workers=1, max_pending=1)
-    error = refuse(MediaPreprocessor(PreprocessConfig(limits=limits), pool), images=[PNG])
+    media = {"images": [PNG]} if kind == "image" else {"videos": [MP4]}
+    error = refuse(MediaPreprocessor(PreprocessConfig(limits=limits), pool), **media)
     pool.shutdown()
-    assert re.search(reason, str(error))
-
-
-@pytest.mark.parametrize(
-    "limits,reason",
-    [
-        (MediaLimits(max_video_bytes=1000), r"over the limit of 1000"),
-        (MediaLimits(max_frame_pixels=1000), r"frame size 32x32 is over the limit of 1000 pixels"),
-        (MediaLimits(max_video_seconds=1.0), r"video declares 2 s, over the limit of 1 s"),
-        (MediaLimits(max_video_total_pixels=1000), r"2 sampled frames of 56x56 are 6272 pixels"),
-    ],
-)
-def test_video_limits_are_configurable(limits, reason):
-    pool = MediaWorkerPool(workers=1, max_pending=1)
-    error = refuse(MediaPreprocessor(PreprocessConfig(limits=limits), pool), videos=[MP4])
-    pool.shutdown()
-    assert re.search(reason, str(error)), str(error)
+    assert error.part == f"{kind} 1" and re.search(reason, str(error)), str(error)
