@@ -1,7 +1,37 @@
-"""MSA (MiniMax Sparse Attention) kernels and their torch reference.
+"""MSA (MiniMax Sparse Attention) Triton kernels for Hopper and their torch reference.
 
 Depends on torch (and triton for the GPU kernels) only, never on SGLang, so it imports and
-benchmarks on a GPU machine without SGLang installed.
+benchmarks on a GPU machine without SGLang installed. ``reference`` states the semantics
+(M3_FACTS s.2); every kernel is tested against it.
+
+API (plan once per batch, run once per sparse layer; FlashInfer style)::
+
+    from msa_kernels.plan import page_table_from_req_to_token, plan_decode, plan_prefill
+    from msa_kernels.api import run_decode, run_prefill
+
+    table = page_table_from_req_to_token(req_to_token, req_pool_indices, max_context, 128)
+
+    # decode / speculative verify: q_len rows per request, request-major
+    plan = plan_decode(params, table, seq_lens, q_len=1, q_lens=None, num_kv_heads=4)
+    out, selected = run_decode(plan, q, k_cache, v_cache, iq, ik_cache, sm_scale)
+
+    # extend / chunked prefill: rows packed request after request; lengths on the host
+    plan = plan_prefill(params, table, seq_lens_cpu, extend_lens_cpu, num_index_heads=4)
+    out, selected = run_prefill(plan, q, k_cache, v_cache, iq, ik_cache, sm_scale)
+
+Shapes: ``q [rows, Hq, D]``, ``iq [rows, Hkv, Di]`` (one index head per KV group),
+``k_cache/v_cache [slots, Hkv, D]``, ``ik_cache [slots, Di]`` or ``[slots, 1, Di]``;
+``out [rows, Hq, D]``; ``selected [rows, Hkv, topk]`` int32, ascending, -1 padded. The KV pool
+must use page size == MSA block size (128 on M3): a block is one page, addressed by its page id.
+``seq_lens`` count every cached token including the new ones, which must already be in the
+caches. ``params`` is :class:`MSAParams` (block, top-k, local and init blocks).
+
+Kernels (see each module): decode = index scan with the block's keys on the MMA's M side split
+over blocks -> top-k per (request, head, token) -> sparse attention split over the chosen blocks
+-> log-sum-exp merge (4 launches, fixed grids for CUDA-graph capture); prefill = fused index scan
++ causal block-max + running top-k (no score matrix) -> sparse attention per query tile
+(2 launches). ``decode_select`` / ``prefill_select`` return the selection alone.
+Measured speed and what bounds it: ``benchmarks/KERNEL_NOTES.md``.
 """
 
 from msa_kernels.reference import MSAParams, block_scores, msa_attention, select_blocks, sparse_attention
