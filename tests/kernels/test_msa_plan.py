@@ -1,0 +1,77 @@
+"""Plan metadata (torch only, no kernels): tiles cover every query row once at the right positions."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from msa_kernels.plan import page_table_from_req_to_token, plan_decode, plan_prefill
+from msa_kernels.reference import MSAParams
+
+PARAMS = MSAParams(block_size=16, topk=4)
+
+
+@st.composite
+def extend_batches(draw):
+    n = draw(st.integers(1, 5))
+    extend = draw(st.lists(st.integers(1, 90), min_size=n, max_size=n))
+    prefix = draw(st.lists(st.integers(0, 70), min_size=n, max_size=n))
+    return [p + e for p, e in zip(prefix, extend)], extend
+
+
+@settings(max_examples=60, deadline=None)
+@given(extend_batches(), st.sampled_from([1, 2, 4]), st.sampled_from([1, 2, 4]))
+def test_prefill_tiles_cover_each_row_once(batch, attn_tile_tokens, heads):
+    seq_lens, extend_lens = batch
+    table = torch.zeros(len(seq_lens), 10, dtype=torch.int32)
+    plan = plan_prefill(PARAMS, table, seq_lens, extend_lens, num_index_heads=heads, attn_tile_tokens=attn_tile_tokens)
+    starts = [0]
+    for e in extend_lens:
+        starts.append(starts[-1] + e)
+    for tiles in (plan.index_tiles, plan.attn_tiles):
+        position_of_row = {}
+        for req, tok0, pos0, ntok in zip(*(x.tolist() for x in (tiles.req, tiles.tok0, tiles.pos0, tiles.ntok))):
+            assert 1 <= ntok <= tiles.max_tokens
+            for i in range(ntok):
+                assert tok0 + i not in position_of_row
+                assert starts[req] <= tok0 + i < starts[req + 1]  # never crosses requests
+                position_of_row[tok0 + i] = pos0 + i
+        expected = {
+            starts[b] + i: seq_lens[b] - extend_lens[b] + i for b in range(len(seq_lens)) for i in range(extend_lens[b])
+        }
+        assert position_of_row == expected
+        ends = (tiles.pos0 + tiles.ntok).tolist()
+        assert ends == sorted(ends, reverse=True)  # most work first
+    assert plan.num_tokens == sum(extend_lens)
+
+
+def test_decode_tiles_are_requests():
+    seq = torch.tensor([5, 40, 17])
+    plan = plan_decode(PARAMS, torch.zeros(3, 4, dtype=torch.int32), seq, q_len=3, q_lens=torch.tensor([3, 1, 2]))
+    assert plan.tiles.tok0.tolist() == [0, 3, 6]
+    assert plan.tiles.pos0.tolist() == [2, 39, 15]
+    assert plan.tiles.ntok.tolist() == [3, 1, 2]
+    assert plan.num_tokens == 9 and plan.tiles.max_tokens == 3
+
+
+def test_page_table_reads_the_first_slot_of_each_block():
+    req_to_token = torch.zeros(3, 64, dtype=torch.int32)
+    req_to_token[2, :40] = torch.cat([torch.arange(16) + 16 * p for p in (7, 2, 9)])[:40]
+    table = page_table_from_req_to_token(req_to_token, torch.tensor([2]), 48, 16)
+    assert table.tolist() == [[7, 2, 9]]
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: plan_prefill(PARAMS, torch.zeros(1, 4, dtype=torch.int32), [10], [11], 2), "extend length"),
+        (lambda: plan_prefill(PARAMS, torch.zeros(1, 2, dtype=torch.int32), [40], [8], 2), "needs more blocks"),
+        (lambda: plan_prefill(PARAMS, torch.zeros(2, 4, dtype=torch.int32), [10], [5], 2), "page_table"),
+        (lambda: plan_prefill(PARAMS, torch.zeros(1, 4, dtype=torch.int32), [10], [5], 3, index_rows=64), "index_rows"),
+        (lambda: plan_decode(PARAMS, torch.zeros(1, 4, dtype=torch.int32), torch.tensor([9]), q_len=0), "q_len"),
+        (lambda: page_table_from_req_to_token(torch.zeros(2, 32, dtype=torch.int32), torch.tensor([0]), 64, 16), "max_context"),
+    ],
+)
+def test_bad_inputs_name_the_field(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
