@@ -58,7 +58,9 @@ def test_decode_matches_reference(interpreted_api, q_len, ragged):
     q_lens = torch.tensor([q_len, 1, max(1, q_len - 1), q_len]) if ragged else None
     if q_lens is not None:
         batch.extend_lens = q_lens.tolist()
-    plan = plan_decode(params, _page_table(batch, max_context), torch.tensor(seq_lens), q_len=q_len, q_lens=q_lens, num_kv_heads=2)
+    plan = plan_decode(
+        params, _page_table(batch, max_context), torch.tensor(seq_lens), q_len=q_len, q_lens=q_lens, num_kv_heads=2, num_sms=8
+    )
     assert plan.attn_splits > 1  # the split + merge path is exercised
     out, selected = interpreted_api.run_decode(plan, batch.q, batch.k_cache, batch.v_cache, batch.iq, batch.ik_cache)
     agreement = compare_with_reference(batch, params, out, selected, rel_tol=1e-4)
@@ -69,10 +71,10 @@ def test_decode_matches_reference(interpreted_api, q_len, ragged):
 def test_decode_and_prefill_agree_on_the_last_token(interpreted_api):
     """The two paths are different kernels; for the same context they must choose and compute alike."""
     params = MSAParams(block_size=BLOCK, topk=4, local_blocks=1, init_blocks=0)
-    seq_lens = [120, 75]
+    seq_lens = [70, 41]
     batch = _batch(seq_lens, seq_lens, 4, 2, seed=7)
     table = _page_table(batch, max(seq_lens))
-    plan = plan_prefill(params, table, seq_lens, seq_lens, num_index_heads=2, attn_tile_tokens=2, index_rows=32)
+    plan = plan_prefill(params, table, seq_lens, seq_lens, num_index_heads=2, index_rows=32)
     out_p, sel_p = interpreted_api.run_prefill(plan, batch.q, batch.k_cache, batch.v_cache, batch.iq, batch.ik_cache)
     last = torch.tensor([seq_lens[0] - 1, sum(seq_lens) - 1])
     dplan = plan_decode(params, table, torch.tensor(seq_lens), q_len=1, num_kv_heads=2)

@@ -56,7 +56,7 @@ def _forward_batch(mode, seq_lens, extend_lens):
 @pytest.mark.parametrize(
     "mode, seq_lens, extend_lens, plan_type",
     [
-        ("EXTEND", [70, 130, 33], [70, 50, 5], PrefillPlan),  # prefixes 0, 80, 28
+        ("EXTEND", [40, 110, 33], [40, 30, 5], PrefillPlan),  # prefixes 0, 80, 28
         ("DECODE", [40, 150, 17], [1, 1, 1], DecodePlan),
         ("TARGET_VERIFY", [41, 150], [2, 2], DecodePlan),  # speculative verify: decode kernels, q_len 2
     ],
