@@ -30,6 +30,12 @@ class MSATritonBackend(MSATorchBackend):
 
     def __init__(self, model_runner, spec):
         super().__init__(model_runner, spec)
+        page_size = getattr(model_runner, "page_size", None)
+        if page_size != self.params.block_size:
+            raise ValueError(
+                f"the MSA Triton kernels address one block as one KV page: run with --page-size "
+                f"{self.params.block_size} (the MSA block size), got page size {page_size}"
+            )
         device = torch.device(model_runner.device)
         # The SM count only sizes grids; off CUDA (the Triton interpreter in CI) any value works.
         self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
@@ -59,7 +65,8 @@ class MSATritonBackend(MSATorchBackend):
 def plan_kernels(forward_batch, req_to_token: torch.Tensor, params, num_kv_heads: int, num_sms: int = 132):
     """The ``msa_kernels`` plan of one SGLang forward batch (decode, verify or extend)."""
     block = params.block_size
-    seq_lens_cpu = forward_batch.seq_lens_cpu.tolist()
+    on_host = forward_batch.seq_lens_cpu
+    seq_lens_cpu = (forward_batch.seq_lens if on_host is None else on_host).tolist()
     width = _blocks_for(max(seq_lens_cpu), block, -(-req_to_token.shape[1] // block))
     max_context = min(width * block, req_to_token.shape[1])
     table = page_table_from_req_to_token(req_to_token, forward_batch.req_pool_indices, max_context, block)

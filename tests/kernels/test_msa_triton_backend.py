@@ -34,7 +34,9 @@ def _backend(module, batch):
         get_value_buffer=lambda layer_id: batch.v_cache,
         get_index_k_buffer=lambda layer_id: batch.ik_cache,
     )
-    runner = SimpleNamespace(req_to_token_pool=SimpleNamespace(req_to_token=reversed_pool), token_to_kv_pool=pool, device="cpu")
+    runner = SimpleNamespace(
+        req_to_token_pool=SimpleNamespace(req_to_token=reversed_pool), token_to_kv_pool=pool, device="cpu", page_size=BLOCK
+    )
     spec = SimpleNamespace(index_block_size=BLOCK, index_topk_blocks=4, index_local_blocks=1, index_init_blocks=0)
     return module.MSATritonBackend(runner, spec)
 
@@ -75,6 +77,13 @@ def test_triton_backend_matches_reference(backend_module, mode, seq_lens, extend
     for b in range(len(seq_lens)):
         want, _, _ = reference_request(batch, b, PARAMS)
         torch.testing.assert_close(out[batch.rows_of(b)], want, rtol=1e-4, atol=1e-4)
+
+
+def test_page_size_other_than_the_block_is_refused(backend_module):
+    runner = SimpleNamespace(req_to_token_pool=SimpleNamespace(req_to_token=None), token_to_kv_pool=None, device="cpu", page_size=1)
+    spec = SimpleNamespace(index_block_size=BLOCK, index_topk_blocks=4, index_local_blocks=1, index_init_blocks=0)
+    with pytest.raises(ValueError, match="--page-size 16"):
+        backend_module.MSATritonBackend(runner, spec)
 
 
 def test_cpu_runner_keeps_the_torch_path(backend_module):
