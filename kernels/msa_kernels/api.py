@@ -19,8 +19,8 @@ def _pow2(n: int) -> int:
     return triton.next_power_of_2(max(1, n))
 
 
-def _check_inputs(q, k_cache, v_cache, iq, ik_cache, num_tokens: int, block_size: int) -> tuple[int, int, int]:
-    """Validate shapes; returns (kv heads, group size, index dim). Names the argument at fault."""
+def _check_inputs(q, k_cache, v_cache, iq, ik_cache, num_tokens: int, block_size: int) -> None:
+    """Validate shapes before any launch; the error names the argument at fault."""
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("iq", iq), ("ik_cache", ik_cache)):
         if x.stride(-1) != 1:
             raise ValueError(f"{name} must be contiguous in its last dimension")
@@ -39,7 +39,6 @@ def _check_inputs(q, k_cache, v_cache, iq, ik_cache, num_tokens: int, block_size
         raise ValueError(f"cache slots ({k_cache.shape[0]}) must be whole pages of {block_size}")
     if q.shape[-1] != k_cache.shape[-1] or v_cache.shape[-1] != q.shape[-1]:
         raise ValueError("q, k_cache and v_cache must share head_dim")
-    return hkv, q.shape[1] // hkv, iq.shape[-1]
 
 
 def _tile_args(tiles: Tiles):
@@ -208,7 +207,7 @@ def run_prefill(
     index keys must already be in the caches (SGLang writes them before attention runs).
     """
     p = plan.params
-    hkv, _, _ = _check_inputs(q, k_cache, v_cache, iq, ik_cache, plan.num_tokens, p.block_size)
+    _check_inputs(q, k_cache, v_cache, iq, ik_cache, plan.num_tokens, p.block_size)
     selected = prefill_select(plan, iq, ik_cache)
     atiles = plan.attn_tiles
     if out is None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from msa_kernels.reference import MSAParams, msa_attention
+from msa_kernels.reference import MSAParams, block_scores, msa_attention
 
 
 @dataclass
@@ -99,8 +99,6 @@ def reference_request(batch: PagedBatch, b: int, params: MSAParams, scale: float
 
     Computed on the batch's device (a GPU makes long requests affordable), returned on the CPU.
     """
-    from msa_kernels.reference import block_scores
-
     s, e = batch.seq_lens[b], batch.extend_lens[b]
     device = batch.q.device
     slots = batch.req_to_token[b, :s].long()

@@ -82,3 +82,16 @@ def test_decode_and_prefill_agree_on_the_last_token(interpreted_api):
     out_d, sel_d = interpreted_api.run_decode(dplan, batch.q[last], *args)
     assert torch.equal(sel_p[last], sel_d)
     torch.testing.assert_close(out_p[last], out_d, rtol=1e-5, atol=1e-5)
+
+
+def test_bad_tensors_are_refused_before_any_launch(interpreted_api):
+    params = MSAParams(block_size=BLOCK, topk=4)
+    batch = _batch([40], [1], 4, 2, seed=3, decode_q_len=1, max_context=48)
+    plan = plan_decode(params, _page_table(batch, 48), torch.tensor([40]), num_kv_heads=2)
+    args = [batch.q, batch.k_cache, batch.v_cache, batch.iq, batch.ik_cache]
+    with pytest.raises(ValueError, match="iq must be"):
+        interpreted_api.run_decode(plan, *args[:3], batch.iq[:, :1], args[4])
+    with pytest.raises(ValueError, match="q must be contiguous"):
+        interpreted_api.run_decode(plan, batch.q.transpose(1, 2).contiguous().transpose(1, 2), *args[1:])
+    with pytest.raises(ValueError, match="multiple of kv heads"):
+        interpreted_api.run_decode(plan, batch.q[:, :3], *args[1:])
