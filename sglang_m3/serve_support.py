@@ -13,6 +13,7 @@ TINY_MODEL_PATH = "sglang-m3:tiny"
 TINY_CPU_ARGS = (
     "--dtype", "float32", "--max-total-tokens", "8192", "--context-length", "4096",
     "--mem-fraction-static", "0.5", "--sleep-on-idle",
+    "--reasoning-parser", "minimax-m3", "--tool-call-parser", "minimax-m3",
 )
 # The tiny model is the only one served: SGLang then skips importing its ~200 model modules
 # (tens of seconds per process on a small machine).

@@ -53,6 +53,12 @@ def server_log_dir(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def tiny_m3_server(tiny_m3_checkpoint, server_log_dir):
-    """The real SGLang server with the text-only tiny M3 (parsers auto-selected by SGLang)."""
-    with launch_cpu_server(tiny_m3_checkpoint, server_log_dir) as server:
+    """The real SGLang server with the text-only tiny M3 and the project's parsers.
+
+    The parsers are named by their ``minimax_m3`` alias: the plugin's hooks must map it onto
+    SGLang's ``minimax-m3`` request logic (SGLang only suggests parsers it detects, so without
+    these flags a server parses neither reasoning nor tool calls).
+    """
+    parsers = ("--reasoning-parser", "minimax_m3", "--tool-call-parser", "minimax_m3")
+    with launch_cpu_server(tiny_m3_checkpoint, server_log_dir, *parsers) as server:
         yield server

@@ -38,15 +38,7 @@ def render(chat_tokenizer):
 
 
 @pytest.fixture(scope="session")
-def m3_parser_server(tiny_m3_checkpoint, server_log_dir):
-    """The real SGLang server with the tiny text M3 and this project's parsers, selected by
-    their `minimax_m3` alias (the hooks must map it onto upstream's `minimax-m3` logic).
-
-    SGLang only suggests parsers it detects from the template; without these flags a server
-    parses neither reasoning nor tool calls."""
-    from server_harness import launch_cpu_server
-
-    with launch_cpu_server(
-        tiny_m3_checkpoint, server_log_dir, "--reasoning-parser", "minimax_m3", "--tool-call-parser", "minimax_m3"
-    ) as server:
-        yield server
+def m3_parser_server(tiny_m3_server):
+    """The shared tiny-M3 server (tests/conftest.py), which selects the parsers by their
+    `minimax_m3` alias; one server start serves the model and the parser tests."""
+    return tiny_m3_server
