@@ -66,6 +66,7 @@ TYPED_FLAGS: dict[str, str] = {
     "--enable-multimodal": "spec.multimodal.enabled",
     "--language-model-only": "spec.multimodal.enabled",
     "--limit-mm-data-per-request": "spec.multimodal.limitPerRequest",
+    "--mm-process-config": "spec.multimodal.media",
     "--enable-hierarchical-cache": "spec.hostOffload",
     "--enable-hicache": "spec.hostOffload",
     "--hicache-size": "spec.hostOffload.sizeGbPerRank",
@@ -210,6 +211,32 @@ def _add_multimodal(add, recipe: Recipe, profile: HardwareProfile) -> None:
     if multimodal.limit_per_request is not None:
         add("--limit-mm-data-per-request",
             json.dumps(multimodal.limit_per_request.model_dump()))
+    limits = media_process_limits(multimodal)
+    if limits:
+        add("--mm-process-config", json.dumps({"limits": limits}, sort_keys=True))
+
+
+def media_process_limits(multimodal) -> dict[str, float | int]:
+    """The M3 media processor's limit names (``sglang_m3.multimodal.limits.MediaLimits``)."""
+    limits: dict[str, float | int] = {}
+    if multimodal.limit_per_request is not None:
+        limits["max_images"] = multimodal.limit_per_request.image
+        limits["max_videos"] = multimodal.limit_per_request.video
+    media = multimodal.media
+    if media is not None:
+        mib = 1024 * 1024
+        for key, value in (
+            ("max_image_bytes", media.max_image_megabytes and media.max_image_megabytes * mib),
+            ("max_video_bytes", media.max_video_megabytes and media.max_video_megabytes * mib),
+            ("max_image_pixels", media.max_image_pixels),
+            ("max_video_seconds", media.max_video_seconds),
+            ("max_video_frames", media.max_video_frames),
+            ("video_fps", media.video_fps),
+        ):
+            if value is not None:
+                limits[key] = value
+    # A count of 0 is SGLang's --limit-mm-data-per-request business; the processor's limits are positive.
+    return {k: v for k, v in limits.items() if v}
 
 
 def _add_host_offload(add, recipe: Recipe) -> None:

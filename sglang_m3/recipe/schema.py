@@ -167,6 +167,24 @@ class MediaLimits(RecipeModel):
     """Videos per request."""
 
 
+class MediaBudget(RecipeModel):
+    """Size, pixel, duration and frame caps on each media item, enforced by the M3 media
+    processor before anything large is decoded (rendered into --mm-process-config)."""
+
+    max_image_megabytes: int | None = Field(default=None, ge=1)
+    """Largest encoded image accepted, in MiB (default 32)."""
+    max_video_megabytes: int | None = Field(default=None, ge=1)
+    """Largest encoded video accepted, in MiB (default 512)."""
+    max_image_pixels: int | None = Field(default=None, ge=1)
+    """Most pixels an image may declare in its header (default 8192 x 8192)."""
+    max_video_seconds: float | None = Field(default=None, gt=0)
+    """Longest video accepted, by its declared duration in seconds (default 1200)."""
+    max_video_frames: int | None = Field(default=None, ge=1)
+    """Most frames sampled from one video (default 768)."""
+    video_fps: float | None = Field(default=None, gt=0)
+    """Frames sampled per second of video (default 1.0)."""
+
+
 class Multimodal(RecipeModel):
     """Image and video input."""
 
@@ -174,6 +192,8 @@ class Multimodal(RecipeModel):
     """Serve the vision tower; false loads the language model only (less memory)."""
     limit_per_request: MediaLimits | None = None
     """Per-request media limits; omit for SGLang's defaults."""
+    media: MediaBudget | None = None
+    """Per-item caps of the M3 media processor; omit for its defaults."""
 
 
 class HostOffload(RecipeModel):
