@@ -61,17 +61,19 @@ class MSATorchBackend(AttentionBackend):
 
     def _attend(self, q, layer, index_q) -> torch.Tensor:
         pool = self.token_to_kv_pool
-        out = attend_paged(
-            self.plan,
+        out = self._run(
             q.view(-1, layer.tp_q_head_num, layer.qk_head_dim),
             pool.get_key_buffer(layer.layer_id),
             pool.get_value_buffer(layer.layer_id),
             index_q,
             pool.get_index_k_buffer(layer.layer_id),
-            self.params,
             layer.scaling,
         )
         return out.view(-1, layer.tp_q_head_num * layer.v_head_dim)
+
+    def _run(self, q, k_cache, v_cache, index_q, index_k_cache, scale) -> torch.Tensor:
+        """One sparse layer over the planned batch; subclasses swap in other kernels."""
+        return attend_paged(self.plan, q, k_cache, v_cache, index_q, index_k_cache, self.params, scale)
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, index_q=None, index_k=None, **kwargs):
         if save_kv_cache:

@@ -47,19 +47,10 @@ class MSATritonBackend(MSATorchBackend):
             forward_batch, self.req_to_token_pool.req_to_token, self.params, self.num_kv_heads, self.num_sms
         )
 
-    def _attend(self, q, layer, index_q) -> torch.Tensor:
-        pool = self.token_to_kv_pool
+    def _run(self, q, k_cache, v_cache, index_q, index_k_cache, scale) -> torch.Tensor:
         run = run_decode if isinstance(self.kernel_plan, DecodePlan) else run_prefill
-        out, _ = run(
-            self.kernel_plan,
-            q.view(-1, layer.tp_q_head_num, layer.qk_head_dim),
-            pool.get_key_buffer(layer.layer_id),
-            pool.get_value_buffer(layer.layer_id),
-            index_q,
-            pool.get_index_k_buffer(layer.layer_id),
-            sm_scale=layer.scaling,
-        )
-        return out.view(-1, layer.tp_q_head_num * layer.v_head_dim)
+        out, _ = run(self.kernel_plan, q, k_cache, v_cache, index_q, index_k_cache, sm_scale=scale)
+        return out
 
 
 def plan_kernels(forward_batch, req_to_token: torch.Tensor, params, num_kv_heads: int, num_sms: int = 132):
