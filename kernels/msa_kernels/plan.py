@@ -52,6 +52,10 @@ class DecodePlan:
     max_blocks: int
     index_splits: int  # programs per request in the index scan
     attn_splits: int  # programs per (request, kv head) in the sparse attention
+    num_kv_heads: int
+    # int32 zeros: one arrival counter per request (index scan) and per (request, kv head)
+    # (attention). The last program to arrive does the top-k / merge and resets its counter.
+    tickets: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -137,6 +141,8 @@ def plan_decode(
         max_blocks=max_blocks,
         index_splits=index_splits,
         attn_splits=attn_splits,
+        num_kv_heads=num_kv_heads,
+        tickets=torch.zeros(batch * (1 + num_kv_heads), dtype=torch.int32, device=device),
     )
 
 

@@ -3,8 +3,9 @@
 One program serves a *tile* (consecutive query tokens of one request) and one KV head: its rows
 are (token, query head of the group). It walks the union of the blocks its tokens chose, loads
 each block's K and V once for all of them, and masks per row the blocks that row's token did not
-choose, plus the token-level causal mask. Decode splits the union over several programs and
-merges their partial outputs by log-sum-exp; prefill runs one program per tile.
+choose, plus the token-level causal mask. Decode splits the union over several programs; the
+last of them to finish (an atomic ticket per (tile, head)) merges the partial outputs by
+log-sum-exp, so no separate merge launch is needed. Prefill runs one program per tile.
 """
 
 import triton
@@ -16,7 +17,7 @@ from msa_kernels.triton_select import union_ids
 @triton.jit
 def sparse_attention_kernel(
     q_ptr, k_ptr, v_ptr, page_ptr, sel_ptr, union_ptr,
-    out_ptr, part_o_ptr, part_lse_ptr,
+    out_ptr, part_o_ptr, part_lse_ptr, ticket_ptr,
     tile_req_ptr, tile_tok0_ptr, tile_pos0_ptr, tile_ntok_ptr,
     s_q_t, s_q_h,
     s_k_slot, s_k_h,
@@ -93,9 +94,19 @@ def sparse_attention_kernel(
     o = acc / tl.where(has_any, l_i, 1.0)[:, None]
     if WRITE_PARTIAL:
         lse = tl.where(has_any, m_i + tl.log2(tl.where(has_any, l_i, 1.0)), float("-inf"))
-        base = tile * s_po_t + h * s_po_h + split * s_po_s
-        tl.store(part_o_ptr + base + rows[:, None] * s_po_r + d[None, :], o)
-        tl.store(part_lse_ptr + tile * s_pl_t + h * s_pl_h + split * s_pl_s + rows, lse)
+        base = tile * s_po_t + h * s_po_h
+        tl.store(part_o_ptr + base + split * s_po_s + rows[:, None] * s_po_r + d[None, :], o)
+        lse_base = part_lse_ptr + tile * s_pl_t + h * s_pl_h + rows
+        tl.store(lse_base + split * s_pl_s, lse)
+        tl.debug_barrier()  # every thread's partial stores precede the release of the ticket
+        ticket = ticket_ptr + tile * tl.num_programs(1) + h
+        if tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
+            merge_splits(
+                part_o_ptr + base + rows[:, None] * s_po_r + d[None, :], lse_base, s_po_s, s_pl_s,
+                out_ptr + (tok0 + t)[:, None] * s_o_t + (h * G + g)[:, None] * s_o_h + d[None, :],
+                row_ok, ROWS, D, SPLITS,
+            )
+            tl.atomic_xchg(ticket, 0, sem="relaxed", scope="gpu")  # zero again for the next launch
     else:
         tl.store(
             out_ptr + (tok0 + t)[:, None] * s_o_t + (h * G + g)[:, None] * s_o_h + d[None, :],
@@ -105,39 +116,23 @@ def sparse_attention_kernel(
 
 
 @triton.jit
-def merge_splits_kernel(
-    part_o_ptr, part_lse_ptr, out_ptr,
-    tile_tok0_ptr, tile_ntok_ptr,
-    s_po_t, s_po_h, s_po_s, s_po_r,
-    s_pl_t, s_pl_h, s_pl_s,
-    s_o_t, s_o_h,
-    G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr,
+def merge_splits(
+    part_o_ptrs, part_lse_ptrs, s_po_s, s_pl_s, out_ptrs, row_ok,
+    ROWS: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr,
 ):
-    """out[token, head] = sum_s w_s * o_s with w_s = 2^(lse_s - lse_total) (base-2 log-sum-exp)."""
-    tile = tl.program_id(0)
-    h = tl.program_id(1)
-    t = tl.program_id(2)
-    tok0 = tl.load(tile_tok0_ptr + tile)
-    ntok = tl.load(tile_ntok_ptr + tile)
-    g = tl.arange(0, GP)
-    rows = t * GP + g
-    d = tl.arange(0, D)
-    lse_base = part_lse_ptr + tile * s_pl_t + h * s_pl_h + rows
-    m = tl.full([GP], float("-inf"), tl.float32)
+    """out = sum_s w_s * o_s with w_s = 2^(lse_s - lse_total) (base-2 log-sum-exp).
+
+    The partials were written by other programs of the same launch, so they are read past L1.
+    """
+    m = tl.full([ROWS], float("-inf"), tl.float32)
     for s in range(SPLITS):
-        m = tl.maximum(m, tl.load(lse_base + s * s_pl_s))
+        m = tl.maximum(m, tl.load(part_lse_ptrs + s * s_pl_s, cache_modifier=".cg"))
     m_safe = tl.where(m == float("-inf"), 0.0, m)
-    total = tl.zeros([GP], tl.float32)
-    acc = tl.zeros([GP, D], tl.float32)
+    total = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, D], tl.float32)
     for s in range(SPLITS):
-        w = tl.exp2(tl.load(lse_base + s * s_pl_s) - m_safe)
-        o = tl.load(part_o_ptr + tile * s_po_t + h * s_po_h + s * s_po_s + rows[:, None] * s_po_r + d[None, :])
-        acc += w[:, None] * o
+        w = tl.exp2(tl.load(part_lse_ptrs + s * s_pl_s, cache_modifier=".cg") - m_safe)
+        acc += w[:, None] * tl.load(part_o_ptrs + s * s_po_s, cache_modifier=".cg")
         total += w
     out = acc / tl.where(total > 0, total, 1.0)[:, None]
-    tl.store(
-        out_ptr + (tok0 + t) * s_o_t + (h * G + g)[:, None] * s_o_h + d[None, :],
-        out.to(out_ptr.dtype.element_ty),
-        mask=((g < G) & (t < ntok))[:, None],
-    )
-
+    tl.store(out_ptrs, out.to(out_ptrs.dtype.element_ty), mask=row_ok[:, None])
