@@ -32,7 +32,6 @@ import triton
 # ``msa_kernels`` resolves to the kernel package.
 sys.path = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
 
-from msa_kernels import api as msa_api
 from msa_kernels.api import decode_select, prefill_select, run_decode, run_prefill
 from msa_kernels.paged_batch import compare_with_reference, make_paged_batch
 from msa_kernels.plan import page_table_from_req_to_token, plan_decode, plan_prefill
@@ -263,14 +262,6 @@ def bench_decode(pool: Pool, sgl: SGLang | None, batch: int, L: int, q_len: int)
     ours = graph_replay_us(lambda i: run_decode(inputs[i][1], inputs[i][2], pool.k, pool.v, inputs[i][3], pool.ik), sets)
     row["ours_us"] = ours
     row["ours_index_topk_us"] = graph_replay_us(lambda i: decode_select(inputs[i][1], inputs[i][3], pool.ik), sets)
-    # Ablation: the top-k as its own launch (3 kernels) instead of in the index scan's last program.
-    fused_limit = msa_api._FUSED_TOPK_SCORES
-    msa_api._FUSED_TOPK_SCORES = 0
-    try:
-        row["ours_separate_topk_us"] = graph_replay_us(
-            lambda i: run_decode(inputs[i][1], inputs[i][2], pool.k, pool.v, inputs[i][3], pool.ik), sets)
-    finally:
-        msa_api._FUSED_TOPK_SCORES = fused_limit
     row["sglang_us"] = None
     if sgl:
         # Speculative rows go to SGLang's decode as one row per token (its own seq length, same slots).
@@ -383,19 +374,16 @@ def breakdown() -> dict:
         ik2 = ik.view(slots, 128)
         key = f"B{B}_L{L // 1024}K_q{T}"
         r = {"index_bytes_min_us": B * L * 256 / 3.0e12 * 1e6}
-        sel = torch.empty(B * T, HKV, 16, dtype=torch.int32, device="cuda")
-        nbp = triton.next_power_of_2(plan.max_blocks)
-
-        def index(nw, ns, splits):  # the scan alone (no top-k tail)
+        def index(nw, ns, splits):
             return lambda: decode_index_scores_kernel[(B, splits)](
-                iq, ik2, plan.page_table, scores, sel, plan.tickets, tiles.tok0, tiles.pos0, tiles.ntok,
+                iq, ik2, plan.page_table, scores, tiles.tok0, tiles.pos0, tiles.ntok,
                 iq.stride(0), iq.stride(1), ik2.stride(0), plan.page_table.stride(0), scores.stride(0), scores.stride(1),
-                sel.stride(0), sel.stride(1),
-                NUM_HEADS=HKV, ROWS=rows, D=128, BLOCK=128, SPLITS=splits, FUSE_TOPK=False, TOPK_ROWS=1, NBP=nbp,
-                TOPK=16, KP=16, LOCAL=1, INIT=0, num_warps=nw, num_stages=ns)
+                NUM_HEADS=HKV, ROWS=rows, D=128, BLOCK=128, SPLITS=splits, num_warps=nw, num_stages=ns)
         for nw, ns in ((4, 3), (4, 2), (4, 4), (8, 3)):
             r[f"index_w{nw}_s{ns}"] = graph_us(index(nw, ns, plan.index_splits))
-        r["topk"] = graph_us(lambda: decode_topk_kernel[(B, HKV * T)](
+        sel = torch.empty(B * T, HKV, 16, dtype=torch.int32, device="cuda")
+        nbp = triton.next_power_of_2(plan.max_blocks)
+        r["topk"] = graph_us(lambda: decode_topk_kernel[(B, HKV, T)](
             scores, sel, tiles.tok0, tiles.pos0, tiles.ntok, scores.stride(0), scores.stride(1), sel.stride(0), sel.stride(1),
             NUM_HEADS=HKV, BLOCK=128, NBP=nbp, TOPK=16, KP=16, LOCAL=1, INIT=0, num_warps=max(1, min(16, nbp // 1024))))
         r["select_total"] = graph_us(lambda: api.decode_select(plan, iq, ik))
@@ -403,7 +391,7 @@ def breakdown() -> dict:
         out = torch.empty_like(q)
         selected = api.decode_select(plan, iq, ik)
         r["attention_and_merge"] = graph_us(lambda: api._attention(
-            tiles, plan.page_table, q, k, v, selected, out, plan.attn_splits, D ** -0.5, 128, tickets=plan.tickets[B:]))
+            tiles, plan.page_table, q, k, v, selected, out, plan.attn_splits, D ** -0.5, 128, tickets=plan.tickets))
         r["empty_graph_kernel_us"] = graph_us(lambda: scores[:1, :1, :1].zero_())
         res[key] = r
         print(key, json.dumps({a: round(b, 1) for a, b in r.items()}), flush=True)
@@ -447,16 +435,15 @@ def write_markdown(path: str, meta: dict, rows: list[dict]) -> None:
         "",
         "## Decode (CUDA-graph replay of indexer + top-k + attention, per layer, us)",
         "",
-        "| batch | L | q_len | ours | ours, top-k as own launch | SGLang | dense | byte min | SGLang/ours | dense/ours | frac_bw |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| batch | L | q_len | ours | SGLang | dense | byte min | SGLang/ours | dense/ours | frac_bw |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if r["phase"] != "decode":
             continue
         sg = r["sglang_us"] / r["ours_us"] if r["sglang_us"] else None
         lines.append(
-            f"| {r['batch']} | {r['L'] // K}K | {r['q_len']} | {_fmt(r['ours_us'])} | {_fmt(r.get('ours_separate_topk_us'))} | "
-            f"{_fmt(r['sglang_us'])} | "
+            f"| {r['batch']} | {r['L'] // K}K | {r['q_len']} | {_fmt(r['ours_us'])} | {_fmt(r['sglang_us'])} | "
             f"{_fmt(r['dense_us'])} | {_fmt(r['byte_min_us'])} | {_fmt(sg, 2)} | {_fmt(r['dense_us'] / r['ours_us'], 2)} | "
             f"{_fmt(r['frac_bw'], 2)} |"
         )

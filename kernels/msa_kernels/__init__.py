@@ -28,7 +28,9 @@ caches. ``params`` is :class:`MSAParams` (block, top-k, local and init blocks).
 
 Kernels (see each module): decode = index scan with the block's keys on the MMA's M side split
 over blocks -> top-k per (request, head, token) -> sparse attention split over the chosen blocks
--> log-sum-exp merge (4 launches, fixed grids for CUDA-graph capture); prefill = fused index scan
+with the log-sum-exp merge in each (request, head)'s last split at q_len 1 (3 launches; the plan
+holds its self-resetting arrival tickets) or as a 4th launch at q_len > 1; fixed grids for
+CUDA-graph capture. Prefill = fused index scan
 + causal block-max + running top-k (no score matrix) -> sparse attention per query tile
 (2 launches). ``decode_select`` / ``prefill_select`` return the selection alone.
 Measured speed and what bounds it: ``benchmarks/KERNEL_NOTES.md``.

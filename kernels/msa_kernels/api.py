@@ -8,14 +8,11 @@ import torch
 import triton
 
 from msa_kernels.plan import DecodePlan, PrefillPlan, Tiles
-from msa_kernels.triton_attention import sparse_attention_kernel
+from msa_kernels.triton_attention import merge_splits_kernel, sparse_attention_kernel
 from msa_kernels.triton_index import decode_index_scores_kernel, prefill_index_topk_kernel
 from msa_kernels.triton_select import decode_topk_kernel
 
 _LOG2E = 1.4426950408889634
-# Most (score rows x padded blocks) per request whose top-k runs in the index scan's last
-# program: 16 warps x 32 lanes x 32 scores, the register budget without spills.
-_FUSED_TOPK_SCORES = 16 * 32 * 32
 
 
 def _pow2(n: int) -> int:
@@ -54,8 +51,10 @@ def _attention(
 ) -> None:
     """Sparse GQA over each tile's union of chosen blocks; split + LSE merge when ``splits > 1``.
 
-    The merge runs in the last-arriving split program of each (tile, kv head), counted in
-    ``tickets`` (int32 zeros, ``tiles x kv_heads``, left zero afterwards), which splits need.
+    With one token per tile the merge runs in the last-arriving split program of each
+    (tile, kv head), counted in ``tickets`` (int32 zeros, ``tiles x kv_heads``, left zero
+    afterwards); taller tiles merge in a separate launch (in-kernel it measured slower at
+    q_len 4, benchmarks/KERNEL_NOTES.md v7).
     """
     num_tiles = plan_tiles.count
     hkv = k_cache.shape[1]
@@ -67,17 +66,18 @@ def _attention(
     partial = splits > 1
     union_slots = _pow2(plan_tiles.max_tokens * topk)
     single = plan_tiles.max_tokens == 1
+    merge_in_kernel = partial and single
     union = torch.empty(1 if single else num_tiles * hkv * splits * union_slots, dtype=torch.int32, device=q.device)
     if partial:
         part_o = torch.empty(num_tiles, hkv, splits, rows, d, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(num_tiles, hkv, splits, rows, dtype=torch.float32, device=q.device)
     else:
         part_o = part_lse = torch.empty(1, 1, 1, 1, dtype=torch.float32, device=q.device)
-    if partial and (tickets is None or tickets.numel() < num_tiles * hkv):
+    if merge_in_kernel and (tickets is None or tickets.numel() < num_tiles * hkv):
         raise ValueError(f"split attention needs {num_tiles * hkv} zeroed int32 tickets")
     sparse_attention_kernel[(num_tiles, hkv, splits)](
         q, k_cache, v_cache, page_table, selected, union,
-        out, part_o, part_lse, tickets if partial else union,
+        out, part_o, part_lse, tickets if merge_in_kernel else union,
         *_tile_args(plan_tiles),
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1),
@@ -93,6 +93,16 @@ def _attention(
         SINGLE_TOKEN=single,
         num_warps=4 if rows <= 64 else 8, num_stages=2,
     )
+    if partial and not merge_in_kernel:
+        merge_splits_kernel[(num_tiles, hkv, plan_tiles.max_tokens)](
+            part_o, part_lse, out,
+            plan_tiles.tok0, plan_tiles.ntok,
+            part_o.stride(0), part_o.stride(1), part_o.stride(2), part_o.stride(3),
+            part_lse.stride(0), part_lse.stride(1), part_lse.stride(2),
+            out.stride(0), out.stride(1),
+            G=group, GP=gp, D=d, SPLITS=splits,
+            num_warps=4,
+        )
 
 
 def _scale(sm_scale: float | None, head_dim: int) -> float:
@@ -102,10 +112,9 @@ def _scale(sm_scale: float | None, head_dim: int) -> float:
 def decode_select(plan: DecodePlan, iq: torch.Tensor, ik_cache: torch.Tensor) -> torch.Tensor:
     """Chosen blocks ``[batch*q_len, kv_heads, topk]`` (int32, ascending, -1 padded) of a decode batch.
 
-    The index scan (keys on the MMA's M side, split over blocks) writes one fp32 block-max per
-    (request, row, block); the last of a request's scan programs then runs that request's top-k
-    (one launch). Past ``_FUSED_TOPK_SCORES`` scores per request that tail would spill
-    registers, so the top-k runs as its own launch, one small program per (request, row).
+    Two kernels: the index scan (keys on the MMA's M side, split over blocks) writes one fp32
+    block-max per (request, row, block); the top-k runs one small program per (request, head, token).
+    (Folding the top-k into the scan's last program measured slower: KERNEL_NOTES.md v7.)
     """
     p = plan.params
     tiles = plan.tiles
@@ -114,27 +123,19 @@ def decode_select(plan: DecodePlan, iq: torch.Tensor, ik_cache: torch.Tensor) ->
     ik2 = ik_cache.reshape(ik_cache.shape[0], di)
     score_rows = max(16, _pow2(hkv * t))
     scores = torch.empty(batch, score_rows, plan.max_blocks, dtype=torch.float32, device=iq.device)
-    selected = torch.empty(plan.num_tokens, hkv, p.topk, dtype=torch.int32, device=iq.device)
-    nbp = _pow2(plan.max_blocks)
-    topk_rows = _pow2(hkv * t)
-    fuse = topk_rows * nbp <= _FUSED_TOPK_SCORES
     decode_index_scores_kernel[(batch, plan.index_splits)](
-        iq, ik2, plan.page_table, scores, selected, plan.tickets,
+        iq, ik2, plan.page_table, scores,
         tiles.tok0, tiles.pos0, tiles.ntok,
         iq.stride(0), iq.stride(1),
         ik2.stride(0),
         plan.page_table.stride(0),
         scores.stride(0), scores.stride(1),
-        selected.stride(0), selected.stride(1),
         NUM_HEADS=hkv, ROWS=score_rows, D=di, BLOCK=p.block_size, SPLITS=plan.index_splits,
-        FUSE_TOPK=fuse, TOPK_ROWS=topk_rows, NBP=nbp,
-        TOPK=p.topk, KP=_pow2(p.topk), LOCAL=p.local_blocks, INIT=p.init_blocks,
-        # <= 32 top-k scores per thread in the fused tail
-        num_warps=max(4, topk_rows * nbp // 1024) if fuse else 4, num_stages=3,
+        num_warps=4, num_stages=3,
     )
-    if fuse:
-        return selected
-    decode_topk_kernel[(batch, hkv * t)](
+    selected = torch.empty(plan.num_tokens, hkv, p.topk, dtype=torch.int32, device=iq.device)
+    nbp = _pow2(plan.max_blocks)
+    decode_topk_kernel[(batch, hkv, t)](
         scores, selected,
         tiles.tok0, tiles.pos0, tiles.ntok,
         scores.stride(0), scores.stride(1),
@@ -156,7 +157,7 @@ def run_decode(
     sm_scale: float | None = None,
     out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One sparse layer's decode step: index scan + top-k, split sparse attention + merge (2 launches).
+    """One sparse layer's decode step: index scan, top-k, split sparse attention (+ merge when q_len > 1).
 
     ``q [batch*q_len, q_heads, D]``, ``iq [batch*q_len, kv_heads, Di]`` (request-major rows),
     ``k_cache/v_cache [slots, kv_heads, D]``, ``ik_cache [slots, Di]`` (or ``[slots, 1, Di]``).
@@ -173,7 +174,7 @@ def run_decode(
     _attention(
         plan.tiles, plan.page_table, q, k_cache, v_cache, selected, out,
         splits=plan.attn_splits, sm_scale=_scale(sm_scale, q.shape[-1]), block_size=p.block_size,
-        tickets=plan.tickets[plan.tiles.count :],
+        tickets=plan.tickets,
     )
     return out, selected
 

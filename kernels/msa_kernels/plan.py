@@ -53,8 +53,8 @@ class DecodePlan:
     index_splits: int  # programs per request in the index scan
     attn_splits: int  # programs per (request, kv head) in the sparse attention
     num_kv_heads: int
-    # int32 zeros: one arrival counter per request (index scan) and per (request, kv head)
-    # (attention). The last program to arrive does the top-k / merge and resets its counter.
+    # int32 zeros, one arrival counter per (request, kv head): the last split of the attention
+    # to arrive merges the partial outputs and resets its counter to 0.
     tickets: torch.Tensor
 
 
@@ -142,7 +142,7 @@ def plan_decode(
         index_splits=index_splits,
         attn_splits=attn_splits,
         num_kv_heads=num_kv_heads,
-        tickets=torch.zeros(batch * (1 + num_kv_heads), dtype=torch.int32, device=device),
+        tickets=torch.zeros(batch * num_kv_heads, dtype=torch.int32, device=device),
     )
 
 

@@ -3,9 +3,10 @@
 One program serves a *tile* (consecutive query tokens of one request) and one KV head: its rows
 are (token, query head of the group). It walks the union of the blocks its tokens chose, loads
 each block's K and V once for all of them, and masks per row the blocks that row's token did not
-choose, plus the token-level causal mask. Decode splits the union over several programs; the
-last of them to finish (an atomic ticket per (tile, head)) merges the partial outputs by
-log-sum-exp, so no separate merge launch is needed. Prefill runs one program per tile.
+choose, plus the token-level causal mask. Decode splits the union over several programs and
+merges their partial outputs by log-sum-exp: for one-token tiles (q_len 1) the last split to
+finish (an atomic ticket per (tile, head)) merges, saving a dependent launch; taller tiles merge
+in a separate launch. Prefill runs one program per tile.
 """
 
 import triton
@@ -98,15 +99,16 @@ def sparse_attention_kernel(
         tl.store(part_o_ptr + base + split * s_po_s + rows[:, None] * s_po_r + d[None, :], o)
         lse_base = part_lse_ptr + tile * s_pl_t + h * s_pl_h + rows
         tl.store(lse_base + split * s_pl_s, lse)
-        tl.debug_barrier()  # every thread's partial stores precede the release of the ticket
-        ticket = ticket_ptr + tile * tl.num_programs(1) + h
-        if tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
-            merge_splits(
-                part_o_ptr + base + rows[:, None] * s_po_r + d[None, :], lse_base, s_po_s, s_pl_s,
-                out_ptr + (tok0 + t)[:, None] * s_o_t + (h * G + g)[:, None] * s_o_h + d[None, :],
-                row_ok, ROWS, D, SPLITS,
-            )
-            tl.atomic_xchg(ticket, 0, sem="relaxed", scope="gpu")  # zero again for the next launch
+        if SINGLE_TOKEN:
+            tl.debug_barrier()  # every thread's partial stores precede the release of the ticket
+            ticket = ticket_ptr + tile * tl.num_programs(1) + h
+            if tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
+                merge_splits(
+                    part_o_ptr + base + rows[:, None] * s_po_r + d[None, :], lse_base, s_po_s, s_pl_s,
+                    out_ptr + (tok0 + t)[:, None] * s_o_t + (h * G + g)[:, None] * s_o_h + d[None, :],
+                    row_ok, ROWS, D, SPLITS,
+                )
+                tl.atomic_xchg(ticket, 0, sem="relaxed", scope="gpu")  # zero again for the next launch
     else:
         tl.store(
             out_ptr + (tok0 + t)[:, None] * s_o_t + (h * G + g)[:, None] * s_o_h + d[None, :],
@@ -122,7 +124,7 @@ def merge_splits(
 ):
     """out = sum_s w_s * o_s with w_s = 2^(lse_s - lse_total) (base-2 log-sum-exp).
 
-    The partials were written by other programs of the same launch, so they are read past L1.
+    The partials may have been written by other programs of the same launch: read past L1.
     """
     m = tl.full([ROWS], float("-inf"), tl.float32)
     for s in range(SPLITS):
@@ -136,3 +138,29 @@ def merge_splits(
         total += w
     out = acc / tl.where(total > 0, total, 1.0)[:, None]
     tl.store(out_ptrs, out.to(out_ptrs.dtype.element_ty), mask=row_ok[:, None])
+
+
+@triton.jit
+def merge_splits_kernel(
+    part_o_ptr, part_lse_ptr, out_ptr,
+    tile_tok0_ptr, tile_ntok_ptr,
+    s_po_t, s_po_h, s_po_s, s_po_r,
+    s_pl_t, s_pl_h, s_pl_s,
+    s_o_t, s_o_h,
+    G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr,
+):
+    """The split merge as its own launch, one program per (tile, head, token) of multi-token tiles."""
+    tile = tl.program_id(0)
+    h = tl.program_id(1)
+    t = tl.program_id(2)
+    tok0 = tl.load(tile_tok0_ptr + tile)
+    ntok = tl.load(tile_ntok_ptr + tile)
+    g = tl.arange(0, GP)
+    rows = t * GP + g
+    d = tl.arange(0, D)
+    merge_splits(
+        part_o_ptr + tile * s_po_t + h * s_po_h + rows[:, None] * s_po_r + d[None, :],
+        part_lse_ptr + tile * s_pl_t + h * s_pl_h + rows, s_po_s, s_pl_s,
+        out_ptr + (tok0 + t) * s_o_t + (h * G + g)[:, None] * s_o_h + d[None, :],
+        (g < G) & (t < ntok), GP, D, SPLITS,
+    )

@@ -10,28 +10,21 @@ visible block, keeping a running top-k per row in registers, so the
 import triton
 import triton.language as tl
 
-from msa_kernels.triton_select import forced_or_visible_scores, select_decode_rows, sort_ids
+from msa_kernels.triton_select import forced_or_visible_scores, sort_ids
 
 
 @triton.jit
 def decode_index_scores_kernel(
-    iq_ptr, ik_ptr, page_ptr, score_ptr, sel_ptr, ticket_ptr,
+    iq_ptr, ik_ptr, page_ptr, score_ptr,
     tile_tok0_ptr, tile_pos0_ptr, tile_ntok_ptr,
     s_iq_t, s_iq_h,
     s_ik_slot,
     s_pg_b,
     s_sc_b, s_sc_r,
-    s_sel_t, s_sel_h,
     NUM_HEADS: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
-    SPLITS: tl.constexpr, FUSE_TOPK: tl.constexpr, TOPK_ROWS: tl.constexpr, NBP: tl.constexpr,
-    TOPK: tl.constexpr, KP: tl.constexpr, LOCAL: tl.constexpr, INIT: tl.constexpr,
+    SPLITS: tl.constexpr,
 ):
-    """score[b, row, blk] = max_{j in blk, j <= pos(row)} iq[row] . ik[j]; row = token * heads + head.
-
-    With ``FUSE_TOPK`` the last of request ``b``'s ``SPLITS`` programs to finish (an atomic
-    ticket per request) also runs the top-k of all its rows, which saves the dependent top-k
-    launch; it then resets the ticket to 0, so the tickets stay zero between launches (CUDA graphs).
-    """
+    """score[b, row, blk] = max_{j in blk, j <= pos(row)} iq[row] . ik[j]; row = token * heads + head."""
     b = tl.program_id(0)
     split = tl.program_id(1)
     tok0 = tl.load(tile_tok0_ptr + b)
@@ -60,16 +53,6 @@ def decode_index_scores_kernel(
         s = tl.dot(k, q_t)  # [BLOCK, ROWS]: keys on M
         s = tl.where(kpos[:, None] <= row_pos[None, :], s, float("-inf"))
         tl.store(score_ptr + b * s_sc_b + rows * s_sc_r + blk, tl.max(s, axis=0), mask=row_ok)
-    if FUSE_TOPK:
-        tl.debug_barrier()  # every thread's score stores precede the release of the ticket
-        arrived = tl.atomic_add(ticket_ptr + b, 1, sem="acq_rel", scope="gpu")
-        if arrived == SPLITS - 1:
-            select_decode_rows(
-                score_ptr, sel_ptr, b, 0, tok0, pos0, ntok,
-                s_sc_b, s_sc_r, s_sel_t, s_sel_h,
-                NUM_HEADS, TOPK_ROWS, BLOCK, NBP, TOPK, KP, LOCAL, INIT,
-            )
-            tl.atomic_xchg(ticket_ptr + b, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit

@@ -30,17 +30,16 @@ def forced_or_visible_scores(scores, blk, own, LOCAL: tl.constexpr, INIT: tl.con
 
 @triton.jit
 def topk_ids(ranked, blk, TOPK: tl.constexpr, KP: tl.constexpr):
-    """Per row of ``ranked [R, NBP]``: ids of its ``TOPK`` largest entries, -1 where fewer are finite-or-forced.
+    """Ids of the ``TOPK`` largest entries of ``ranked`` (1-D), -1 where fewer are finite-or-forced.
 
-    One fused max+argmax reduction per pick (ties go to the lower block id); all rows at once.
+    One fused max+argmax reduction per pick (ties go to the lower block id).
     """
     slot = tl.arange(0, KP)
-    chosen = tl.full([ranked.shape[0], KP], -1, tl.int32)
+    chosen = tl.full([KP], -1, tl.int32)
     for i in tl.static_range(TOPK):
-        best, where_best = tl.max(ranked, 1, return_indices=True)
-        pick = tl.where(best > float("-inf"), where_best, -1)
-        chosen = tl.where(slot[None, :] == i, pick[:, None], chosen)
-        ranked = tl.where(blk[None, :] == where_best[:, None], float("-inf"), ranked)
+        best, where_best = tl.max(ranked, 0, return_indices=True)
+        chosen = tl.where(slot == i, tl.where(best > float("-inf"), where_best, -1), chosen)
+        ranked = tl.where(blk == where_best, float("-inf"), ranked)
     return chosen
 
 
@@ -57,38 +56,6 @@ def union_ids(ids, UP: tl.constexpr):
 
 
 @triton.jit
-def select_decode_rows(
-    score_ptr, sel_ptr, b, row0, tok0, pos0, ntok,
-    s_sc_b, s_sc_r, s_sel_t, s_sel_h,
-    NUM_HEADS: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, NBP: tl.constexpr,
-    TOPK: tl.constexpr, KP: tl.constexpr, LOCAL: tl.constexpr, INIT: tl.constexpr,
-):
-    """Forced blocks + top-k of request ``b``'s score rows ``row0 .. row0+ROWS-1`` (row = token * heads + head).
-
-    Each token selects on its own (speculative verification never shares a selection). The
-    scores may have been written by other programs of the same launch, so they are read past L1.
-    """
-    rows = row0 + tl.arange(0, ROWS)
-    t = rows // NUM_HEADS
-    h = rows % NUM_HEADS
-    row_ok = t < ntok
-    own = (pos0 + t) // BLOCK
-    blk = tl.arange(0, NBP)
-    visible = row_ok[:, None] & (blk[None, :] <= own[:, None])
-    scores = tl.load(
-        score_ptr + b * s_sc_b + rows[:, None] * s_sc_r + blk[None, :], mask=visible, other=float("-inf"), cache_modifier=".cg"
-    )
-    ranked = forced_or_visible_scores(scores, blk[None, :], own[:, None], LOCAL, INIT)
-    chosen = sort_ids(topk_ids(ranked, blk, TOPK, KP))
-    slot = tl.arange(0, KP)
-    tl.store(
-        sel_ptr + (tok0 + t)[:, None] * s_sel_t + h[:, None] * s_sel_h + slot[None, :],
-        chosen,
-        mask=row_ok[:, None] & (slot[None, :] < TOPK),
-    )
-
-
-@triton.jit
 def decode_topk_kernel(
     score_ptr, sel_ptr,
     tile_tok0_ptr, tile_pos0_ptr, tile_ntok_ptr,
@@ -97,14 +64,22 @@ def decode_topk_kernel(
     NUM_HEADS: tl.constexpr, BLOCK: tl.constexpr, NBP: tl.constexpr,
     TOPK: tl.constexpr, KP: tl.constexpr, LOCAL: tl.constexpr, INIT: tl.constexpr,
 ):
-    """Top-k as its own launch, one program per (request, score row), for contexts too long to
-    fold into the index scan's last program (see ``api.decode_select``). Launched with few warps:
-    the TOPK serial reductions are then warp shuffles without block barriers.
+    """Per (request, index head, query token): forced blocks + top-k of that token's scores.
+
+    Each token selects on its own (speculative verification never shares a selection). Launched
+    with few warps: the TOPK serial reductions are then warp shuffles without block barriers.
     """
     b = tl.program_id(0)
-    select_decode_rows(
-        score_ptr, sel_ptr, b, tl.program_id(1),
-        tl.load(tile_tok0_ptr + b), tl.load(tile_pos0_ptr + b), tl.load(tile_ntok_ptr + b),
-        s_sc_b, s_sc_r, s_sel_t, s_sel_h,
-        NUM_HEADS, 1, BLOCK, NBP, TOPK, KP, LOCAL, INIT,
-    )
+    h = tl.program_id(1)
+    t = tl.program_id(2)
+    tok0 = tl.load(tile_tok0_ptr + b)
+    pos = tl.load(tile_pos0_ptr + b) + t
+    ntok = tl.load(tile_ntok_ptr + b)
+    own = pos // BLOCK
+    blk = tl.arange(0, NBP)
+    row = t * NUM_HEADS + h
+    scores = tl.load(score_ptr + b * s_sc_b + row * s_sc_r + blk, mask=(blk <= own) & (t < ntok), other=float("-inf"))
+    ranked = forced_or_visible_scores(scores, blk, own, LOCAL, INIT)
+    chosen = sort_ids(topk_ids(ranked, blk, TOPK, KP))
+    slot = tl.arange(0, KP)
+    tl.store(sel_ptr + (tok0 + t) * s_sel_t + h * s_sel_h + slot, chosen, mask=(slot < TOPK) & (t < ntok))

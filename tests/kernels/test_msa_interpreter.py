@@ -49,13 +49,9 @@ def test_prefill_matches_reference(interpreted_api, init_blocks, hq, hkv, seq_le
     assert agreement.rows == sum(extend_lens) * hkv
 
 
-@pytest.mark.parametrize(
-    "q_len, ragged, fused_topk", [(1, False, True), (3, True, True), (2, True, False)]
-)
-def test_decode_matches_reference(interpreted_api, monkeypatch, q_len, ragged, fused_topk):
-    """Both top-k forms: in the index scan's last program (the default) and as its own launch."""
-    if not fused_topk:
-        monkeypatch.setattr(interpreted_api, "_FUSED_TOPK_SCORES", 0)
+@pytest.mark.parametrize("q_len, ragged", [(1, False), (3, True)])
+def test_decode_matches_reference(interpreted_api, q_len, ragged):
+    """Both split merges: in the attention's last split (q_len 1) and as its own launch (q_len > 1)."""
     params = MSAParams(block_size=BLOCK, topk=4, local_blocks=1, init_blocks=0)
     seq_lens = [40, 150, 17, 129]
     max_context = 160  # the page table covers more blocks than any live request uses
@@ -66,13 +62,13 @@ def test_decode_matches_reference(interpreted_api, monkeypatch, q_len, ragged, f
     plan = plan_decode(
         params, _page_table(batch, max_context), torch.tensor(seq_lens), q_len=q_len, q_lens=q_lens, num_kv_heads=2, num_sms=8
     )
-    assert plan.attn_splits > 1 and plan.index_splits > 1  # the last-program top-k and merge are exercised
+    assert plan.attn_splits > 1  # the split + merge path is exercised
     out, selected = interpreted_api.run_decode(plan, batch.q, batch.k_cache, batch.v_cache, batch.iq, batch.ik_cache)
     agreement = compare_with_reference(batch, params, out, selected, rel_tol=1e-4)
     assert agreement.ok, agreement.failures
     assert agreement.rows == sum(batch.extend_lens) * 2
-    # The arrival tickets are zero again, so a second launch (the next layer, a graph replay)
-    # elects its last programs afresh and gives the same result.
+    # The merge tickets are zero again, so a second launch (the next layer, a graph replay)
+    # elects its last splits afresh and gives the same result.
     assert not plan.tickets.any()
     out2, selected2 = interpreted_api.run_decode(plan, batch.q, batch.k_cache, batch.v_cache, batch.iq, batch.ik_cache)
     rows = torch.cat([batch.rows_of(b) for b in range(len(seq_lens))])
@@ -107,3 +103,5 @@ def test_bad_tensors_are_refused_before_any_launch(interpreted_api):
         interpreted_api.run_decode(plan, batch.q.transpose(1, 2).contiguous().transpose(1, 2), *args[1:])
     with pytest.raises(ValueError, match="multiple of kv heads"):
         interpreted_api.run_decode(plan, batch.q[:, :3], *args[1:])
+    with pytest.raises(ValueError, match="the plan was made for 2"):  # its merge tickets count 2 heads
+        interpreted_api.run_decode(plan, batch.q, batch.k_cache[:, :1], batch.v_cache[:, :1], batch.iq[:, :1], args[4])
