@@ -1,7 +1,7 @@
 """Entry point of the ``sglang.srt.plugins`` group: everything sglang-m3 changes in SGLang.
 
 SGLang calls ``register()`` in every one of its processes. It registers the project's model
-classes and parsers and installs the hooks in ``HOOKS`` (SGLang applies them right after all
+classes, parsers and multimodal processor and installs the hooks in ``HOOKS`` (SGLang applies them right after all
 plugins ran). Every hook SGLang sees from this project is in that table, each with its reason;
 ``tests/test_plugin_hooks.py`` fails when a target no longer exists in the installed SGLang.
 """
@@ -13,8 +13,6 @@ from typing import Callable
 
 from sglang_m3.integration import hooks
 from sglang_m3.parsers import register_parsers, serving_hooks
-
-
 
 
 @dataclass(frozen=True)
