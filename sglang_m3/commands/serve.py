@@ -94,9 +94,8 @@ def build_launch(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     elif args.model:
         argv, env = ["--model-path", args.model], {}
     else:
+        # SGLang's own defaults (127.0.0.1:30000) apply unless --host / --port say otherwise.
         argv, env = ["--model-path", ensure_tiny_checkpoint(), *TINY_CPU_ARGS], dict(CPU_PLATFORM_ENV)
-        argv += ["--host", args.host or "127.0.0.1", "--port", str(args.port or 30000)]
-        args.host = args.port = None
     if args.host:
         argv += ["--host", args.host]
     if args.port:
@@ -105,7 +104,11 @@ def build_launch(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
 
 
 def _option(argv: list[str], flag: str, default: str) -> str:
-    return argv[len(argv) - 1 - argv[::-1].index(flag) + 1] if flag in argv else default
+    """The value of the last ``flag`` in ``argv`` (SGLang's argparse keeps the last one)."""
+    for i in range(len(argv) - 2, -1, -1):
+        if argv[i] == flag:
+            return argv[i + 1]
+    return default
 
 
 def _wait_until_ready(base_url: str, process: subprocess.Popen, timeout_s: float = 900) -> bool:

@@ -117,8 +117,9 @@ def _redraw(model: torch.nn.Module, seed: int) -> None:
             elif tensor.dim() == 1:
                 values = torch.randn(tensor.shape, generator=generator) * 0.02
             else:
-                fan_in = tensor.shape[-1] if tensor.dim() == 2 else math.prod(tensor.shape[1:]) if "patch" in name else tensor.shape[-1]
-                values = torch.randn(tensor.shape, generator=generator) / math.sqrt(fan_in)
+                # 1/sqrt(last dim): the input width of every linear and stacked expert weight
+                # (the 5-D vision patch kernel gets its patch width, a larger but harmless scale).
+                values = torch.randn(tensor.shape, generator=generator) / math.sqrt(tensor.shape[-1])
             tensor.copy_(values.to(tensor.dtype))
 
 
@@ -161,7 +162,10 @@ def build_tiny_checkpoint(directory: str, seed: int = 0, vision: bool = False, s
         _write_config(staging, text, vision, sparse_form, special_ids)
         if vision:
             _save_processor(staging)
-        os.replace(staging, directory) if not os.path.exists(directory) else _move_into(staging, directory)
+        if os.path.exists(directory):
+            _move_into(staging, directory)  # an empty directory the caller made
+        else:
+            os.replace(staging, directory)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
