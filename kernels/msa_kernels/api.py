@@ -9,6 +9,7 @@ import triton
 
 from msa_kernels.plan import DecodePlan, PrefillPlan, Tiles
 from msa_kernels.triton_attention import merge_splits_kernel, sparse_attention_kernel
+from msa_kernels.triton_block_major import block_major_attention_kernel, merge_block_partials_kernel
 from msa_kernels.triton_index import decode_index_scores_kernel, prefill_index_topk_kernel
 from msa_kernels.triton_select import decode_topk_kernel
 
@@ -101,6 +102,70 @@ def _attention(
             part_lse.stride(0), part_lse.stride(1), part_lse.stride(2),
             out.stride(0), out.stride(1),
             G=group, GP=gp, D=d, SPLITS=splits,
+            num_warps=4,
+        )
+
+
+# Query rows per block-major program ((token, slot) pairs x query heads of the group) and its warps.
+_BLOCK_MAJOR_ROWS = 128
+_BLOCK_MAJOR_WARPS = 8
+
+
+def _sorted_pairs(page_table: torch.Tensor, token_req: torch.Tensor, selected: torch.Tensor, num_pages: int):
+    """(token, kv head, slot) pairs of a chunk's selection sorted by (kv head, physical page).
+
+    Returns ``(keys, pair ids, sentinel)``: ``key = head * num_pages + page``, and ``sentinel``
+    (past every key) for the -1 padding, which sorts last. A page is one block of one request
+    (or of a shared prefix), so pairs with equal keys read the same K/V rows.
+    """
+    hkv = selected.shape[1]
+    sentinel = hkv * num_pages
+    page = page_table[token_req.long()[:, None, None], selected.clamp(min=0).long()]
+    heads = torch.arange(hkv, device=selected.device, dtype=torch.int32)[None, :, None]
+    keys = torch.where(selected >= 0, heads * num_pages + page, sentinel).flatten()
+    keys, pairs = torch.sort(keys, stable=True)
+    return keys, pairs, sentinel
+
+
+def _attention_block_major(
+    plan: PrefillPlan, q, k_cache, v_cache, selected, out, sm_scale: float, block_size: int
+) -> None:
+    """KV-block-major sparse GQA (see ``triton_block_major``), in passes of ``plan.block_major_chunk`` tokens."""
+    hkv, d = k_cache.shape[1], q.shape[-1]
+    group = q.shape[1] // hkv
+    gp = _pow2(group)
+    topk = selected.shape[-1]
+    pairs_per_program = max(1, _BLOCK_MAJOR_ROWS // gp)
+    num_pages = k_cache.shape[0] // block_size
+    chunk = min(plan.block_major_chunk, plan.num_tokens)
+    part_o = torch.empty(chunk * hkv * topk, gp, d, dtype=q.dtype, device=q.device)
+    part_lse = torch.empty(chunk * hkv * topk, gp, dtype=torch.float32, device=q.device)
+    for start in range(0, plan.num_tokens, chunk):
+        n = min(chunk, plan.num_tokens - start)
+        keys, pairs, sentinel = _sorted_pairs(
+            plan.page_table, plan.token_req[start : start + n], selected[start : start + n], num_pages
+        )
+        block_major_attention_kernel[(triton.cdiv(keys.numel(), pairs_per_program),)](
+            q, k_cache, v_cache, selected, plan.token_pos, keys, pairs, part_o, part_lse,
+            keys.numel(), start, num_pages, sentinel,
+            q.stride(0), q.stride(1),
+            k_cache.stride(0), k_cache.stride(1),
+            v_cache.stride(0), v_cache.stride(1),
+            selected.stride(0), selected.stride(1),
+            part_o.stride(0), part_o.stride(1),
+            part_lse.stride(0),
+            sm_scale * _LOG2E,
+            HKV=hkv, TOPK=topk, G=group, GP=gp, PAIRS=pairs_per_program, D=d, BLOCK=block_size,
+            num_warps=_BLOCK_MAJOR_WARPS, num_stages=2,
+        )
+        merge_block_partials_kernel[(n, hkv)](
+            part_o, part_lse, selected, out,
+            start,
+            part_o.stride(0), part_o.stride(1),
+            part_lse.stride(0),
+            selected.stride(0), selected.stride(1),
+            out.stride(0), out.stride(1),
+            HKV=hkv, TOPK=topk, KP=_pow2(topk), G=group, GP=gp, D=d,
             num_warps=4,
         )
 
@@ -215,7 +280,11 @@ def run_prefill(
     sm_scale: float | None = None,
     out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One sparse layer's extend step: fused index scan + top-k, then sparse attention (2 launches).
+    """One sparse layer's extend step: fused index scan + top-k, then sparse attention.
+
+    The attention is KV-block-major for long extends (per chunk of tokens: sort the selection's
+    pairs by block, partial attention per block, log-sum-exp merge) and query-major for short
+    ones, as the plan says (``plan.block_major``).
 
     Shapes as :func:`run_decode` with rows packed request after request; the new tokens' K, V and
     index keys must already be in the caches (SGLang writes them before attention runs).
@@ -223,11 +292,11 @@ def run_prefill(
     p = plan.params
     _check_inputs(q, k_cache, v_cache, iq, ik_cache, plan.num_tokens, p.block_size)
     selected = prefill_select(plan, iq, ik_cache)
-    atiles = plan.attn_tiles
     if out is None:
         out = torch.empty(plan.num_tokens, q.shape[1], v_cache.shape[-1], dtype=q.dtype, device=q.device)
-    _attention(
-        atiles, plan.page_table, q, k_cache, v_cache, selected, out,
-        splits=1, sm_scale=_scale(sm_scale, q.shape[-1]), block_size=p.block_size,
-    )
+    scale = _scale(sm_scale, q.shape[-1])
+    if plan.block_major:
+        _attention_block_major(plan, q, k_cache, v_cache, selected, out, scale, p.block_size)
+    else:
+        _attention(plan.attn_tiles, plan.page_table, q, k_cache, v_cache, selected, out, splits=1, sm_scale=scale, block_size=p.block_size)
     return out, selected

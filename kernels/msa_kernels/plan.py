@@ -65,9 +65,13 @@ class PrefillPlan:
     params: MSAParams
     page_table: torch.Tensor  # [batch, max_blocks] int32
     index_tiles: Tiles  # indexer tiles, longest context first
-    attn_tiles: Tiles  # attention tiles, longest context first
+    attn_tiles: Tiles  # query-major attention tiles, longest context first
     num_tokens: int
     max_blocks: int
+    block_major: bool  # attention form: KV-block-major (long extends) or query-major (short ones)
+    block_major_chunk: int  # tokens per block-major pass (bounds the partial-output scratch)
+    token_req: torch.Tensor  # [num_tokens] int32: request of each q row
+    token_pos: torch.Tensor  # [num_tokens] int32: absolute position of each q row
 
 
 def page_table_from_req_to_token(
@@ -174,6 +178,21 @@ def _index_rows_for(extend_lens: list[int], num_index_heads: int, num_sms: int) 
     return 128 if tiles_at_128 >= 2 * num_sms else 64
 
 
+# Below this many new tokens in a batch the query-major attention wins: block-major pays a sort,
+# a partial output per (token, block) and a merge, and short extends share few blocks anyway.
+BLOCK_MAJOR_MIN_TOKENS = 1024
+# Block-major passes of at most this many tokens: the partial outputs take
+# tokens x kv_heads x topk x group x head_dim elements (2 GiB in bf16 at M3 geometry and 8K).
+BLOCK_MAJOR_CHUNK_TOKENS = 8192
+
+
+def _token_positions(seq_lens: list[int], extend_lens: list[int], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Request and absolute position of every q row (rows packed request after request)."""
+    reqs = torch.repeat_interleave(torch.arange(len(seq_lens)), torch.tensor(extend_lens))
+    pos = torch.cat([torch.arange(s - e, s) for s, e in zip(seq_lens, extend_lens)])
+    return reqs.to(torch.int32).to(device), pos.to(torch.int32).to(device)
+
+
 def plan_prefill(
     params: MSAParams,
     page_table: torch.Tensor,
@@ -183,6 +202,8 @@ def plan_prefill(
     attn_tile_tokens: int = 1,
     index_rows: int | None = None,
     num_sms: int = 132,
+    block_major: bool | None = None,
+    block_major_chunk: int = BLOCK_MAJOR_CHUNK_TOKENS,
 ) -> PrefillPlan:
     """Plan an extend batch: request ``b`` has ``seq_lens[b]`` tokens, the last ``extend_lens[b]`` new.
 
@@ -194,6 +215,8 @@ def plan_prefill(
     ``attn_tile_tokens`` query tokens share one attention program and load each block of their
     union once: worth it when neighbouring tokens choose alike; on random inputs every size above
     1 was slower on an H100 (benchmarks/KERNEL_NOTES.md), hence the default of 1.
+    ``block_major`` picks the KV-block-major attention (default: for batches of at least
+    ``BLOCK_MAJOR_MIN_TOKENS`` new tokens), run in passes of ``block_major_chunk`` tokens.
     """
     batch = len(seq_lens)
     if len(extend_lens) != batch:
@@ -208,12 +231,20 @@ def plan_prefill(
         index_rows = _index_rows_for(extend_lens, num_index_heads, num_sms)
     if index_rows % num_index_heads:
         raise ValueError(f"index_rows {index_rows} must be a multiple of the index heads ({num_index_heads})")
+    if block_major_chunk < 1:
+        raise ValueError(f"block_major_chunk must be >= 1, got {block_major_chunk}")
     device = page_table.device
+    num_tokens = sum(extend_lens)
+    token_req, token_pos = _token_positions(seq_lens, extend_lens, device)
     return PrefillPlan(
         params=params,
         page_table=page_table.to(torch.int32).contiguous(),
         index_tiles=_tiles_for(seq_lens, extend_lens, index_rows // num_index_heads, device),
         attn_tiles=_tiles_for(seq_lens, extend_lens, attn_tile_tokens, device),
-        num_tokens=sum(extend_lens),
+        num_tokens=num_tokens,
         max_blocks=page_table.shape[1],
+        block_major=num_tokens >= BLOCK_MAJOR_MIN_TOKENS if block_major is None else block_major,
+        block_major_chunk=block_major_chunk,
+        token_req=token_req,
+        token_pos=token_pos,
     )

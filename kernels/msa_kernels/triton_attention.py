@@ -120,19 +120,19 @@ def sparse_attention_kernel(
 @triton.jit
 def merge_splits(
     part_o_ptrs, part_lse_ptrs, s_po_s, s_pl_s, out_ptrs, row_ok,
-    ROWS: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr,
+    ROWS: tl.constexpr, D: tl.constexpr, splits,
 ):
-    """out = sum_s w_s * o_s with w_s = 2^(lse_s - lse_total) (base-2 log-sum-exp).
+    """out = sum_s w_s * o_s over the first ``splits`` partials, w_s = 2^(lse_s - lse_total) (base 2).
 
     The partials may have been written by other programs of the same launch: read past L1.
     """
     m = tl.full([ROWS], float("-inf"), tl.float32)
-    for s in range(SPLITS):
+    for s in range(splits):
         m = tl.maximum(m, tl.load(part_lse_ptrs + s * s_pl_s, cache_modifier=".cg"))
     m_safe = tl.where(m == float("-inf"), 0.0, m)
     total = tl.zeros([ROWS], tl.float32)
     acc = tl.zeros([ROWS, D], tl.float32)
-    for s in range(SPLITS):
+    for s in range(splits):
         w = tl.exp2(tl.load(part_lse_ptrs + s * s_pl_s, cache_modifier=".cg") - m_safe)
         acc += w[:, None] * tl.load(part_o_ptrs + s * s_po_s, cache_modifier=".cg")
         total += w

@@ -42,21 +42,23 @@ def _assert_agrees(agreement):
 
 
 @pytest.mark.parametrize(
-    "hq, hkv, init_blocks, seq_lens, extend_lens, attn_tile_tokens",
+    "hq, hkv, init_blocks, seq_lens, extend_lens, attn_tile_tokens, block_major",
     [
-        (64, 4, 0, [3000, 2600, 130, 5000, 64], [3000, 700, 1, 129, 64], 1),
-        (64, 4, 0, [3000, 2600, 130, 5000, 64], [3000, 700, 1, 129, 64], 4),
-        (64, 4, 1, [2049, 4100], [2049, 333], 1),
-        (16, 1, 0, [6000, 1000], [500, 1000], 1),
+        (64, 4, 0, [3000, 2600, 130, 5000, 64], [3000, 700, 1, 129, 64], 1, False),
+        (64, 4, 0, [3000, 2600, 130, 5000, 64], [3000, 700, 1, 129, 64], 4, False),
+        (64, 4, 0, [3000, 2600, 130, 5000, 64], [3000, 700, 1, 129, 64], 1, True),
+        (64, 4, 1, [2049, 4100], [2049, 333], 1, True),
+        (16, 1, 0, [6000, 1000], [500, 1000], 1, True),
     ],
 )
-def test_prefill_bf16(hq, hkv, init_blocks, seq_lens, extend_lens, attn_tile_tokens):
+def test_prefill_bf16(hq, hkv, init_blocks, seq_lens, extend_lens, attn_tile_tokens, block_major):
     from msa_kernels.api import run_prefill
 
     params = MSAParams(block_size=BLOCK, topk=16, local_blocks=1, init_blocks=init_blocks)
     batch = _batch(seq_lens, extend_lens, hq, hkv, seed=sum(seq_lens))
     plan = plan_prefill(
-        params, _table(batch, max(seq_lens)), seq_lens, extend_lens, num_index_heads=hkv, attn_tile_tokens=attn_tile_tokens
+        params, _table(batch, max(seq_lens)), seq_lens, extend_lens, num_index_heads=hkv,
+        attn_tile_tokens=attn_tile_tokens, block_major=block_major, block_major_chunk=1000,  # several passes
     )
     out, selected = run_prefill(plan, batch.q, batch.k_cache, batch.v_cache, batch.iq, batch.ik_cache)
     _assert_agrees(compare_with_reference(batch, params, out, selected, rel_tol=REL_TOL))

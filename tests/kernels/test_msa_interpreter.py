@@ -49,6 +49,34 @@ def test_prefill_matches_reference(interpreted_api, init_blocks, hq, hkv, seq_le
     assert agreement.rows == sum(extend_lens) * hkv
 
 
+@pytest.mark.parametrize(
+    "init_blocks, hq, hkv, seq_lens, extend_lens, chunk",
+    [
+        (0, 4, 2, [70, 130, 33], [70, 50, 5], 8192),  # one pass; prefixes 80 and 28
+        (1, 6, 2, [97, 40, 150], [60, 40, 23], 37),  # group of 3 (padded rows), passes cutting requests
+        (0, 4, 1, [150, 64], [150, 64], 100),  # one KV head (TP); block-multiple lengths
+    ],
+)
+def test_prefill_block_major_matches_reference(interpreted_api, init_blocks, hq, hkv, seq_lens, extend_lens, chunk):
+    """KV-block-major attention: sorted (token, head, block) pairs, per-block partials, merge."""
+    params = MSAParams(block_size=BLOCK, topk=4, local_blocks=1, init_blocks=init_blocks)
+    batch = _batch(seq_lens, extend_lens, hq, hkv, seed=11 + len(seq_lens) + init_blocks)
+    plan = plan_prefill(
+        params, _page_table(batch, max(seq_lens)), seq_lens, extend_lens,
+        num_index_heads=hkv, index_rows=16, block_major=True, block_major_chunk=chunk,
+    )
+    out, selected = interpreted_api.run_prefill(plan, batch.q, batch.k_cache, batch.v_cache, batch.iq, batch.ik_cache)
+    agreement = compare_with_reference(batch, params, out, selected, rel_tol=1e-4)
+    assert agreement.ok, agreement.failures
+    assert agreement.rows == sum(extend_lens) * hkv
+    query_major = plan_prefill(
+        params, plan.page_table, seq_lens, extend_lens, num_index_heads=hkv, index_rows=16, block_major=False
+    )
+    out_q, selected_q = interpreted_api.run_prefill(query_major, batch.q, batch.k_cache, batch.v_cache, batch.iq, batch.ik_cache)
+    assert torch.equal(selected_q, selected)
+    torch.testing.assert_close(out_q, out, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("q_len, ragged", [(1, False), (3, True)])
 def test_decode_matches_reference(interpreted_api, q_len, ragged):
     """Both split merges: in the attention's last split (q_len 1) and as its own launch (q_len > 1)."""
