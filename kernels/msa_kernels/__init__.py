@@ -32,7 +32,8 @@ with the log-sum-exp merge in each (request, head)'s last split at q_len 1 (3 la
 holds its self-resetting arrival tickets) or as a 4th launch at q_len > 1; fixed grids for
 CUDA-graph capture. Prefill = fused index scan
 + causal block-max + running top-k (no score matrix) -> sparse attention per query tile
-(2 launches). ``decode_select`` / ``prefill_select`` return the selection alone.
+(2 launches); a short chunk after a long prefix splits each index tile's blocks over several
+programs and merges their candidates (3 launches). ``decode_select`` / ``prefill_select`` return the selection alone.
 Measured speed and what bounds it: ``benchmarks/KERNEL_NOTES.md``.
 """
 

@@ -10,7 +10,7 @@ import triton
 from msa_kernels.plan import DecodePlan, PrefillPlan, Tiles
 from msa_kernels.triton_attention import merge_splits_kernel, sparse_attention_kernel
 from msa_kernels.triton_block_major import block_major_attention_kernel, merge_block_partials_kernel
-from msa_kernels.triton_index import decode_index_scores_kernel, prefill_index_topk_kernel
+from msa_kernels.triton_index import decode_index_scores_kernel, prefill_index_merge_kernel, prefill_index_topk_kernel
 from msa_kernels.triton_select import decode_topk_kernel
 
 _LOG2E = 1.4426950408889634
@@ -247,8 +247,10 @@ def run_decode(
 def prefill_select(plan: PrefillPlan, iq: torch.Tensor, ik_cache: torch.Tensor) -> torch.Tensor:
     """Chosen blocks ``[tokens, kv_heads, topk]`` (int32, ascending, -1 padded) of an extend batch.
 
-    One fused kernel: block-max index scores on tensor cores with a running top-k per row, so no
-    score matrix is written.
+    Block-max index scores on tensor cores with a running top-k per row, so no score matrix is
+    written. With ``plan.index_splits == 1`` one fused kernel scans every visible block of a tile;
+    otherwise each tile's blocks are shared by ``index_splits`` programs that write per-row
+    candidates, and a merge launch keeps their top-k (a short chunk after a long prefix).
     """
     p = plan.params
     hkv, di = iq.shape[1], iq.shape[-1]
@@ -256,17 +258,33 @@ def prefill_select(plan: PrefillPlan, iq: torch.Tensor, ik_cache: torch.Tensor) 
     itiles = plan.index_tiles
     selected = torch.empty(plan.num_tokens, hkv, p.topk, dtype=torch.int32, device=iq.device)
     index_rows = itiles.max_tokens * hkv
-    prefill_index_topk_kernel[(itiles.count,)](
-        iq, ik2, plan.page_table, selected,
+    kp = _pow2(p.topk)
+    split = plan.index_splits > 1
+    cand_shape = (itiles.count, plan.index_splits, index_rows, kp) if split else (1, 1, 1, 1)
+    cand_val = torch.empty(cand_shape, dtype=torch.float32, device=iq.device)
+    cand_id = torch.empty(cand_shape, dtype=torch.int32, device=iq.device)
+    prefill_index_topk_kernel[(itiles.count, plan.index_splits)](
+        iq, ik2, plan.page_table, selected, cand_val, cand_id,
         *_tile_args(itiles),
         iq.stride(0), iq.stride(1),
         ik2.stride(0),
         plan.page_table.stride(0),
         selected.stride(0), selected.stride(1),
+        cand_val.stride(0), cand_val.stride(1),
         NUM_HEADS=hkv, ROWS=index_rows, D=di, BLOCK=p.block_size,
-        TOPK=p.topk, KP=_pow2(p.topk), LOCAL=p.local_blocks, INIT=p.init_blocks,
+        TOPK=p.topk, KP=kp, LOCAL=p.local_blocks, INIT=p.init_blocks, SPLIT=split,
         num_warps=8 if index_rows >= 128 else 4, num_stages=3,
     )
+    if split:
+        prefill_index_merge_kernel[(itiles.count,)](
+            cand_val, cand_id, selected,
+            itiles.tok0, itiles.pos0, itiles.ntok,
+            plan.index_splits,
+            cand_val.stride(0), cand_val.stride(1),
+            selected.stride(0), selected.stride(1),
+            NUM_HEADS=hkv, ROWS=index_rows, TOPK=p.topk, KP=kp,
+            num_warps=4,
+        )
     return selected
 
 

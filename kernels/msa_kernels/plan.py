@@ -72,6 +72,9 @@ class PrefillPlan:
     block_major_chunk: int  # tokens per block-major pass (bounds the partial-output scratch)
     token_req: torch.Tensor  # [num_tokens] int32: request of each q row
     token_pos: torch.Tensor  # [num_tokens] int32: absolute position of each q row
+    # programs per indexer tile, each scanning a contiguous share of the tile's blocks; 1 = the
+    # single-pass kernel, > 1 = split scan + merge launch
+    index_splits: int
 
 
 def page_table_from_req_to_token(
@@ -191,6 +194,20 @@ def _token_positions(seq_lens: list[int], extend_lens: list[int], device) -> tup
     reqs = torch.repeat_interleave(torch.arange(len(seq_lens)), torch.tensor(extend_lens))
     pos = torch.cat([torch.arange(s - e, s) for s, e in zip(seq_lens, extend_lens)])
     return reqs.to(torch.int32).to(device), pos.to(torch.int32).to(device)
+# Index tiles per SM at which tiles alone fill the GPU, so splitting would only add a merge.
+_INDEX_TILES_PER_SM_UNSPLIT = 2
+# Index programs per SM the split form aims for: enough resident programs to hide load latency.
+_INDEX_SPLIT_PROGRAMS_PER_SM = 4
+# Blocks each split scans at least, so the scan outweighs its candidate write and merge share.
+_MIN_BLOCKS_PER_INDEX_SPLIT = 32
+
+
+def _index_splits_for(num_tiles: int, max_blocks: int, num_sms: int) -> int:
+    """Programs per indexer tile: 1 when tiles fill the GPU, else enough to fill it (capped by blocks)."""
+    if num_tiles >= _INDEX_TILES_PER_SM_UNSPLIT * num_sms:
+        return 1
+    wanted = -(-_INDEX_SPLIT_PROGRAMS_PER_SM * num_sms // num_tiles)
+    return max(1, min(wanted, max_blocks // _MIN_BLOCKS_PER_INDEX_SPLIT))
 
 
 def plan_prefill(
@@ -201,6 +218,7 @@ def plan_prefill(
     num_index_heads: int,
     attn_tile_tokens: int = 1,
     index_rows: int | None = None,
+    index_splits: int | None = None,
     num_sms: int = 132,
     block_major: bool | None = None,
     block_major_chunk: int = BLOCK_MAJOR_CHUNK_TOKENS,
@@ -211,7 +229,11 @@ def plan_prefill(
     request is ``seq_lens[b] - extend_lens[b]`` and may be any value (not only multiples of the
     block size). ``index_rows`` is the indexer tile height in (token, index head) rows; by default
     128, or 64 when 128-row tiles would leave SMs idle (a short chunk after a long prefix: each
-    tile scans the whole prefix, so the tile count is the parallelism).
+    tile scans the whole prefix, so the tile count is the parallelism). ``index_splits`` is the
+    number of programs that share each indexer tile's blocks (then merged); by default 1 when the
+    tiles alone give ``_INDEX_TILES_PER_SM_UNSPLIT`` programs per SM, else enough for
+    ``_INDEX_SPLIT_PROGRAMS_PER_SM`` with at least ``_MIN_BLOCKS_PER_INDEX_SPLIT`` blocks per split
+    in the longest request.
     ``attn_tile_tokens`` query tokens share one attention program and load each block of their
     union once: worth it when neighbouring tokens choose alike; on random inputs every size above
     1 was slower on an H100 (benchmarks/KERNEL_NOTES.md), hence the default of 1.
@@ -236,10 +258,16 @@ def plan_prefill(
     device = page_table.device
     num_tokens = sum(extend_lens)
     token_req, token_pos = _token_positions(seq_lens, extend_lens, device)
+    index_tiles = _tiles_for(seq_lens, extend_lens, index_rows // num_index_heads, device)
+    if index_splits is None:
+        longest = max(_num_blocks(s, params.block_size) for s in seq_lens)
+        index_splits = _index_splits_for(index_tiles.count, longest, num_sms)
+    if index_splits < 1:
+        raise ValueError(f"index_splits must be >= 1, got {index_splits}")
     return PrefillPlan(
         params=params,
         page_table=page_table.to(torch.int32).contiguous(),
-        index_tiles=_tiles_for(seq_lens, extend_lens, index_rows // num_index_heads, device),
+        index_tiles=index_tiles,
         attn_tiles=_tiles_for(seq_lens, extend_lens, attn_tile_tokens, device),
         num_tokens=num_tokens,
         max_blocks=page_table.shape[1],
@@ -247,4 +275,5 @@ def plan_prefill(
         block_major_chunk=block_major_chunk,
         token_req=token_req,
         token_pos=token_pos,
+        index_splits=index_splits,
     )

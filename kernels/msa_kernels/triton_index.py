@@ -2,15 +2,24 @@
 
 Decode has few query rows (index heads x q_len) and a long key range, so the 128 keys of a block
 sit on the MMA's M side and the query rows on N; the key range is split over programs.
-Prefill has many query rows: a tile of (token, index head) rows sits on M and loops over every
-visible block, keeping a running top-k per row in registers, so the
-[heads x tokens x blocks] score matrix never exists in memory.
+Prefill has many query rows: a tile of (token, index head) rows sits on M and scans its visible
+blocks, keeping a running top-k per row in registers, so the [heads x tokens x blocks] score
+matrix never exists in memory. ``prefill_index_topk_kernel`` has two forms:
+
+* single pass (``SPLIT`` false): one program per tile scans every visible block and writes the
+  sorted selection. Right when there are enough tiles to fill the GPU (a long prefill without
+  prefix).
+* split (``SPLIT`` true, then ``prefill_index_merge_kernel``): a short chunk after a long prefix
+  has few tiles that each walk the whole prefix, so program (tile, s) scans only the s-th
+  contiguous share of the tile's blocks and writes its per-row candidates (KP slots of ranked
+  score and block id) to scratch; the merge keeps the top-k of the splits' candidates. Forced
+  blocks rank +inf in whichever split holds them, so they survive the merge.
 """
 
 import triton
 import triton.language as tl
 
-from msa_kernels.triton_select import forced_or_visible_scores, sort_ids
+from msa_kernels.triton_select import empty_top, forced_or_visible_scores, keep_top, sort_ids
 
 
 @triton.jit
@@ -56,52 +65,119 @@ def decode_index_scores_kernel(
 
 
 @triton.jit
-def prefill_index_topk_kernel(
-    iq_ptr, ik_ptr, page_ptr, sel_ptr,
-    tile_req_ptr, tile_tok0_ptr, tile_pos0_ptr, tile_ntok_ptr,
-    s_iq_t, s_iq_h,
-    s_ik_slot,
-    s_pg_b,
-    s_sel_t, s_sel_h,
-    NUM_HEADS: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
-    TOPK: tl.constexpr, KP: tl.constexpr, LOCAL: tl.constexpr, INIT: tl.constexpr,
-):
-    """Chosen blocks of a tile of (token, index head) rows: block-max scores fused with top-k."""
-    tile = tl.program_id(0)
-    req = tl.load(tile_req_ptr + tile)
+def _tile_rows(tile_tok0_ptr, tile_pos0_ptr, tile_ntok_ptr, tile, NUM_HEADS: tl.constexpr, ROWS: tl.constexpr):
+    """Rows of an indexer tile: row = token * heads + head. Returns tok0, token, head, row_ok, row_pos, last_pos."""
     tok0 = tl.load(tile_tok0_ptr + tile)
     pos0 = tl.load(tile_pos0_ptr + tile)
     ntok = tl.load(tile_ntok_ptr + tile)
     rows = tl.arange(0, ROWS)
     t = rows // NUM_HEADS
-    h = rows % NUM_HEADS
-    row_ok = t < ntok
-    row_pos = pos0 + t
-    own = row_pos // BLOCK
+    return tok0, t, rows % NUM_HEADS, t < ntok, pos0 + t, pos0 + ntok - 1
+
+
+@triton.jit
+def _scan_blocks(
+    iq_ptr, ik_ptr, page_row_ptr, tok0, t, h, row_ok, row_pos, last_pos, start, end,
+    s_iq_t, s_iq_h, s_ik_slot,
+    ROWS: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
+    TOPK: tl.constexpr, KP: tl.constexpr, LOCAL: tl.constexpr, INIT: tl.constexpr,
+):
+    """Running top-k ``(ranked [ROWS, KP], block ids)`` of the tile's rows over blocks ``start .. end-1``."""
     d = tl.arange(0, D)
     q = tl.load(iq_ptr + (tok0 + t)[:, None] * s_iq_t + h[:, None] * s_iq_h + d[None, :], mask=row_ok[:, None], other=0.0)
-    slot = tl.arange(0, KP)
-    # Slots past TOPK (KP is a power of two) hold +inf so they are never the minimum to replace.
-    top_val = tl.where(slot[None, :] < TOPK, float("-inf"), float("inf")) + tl.zeros([ROWS, KP], tl.float32)
-    top_id = tl.full([ROWS, KP], -1, tl.int32)
-    last_pos = pos0 + ntok - 1
-    nblk = last_pos // BLOCK + 1
+    own = row_pos // BLOCK
+    top_val, top_id = empty_top(ROWS, TOPK, KP)
     keys = tl.arange(0, BLOCK)
-    for blk in range(0, nblk):
-        page = tl.load(page_ptr + req * s_pg_b + blk).to(tl.int64)
+    for blk in range(start, end):
+        page = tl.load(page_row_ptr + blk).to(tl.int64)
         kpos = blk * BLOCK + keys
         k_t = tl.load(ik_ptr + (page * BLOCK + keys)[None, :] * s_ik_slot + d[:, None], mask=(kpos <= last_pos)[None, :], other=0.0)
         s = tl.dot(q, k_t)  # [ROWS, BLOCK]
         s = tl.where(kpos[None, :] <= row_pos[:, None], s, float("-inf"))
         ranked = forced_or_visible_scores(tl.max(s, axis=1), blk, own, LOCAL, INIT)
-        weakest = tl.min(top_val, axis=1)
-        weakest_slot = tl.argmin(top_val, axis=1)
-        replace = (ranked > weakest)[:, None] & (slot[None, :] == weakest_slot[:, None])
-        top_val = tl.where(replace, ranked[:, None], top_val)
-        top_id = tl.where(replace, blk, top_id)
-    chosen = sort_ids(top_id)
+        top_val, top_id = keep_top(top_val, top_id, ranked, blk, KP)
+    return top_val, top_id
+
+
+@triton.jit
+def _store_selection(sel_ptr, top_id, tok0, t, h, row_ok, s_sel_t, s_sel_h, TOPK: tl.constexpr, KP: tl.constexpr):
+    """Write each row's chosen blocks sorted ascending, -1 padded."""
+    slot = tl.arange(0, KP)
     tl.store(
         sel_ptr + (tok0 + t)[:, None] * s_sel_t + h[:, None] * s_sel_h + slot[None, :],
-        chosen,
+        sort_ids(top_id),
         mask=row_ok[:, None] & (slot[None, :] < TOPK),
     )
+
+
+@triton.jit
+def prefill_index_topk_kernel(
+    iq_ptr, ik_ptr, page_ptr, sel_ptr, cand_val_ptr, cand_id_ptr,
+    tile_req_ptr, tile_tok0_ptr, tile_pos0_ptr, tile_ntok_ptr,
+    s_iq_t, s_iq_h,
+    s_ik_slot,
+    s_pg_b,
+    s_sel_t, s_sel_h,
+    s_cand_tile, s_cand_split,
+    NUM_HEADS: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
+    TOPK: tl.constexpr, KP: tl.constexpr, LOCAL: tl.constexpr, INIT: tl.constexpr,
+    SPLIT: tl.constexpr,
+):
+    """Block-max scores fused with a running top-k over a tile of (token, index head) rows.
+
+    Single pass (``SPLIT`` false, grid ``(tiles,)``): scans every visible block and writes the
+    sorted selection. Split (grid ``(tiles, splits)``): program (tile, s) scans the s-th contiguous
+    share of the blocks and writes every row's ``[KP]`` candidate list (padding rows too, so the
+    merge reads no uninitialised memory) at ``tile * s_cand_tile + s * s_cand_split``; the split
+    count is the grid's, not a constexpr, so batch shapes do not recompile.
+    """
+    tile = tl.program_id(0)
+    req = tl.load(tile_req_ptr + tile)
+    tok0, t, h, row_ok, row_pos, last_pos = _tile_rows(tile_tok0_ptr, tile_pos0_ptr, tile_ntok_ptr, tile, NUM_HEADS, ROWS)
+    nblk = last_pos // BLOCK + 1
+    if SPLIT:
+        per_split = tl.cdiv(nblk, tl.num_programs(1))
+        start = tl.program_id(1) * per_split
+        end = tl.minimum(start + per_split, nblk)
+    else:
+        start = 0
+        end = nblk
+    top_val, top_id = _scan_blocks(
+        iq_ptr, ik_ptr, page_ptr + req * s_pg_b, tok0, t, h, row_ok, row_pos, last_pos, start, end,
+        s_iq_t, s_iq_h, s_ik_slot, ROWS, D, BLOCK, TOPK, KP, LOCAL, INIT,
+    )
+    if SPLIT:
+        at = tile * s_cand_tile + tl.program_id(1) * s_cand_split
+        at += tl.arange(0, ROWS)[:, None] * KP + tl.arange(0, KP)[None, :]
+        tl.store(cand_val_ptr + at, top_val)
+        tl.store(cand_id_ptr + at, top_id)
+    else:
+        _store_selection(sel_ptr, top_id, tok0, t, h, row_ok, s_sel_t, s_sel_h, TOPK, KP)
+
+
+@triton.jit
+def prefill_index_merge_kernel(
+    cand_val_ptr, cand_id_ptr, sel_ptr,
+    tile_tok0_ptr, tile_pos0_ptr, tile_ntok_ptr,
+    splits,
+    s_cand_tile, s_cand_split,
+    s_sel_t, s_sel_h,
+    NUM_HEADS: tl.constexpr, ROWS: tl.constexpr, TOPK: tl.constexpr, KP: tl.constexpr,
+):
+    """Chosen blocks of a tile: the top-k of its splits' candidates, offered split by split.
+
+    Only the first ``TOPK`` slots of each list are offered (the rest are the +inf fillers of
+    ``empty_top``); empty slots are -inf and never taken. Splits cover disjoint blocks, so no
+    block is offered twice.
+    """
+    tile = tl.program_id(0)
+    tok0, t, h, row_ok, _, _ = _tile_rows(tile_tok0_ptr, tile_pos0_ptr, tile_ntok_ptr, tile, NUM_HEADS, ROWS)
+    top_val, top_id = empty_top(ROWS, TOPK, KP)
+    rows = tl.arange(0, ROWS)
+    for split in range(0, splits):
+        at = tile * s_cand_tile + split * s_cand_split + rows * KP
+        for j in tl.static_range(TOPK):
+            ranked = tl.load(cand_val_ptr + at + j)
+            ids = tl.load(cand_id_ptr + at + j)
+            top_val, top_id = keep_top(top_val, top_id, ranked, ids[:, None], KP)
+    _store_selection(sel_ptr, top_id, tok0, t, h, row_ok, s_sel_t, s_sel_h, TOPK, KP)

@@ -29,6 +29,32 @@ def forced_or_visible_scores(scores, blk, own, LOCAL: tl.constexpr, INIT: tl.con
 
 
 @triton.jit
+def empty_top(ROWS: tl.constexpr, TOPK: tl.constexpr, KP: tl.constexpr):
+    """An empty running top-k per row: ``(values [ROWS, KP] fp32, ids [ROWS, KP] int32 = -1)``.
+
+    Slots past ``TOPK`` (KP is a power of two) hold +inf, so they are never the weakest and never
+    replaced; free slots below ``TOPK`` hold -inf.
+    """
+    slot = tl.arange(0, KP)
+    values = tl.where(slot[None, :] < TOPK, float("-inf"), float("inf")) + tl.zeros([ROWS, KP], tl.float32)
+    return values, tl.full([ROWS, KP], -1, tl.int32)
+
+
+@triton.jit
+def keep_top(top_val, top_id, ranked, ids, KP: tl.constexpr):
+    """Offer one candidate per row (``ranked [ROWS]``, ``ids`` a scalar or ``[ROWS, 1]``) to a running top-k.
+
+    It replaces the row's weakest entry when strictly larger, so among equal keys the first offered
+    stays; a -inf candidate is never taken.
+    """
+    slot = tl.arange(0, KP)
+    weakest = tl.min(top_val, axis=1)
+    weakest_slot = tl.argmin(top_val, axis=1)
+    replace = (ranked > weakest)[:, None] & (slot[None, :] == weakest_slot[:, None])
+    return tl.where(replace, ranked[:, None], top_val), tl.where(replace, ids, top_id)
+
+
+@triton.jit
 def topk_ids(ranked, blk, TOPK: tl.constexpr, KP: tl.constexpr):
     """Ids of the ``TOPK`` largest entries of ``ranked`` (1-D), -1 where fewer are finite-or-forced.
 

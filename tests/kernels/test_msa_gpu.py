@@ -64,6 +64,23 @@ def test_prefill_bf16(hq, hkv, init_blocks, seq_lens, extend_lens, attn_tile_tok
     _assert_agrees(compare_with_reference(batch, params, out, selected, rel_tol=REL_TOL))
 
 
+def test_prefill_split_index_bf16():
+    """A 4K chunk after a 24K prefix (not a block multiple) with the split index scan + merge.
+
+    16 q heads per 4 KV heads, not M3's 64: the dense reference's logits at 64 heads would need
+    ~30 GB here; the indexer sees M3's shapes either way (4 index heads, dim 128, top-16).
+    """
+    from msa_kernels.api import run_prefill
+
+    params = MSAParams(block_size=BLOCK, topk=16, local_blocks=1, init_blocks=0)
+    seq_lens, extend_lens = [28100], [4096]
+    batch = _batch(seq_lens, extend_lens, 16, 4, seed=28100)
+    # forced, so the split path runs whatever the planner's per-GPU constants become
+    plan = plan_prefill(params, _table(batch, max(seq_lens)), seq_lens, extend_lens, num_index_heads=4, index_splits=3)
+    out, selected = run_prefill(plan, batch.q, batch.k_cache, batch.v_cache, batch.iq, batch.ik_cache)
+    _assert_agrees(compare_with_reference(batch, params, out, selected, rel_tol=REL_TOL))
+
+
 @pytest.mark.parametrize("q_len", [1, 2, 4, 8])
 @pytest.mark.parametrize("hq, hkv", [(64, 4), (16, 1)])
 def test_decode_bf16(q_len, hq, hkv):

@@ -77,6 +77,28 @@ def test_prefill_block_major_matches_reference(interpreted_api, init_blocks, hq,
     torch.testing.assert_close(out_q, out, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    "init_blocks, hq, hkv, seq_lens, extend_lens, index_splits",
+    [
+        (0, 4, 2, [150, 70, 45], [7, 70, 3], 3),  # prefixes 143, 0, 42; tiles of 10, 5 and 3 blocks
+        (1, 2, 1, [200, 38], [20, 5], 4),  # prefixes 180, 33; a 3-block tile leaves one split empty
+    ],
+)
+def test_split_index_matches_reference(interpreted_api, init_blocks, hq, hkv, seq_lens, extend_lens, index_splits):
+    """The split scan + merge chooses the reference's blocks, forced ones included."""
+    params = MSAParams(block_size=BLOCK, topk=4, local_blocks=1, init_blocks=init_blocks)
+    batch = _batch(seq_lens, extend_lens, hq, hkv, seed=10 + init_blocks)
+    plan = plan_prefill(
+        params, _page_table(batch, max(seq_lens)), seq_lens, extend_lens,
+        num_index_heads=hkv, index_rows=16, index_splits=index_splits,
+    )
+    assert plan.index_splits == index_splits
+    out, selected = interpreted_api.run_prefill(plan, batch.q, batch.k_cache, batch.v_cache, batch.iq, batch.ik_cache)
+    agreement = compare_with_reference(batch, params, out, selected, rel_tol=1e-4)
+    assert agreement.ok, agreement.failures
+    assert agreement.rows == sum(extend_lens) * hkv
+
+
 @pytest.mark.parametrize("q_len, ragged", [(1, False), (3, True)])
 def test_decode_matches_reference(interpreted_api, q_len, ragged):
     """Both split merges: in the attention's last split (q_len 1) and as its own launch (q_len > 1)."""

@@ -5,10 +5,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from msa_kernels import plan as plan_module
 from msa_kernels.plan import page_table_from_req_to_token, plan_decode, plan_prefill
 from msa_kernels.reference import MSAParams
 
 PARAMS = MSAParams(block_size=16, topk=4)
+M3_PARAMS = MSAParams(block_size=128, topk=16)
+K = 1024
 
 
 @st.composite
@@ -45,6 +48,40 @@ def test_prefill_tiles_cover_each_row_once(batch, attn_tile_tokens, heads):
     assert plan.num_tokens == sum(extend_lens)
 
 
+def _m3_prefill(seq_lens, extend_lens, heads, **kwargs):
+    table = torch.zeros(len(seq_lens), max(seq_lens) // 128 + 1, dtype=torch.int32)
+    return plan_prefill(M3_PARAMS, table, seq_lens, extend_lens, num_index_heads=heads, **kwargs)
+
+
+@pytest.mark.parametrize("n, heads", [(32 * K, 4), (32 * K, 1), (8 * K, 4), (4 * K, 4)])
+def test_prefill_without_prefix_scans_in_one_pass(n, heads):
+    """Many tiles fill the GPU (or each is too short to share): no split, no merge launch."""
+    assert _m3_prefill([n], [n], heads).index_splits == 1
+
+
+@pytest.mark.parametrize("prefix, heads", [(124 * K, 4), (24 * K, 4), (124 * K, 1)])
+def test_short_chunk_after_long_prefix_splits_its_tiles(prefix, heads):
+    num_sms = 132
+    plan = _m3_prefill([prefix + 4 * K], [4 * K], heads, num_sms=num_sms)
+    programs = plan.index_tiles.count * plan.index_splits
+    assert plan.index_tiles.count < plan_module._INDEX_TILES_PER_SM_UNSPLIT * num_sms  # tiles alone leave SMs idle
+    assert plan.index_splits > 1
+    assert programs >= plan_module._INDEX_TILES_PER_SM_UNSPLIT * num_sms
+    blocks = (prefix + 4 * K) // 128
+    assert blocks // plan.index_splits >= plan_module._MIN_BLOCKS_PER_INDEX_SPLIT
+
+
+def test_index_splits_keep_enough_blocks_each():
+    """A chunk with few tiles but a short context splits only as far as ~32 blocks per split."""
+    plan = _m3_prefill([100 * 128 + 5, 300], [64, 300], 4)
+    assert plan.index_splits == 101 // plan_module._MIN_BLOCKS_PER_INDEX_SPLIT
+    assert _m3_prefill([300], [64], 4).index_splits == 1
+
+
+def test_index_splits_can_be_forced():
+    assert _m3_prefill([32 * K], [32 * K], 4, index_splits=3).index_splits == 3
+
+
 def test_decode_tiles_are_requests():
     seq = torch.tensor([5, 40, 17])
     plan = plan_decode(PARAMS, torch.zeros(3, 4, dtype=torch.int32), seq, q_len=3, q_lens=torch.tensor([3, 1, 2]))
@@ -68,6 +105,7 @@ def test_page_table_reads_the_first_slot_of_each_block():
         (lambda: plan_prefill(PARAMS, torch.zeros(1, 2, dtype=torch.int32), [40], [8], 2), "needs more blocks"),
         (lambda: plan_prefill(PARAMS, torch.zeros(2, 4, dtype=torch.int32), [10], [5], 2), "page_table"),
         (lambda: plan_prefill(PARAMS, torch.zeros(1, 4, dtype=torch.int32), [10], [5], 3, index_rows=64), "index_rows"),
+        (lambda: plan_prefill(PARAMS, torch.zeros(1, 4, dtype=torch.int32), [10], [5], 2, index_splits=0), "index_splits"),
         (lambda: plan_decode(PARAMS, torch.zeros(1, 4, dtype=torch.int32), torch.tensor([9]), q_len=0), "q_len"),
         (lambda: page_table_from_req_to_token(torch.zeros(2, 32, dtype=torch.int32), torch.tensor([0]), 64, 16), "max_context"),
     ],
