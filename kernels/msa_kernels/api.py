@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -106,9 +107,18 @@ def _attention(
         )
 
 
-# Query rows per block-major program ((token, slot) pairs x query heads of the group) and its warps.
+# Query rows per block-major tile ((token, slot) pairs x query heads of the group), the warps of
+# its program, and resident programs per SM of the persistent grid.
 _BLOCK_MAJOR_ROWS = 128
 _BLOCK_MAJOR_WARPS = 8
+_BLOCK_MAJOR_PROGRAMS_PER_SM = 2
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # the interpreter: any grid is correct
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _sorted_pairs(page_table: torch.Tensor, token_req: torch.Tensor, selected: torch.Tensor, num_pages: int):
@@ -127,6 +137,28 @@ def _sorted_pairs(page_table: torch.Tensor, token_req: torch.Tensor, selected: t
     return keys, pairs, sentinel
 
 
+def _key_tiles(keys: torch.Tensor, sentinel: int, pairs_per_tile: int):
+    """Cut sorted keys into tiles of at most ``pairs_per_tile`` pairs of one key, on the device.
+
+    Returns ``(tile_first, tile_count, num_tiles)``; the tables are sized for the worst case (one
+    tile per pair), ``num_tiles`` is a one-element device tensor, so nothing waits for the host.
+    """
+    n = keys.numel()
+    idx = torch.arange(n, device=keys.device)
+    new_run = torch.ones(n, dtype=torch.bool, device=keys.device)
+    new_run[1:] = keys[1:] != keys[:-1]
+    run_start = torch.where(new_run, idx, 0).cummax(0).values
+    live = keys < sentinel
+    opens_tile = ((idx - run_start) % pairs_per_tile == 0) & live
+    tile_id = torch.cumsum(opens_tile, 0) - 1
+    spare = n  # a dump slot for the pairs that open no tile
+    tile_first = torch.zeros(n + 1, dtype=torch.int32, device=keys.device)
+    tile_first.scatter_(0, torch.where(opens_tile, tile_id, spare), idx.to(torch.int32))
+    tile_count = torch.zeros(n + 1, dtype=torch.int32, device=keys.device)
+    tile_count.scatter_add_(0, torch.where(live, tile_id, spare), live.to(torch.int32))
+    return tile_first, tile_count, (tile_id[-1:] + 1).to(torch.int32)
+
+
 def _attention_block_major(
     plan: PrefillPlan, q, k_cache, v_cache, selected, out, sm_scale: float, block_size: int
 ) -> None:
@@ -135,7 +167,7 @@ def _attention_block_major(
     group = q.shape[1] // hkv
     gp = _pow2(group)
     topk = selected.shape[-1]
-    pairs_per_program = max(1, _BLOCK_MAJOR_ROWS // gp)
+    pairs_per_tile = max(1, _BLOCK_MAJOR_ROWS // gp)
     num_pages = k_cache.shape[0] // block_size
     chunk = min(plan.block_major_chunk, plan.num_tokens)
     part_o = torch.empty(chunk * hkv * topk, gp, d, dtype=q.dtype, device=q.device)
@@ -145,9 +177,12 @@ def _attention_block_major(
         keys, pairs, sentinel = _sorted_pairs(
             plan.page_table, plan.token_req[start : start + n], selected[start : start + n], num_pages
         )
-        block_major_attention_kernel[(triton.cdiv(keys.numel(), pairs_per_program),)](
-            q, k_cache, v_cache, selected, plan.token_pos, keys, pairs, part_o, part_lse,
-            keys.numel(), start, num_pages, sentinel,
+        tile_first, tile_count, num_tiles = _key_tiles(keys, sentinel, pairs_per_tile)
+        programs = min(triton.cdiv(keys.numel(), pairs_per_tile), _BLOCK_MAJOR_PROGRAMS_PER_SM * _num_sms(q.device))
+        block_major_attention_kernel[(programs,)](
+            q, k_cache, v_cache, selected, plan.token_pos, keys, pairs, tile_first, tile_count, num_tiles,
+            part_o, part_lse,
+            start, num_pages,
             q.stride(0), q.stride(1),
             k_cache.stride(0), k_cache.stride(1),
             v_cache.stride(0), v_cache.stride(1),
@@ -155,7 +190,7 @@ def _attention_block_major(
             part_o.stride(0), part_o.stride(1),
             part_lse.stride(0),
             sm_scale * _LOG2E,
-            HKV=hkv, TOPK=topk, G=group, GP=gp, PAIRS=pairs_per_program, D=d, BLOCK=block_size,
+            HKV=hkv, TOPK=topk, G=group, GP=gp, PAIRS=pairs_per_tile, D=d, BLOCK=block_size,
             num_warps=_BLOCK_MAJOR_WARPS, num_stages=2,
         )
         merge_block_partials_kernel[(n, hkv)](

@@ -3,14 +3,11 @@
 Query-major attention (``triton_attention``) loads each chosen K/V block once per query token:
 at prefill every block is re-read by the ~2K tokens that chose it, and the kernel is bound by
 L2-to-SM bandwidth at ~16 FLOP per byte (benchmarks/KERNEL_NOTES.md). Here the query->block map
-is inverted: the (token, kv head, slot) *pairs* of a chunk are sorted by (kv head, page), so a
-program takes ``PAIRS`` consecutive pairs, which nearly always share one block, loads that block's
-K and V once for all ``PAIRS x group`` query rows and writes one partial output per pair (its
-softmax normalised over that block, plus the base-2 log-sum-exp). ``merge_splits`` then combines
-a token's partials, one per chosen block.
-
-A program whose pairs span several blocks walks them in ascending key order; every row belongs
-to exactly one block, so a row's partial is complete after that block's iteration.
+is inverted: the (token, kv head, slot) *pairs* of a chunk are sorted by (kv head, page) and cut
+into tiles of at most ``PAIRS`` pairs of one block. A tile loads its block's K and V once for all
+``PAIRS x group`` query rows and writes one partial output per pair (its softmax normalised over
+that block, plus the base-2 log-sum-exp); ``merge_splits`` then combines a token's partials, one
+per chosen block.
 """
 
 import triton
@@ -21,8 +18,9 @@ from msa_kernels.triton_attention import merge_splits
 
 @triton.jit
 def block_major_attention_kernel(
-    q_ptr, k_ptr, v_ptr, sel_ptr, tok_pos_ptr, key_ptr, pair_ptr, part_o_ptr, part_lse_ptr,
-    num_pairs, tok_base, num_pages, sentinel,
+    q_ptr, k_ptr, v_ptr, sel_ptr, tok_pos_ptr, key_ptr, pair_ptr, tile_first_ptr, tile_count_ptr, num_tiles_ptr,
+    part_o_ptr, part_lse_ptr,
+    tok_base, num_pages,
     s_q_t, s_q_h,
     s_k_slot, s_k_h,
     s_v_slot, s_v_h,
@@ -33,56 +31,46 @@ def block_major_attention_kernel(
     HKV: tl.constexpr, TOPK: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
     PAIRS: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    """Partial attention of ``PAIRS`` sorted (token, kv head, slot) pairs against their blocks.
+    """Persistent programs over *tiles*: up to ``PAIRS`` sorted pairs that share one key.
 
-    ``key[i] = head * num_pages + page`` ascending (``sentinel`` for the -1 padding of a selection,
-    sorted last); ``pair[i] = (token - tok_base) * HKV * TOPK + head * TOPK + slot``.
+    ``key[i] = head * num_pages + page`` (ascending); ``pair[i] = (token - tok_base) * HKV * TOPK
+    + head * TOPK + slot``; tile ``t`` covers pairs ``tile_first[t] ..`` ``+ tile_count[t]``. The
+    loop over tiles lets the compiler prefetch the next tile's Q, K and V during this one's math.
     """
     ROWS: tl.constexpr = PAIRS * GP
     rows = tl.arange(0, ROWS)
-    idx = tl.program_id(0) * PAIRS + rows // GP
+    in_tile = rows // GP
     g = rows % GP
-    key = tl.load(key_ptr + idx, mask=idx < num_pairs, other=sentinel)
-    if tl.min(key, 0) < sentinel:  # else every pair of this program is padding
-        live = key < sentinel
+    d = tl.arange(0, D)
+    keys = tl.arange(0, BLOCK)
+    num_tiles = tl.load(num_tiles_ptr)
+    for tile in range(tl.program_id(0), num_tiles, tl.num_programs(0)):
+        first = tl.load(tile_first_ptr + tile)
+        live = in_tile < tl.load(tile_count_ptr + tile)
         row_ok = live & (g < G)
-        pair = tl.load(pair_ptr + idx, mask=live, other=0)
+        key = tl.load(key_ptr + first)
+        pair = tl.load(pair_ptr + first + in_tile, mask=live, other=0)
         tok = tok_base + pair // (HKV * TOPK)
-        head = (pair // TOPK) % HKV
-        slot = pair % TOPK
-        blk = tl.load(sel_ptr + tok * s_sel_t + head * s_sel_h + slot, mask=live, other=0)
-        # The newest key each row may see inside its block (the causal bound of its own block).
-        limit = tl.load(tok_pos_ptr + tok, mask=live, other=0) - blk * BLOCK
-        d = tl.arange(0, D)
+        head = key // num_pages
+        blk = tl.load(sel_ptr + tok * s_sel_t + head * s_sel_h + pair % TOPK, mask=live, other=0)
+        # The newest key each row may see inside the block (the causal bound of its own block).
+        limit = tl.where(live, tl.load(tok_pos_ptr + tok, mask=live, other=0) - blk * BLOCK, -1)
         q = tl.load(q_ptr + tok[:, None] * s_q_t + (head * G + g)[:, None] * s_q_h + d[None, :], mask=row_ok[:, None], other=0.0)
-        keys = tl.arange(0, BLOCK)
-        o = tl.zeros([ROWS, D], tl.float32)
-        lse = tl.zeros([ROWS], tl.float32)
-        # Keys are sorted: a new block starts wherever a pair's key differs from the previous pair's.
-        prev = tl.load(key_ptr + idx - 1, mask=(rows >= GP) & live, other=-1)
-        distinct = tl.sum((live & (g == 0) & (key != prev)).to(tl.int32), 0)
-        done = -1
-        for _ in range(distinct):
-            cur = tl.min(tl.where(live & (key > done), key, sentinel), 0)
-            mine = live & (key == cur)
-            h = cur // num_pages
-            slots = (cur % num_pages).to(tl.int64) * BLOCK + keys
-            # Rows past a block's newest visible token may hold another request's garbage: never load them.
-            key_ok = keys <= tl.max(tl.where(mine, limit, -1), 0)
-            k_t = tl.load(k_ptr + slots[None, :] * s_k_slot + h * s_k_h + d[:, None], mask=key_ok[None, :], other=0.0)
-            s = tl.dot(q, k_t) * qk_scale_log2
-            s = tl.where(mine[:, None] & (keys[None, :] <= limit[:, None]), s, float("-inf"))
-            m = tl.max(s, axis=1)
-            m_safe = tl.where(m == float("-inf"), 0.0, m)
-            p = tl.exp2(s - m_safe[:, None])
-            l_sum = tl.sum(p, axis=1)
-            v = tl.load(v_ptr + slots[:, None] * s_v_slot + h * s_v_h + d[None, :], mask=key_ok[:, None], other=0.0)
-            o_blk = tl.dot(p.to(v.dtype), v) / tl.where(l_sum > 0, l_sum, 1.0)[:, None]
-            o = tl.where(mine[:, None], o_blk, o)
-            lse = tl.where(mine, m_safe + tl.log2(tl.where(l_sum > 0, l_sum, 1.0)), lse)
-            done = cur
+        slots = (key % num_pages).to(tl.int64) * BLOCK + keys
+        # Rows past a block's newest visible token may hold another request's garbage: never load them.
+        key_ok = keys <= tl.max(limit, 0)
+        k_t = tl.load(k_ptr + slots[None, :] * s_k_slot + head * s_k_h + d[:, None], mask=key_ok[None, :], other=0.0)
+        s = tl.dot(q, k_t) * qk_scale_log2
+        s = tl.where(keys[None, :] <= limit[:, None], s, float("-inf"))
+        m = tl.max(s, axis=1)
+        m_safe = tl.where(m == float("-inf"), 0.0, m)
+        p = tl.exp2(s - m_safe[:, None])
+        l_sum = tl.sum(p, axis=1)
+        l_safe = tl.where(l_sum > 0, l_sum, 1.0)
+        v = tl.load(v_ptr + slots[:, None] * s_v_slot + head * s_v_h + d[None, :], mask=key_ok[:, None], other=0.0)
+        o = tl.dot(p.to(v.dtype), v) / l_safe[:, None]
         tl.store(part_o_ptr + pair[:, None] * s_po_p + g[:, None] * s_po_g + d[None, :], o.to(part_o_ptr.dtype.element_ty), mask=row_ok[:, None])
-        tl.store(part_lse_ptr + pair * s_pl_p + g, lse, mask=row_ok)
+        tl.store(part_lse_ptr + pair * s_pl_p + g, m_safe + tl.log2(l_safe), mask=row_ok)
 
 
 @triton.jit
