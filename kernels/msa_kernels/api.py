@@ -111,7 +111,7 @@ def _attention(
 # its program, and resident programs per SM of the persistent grid.
 _BLOCK_MAJOR_ROWS = 128
 _BLOCK_MAJOR_WARPS = 8
-_BLOCK_MAJOR_PROGRAMS_PER_SM = 2
+_BLOCK_MAJOR_PROGRAMS_PER_SM = 1
 
 
 @functools.lru_cache(maxsize=None)
@@ -141,22 +141,19 @@ def _key_tiles(keys: torch.Tensor, sentinel: int, pairs_per_tile: int):
     """Cut sorted keys into tiles of at most ``pairs_per_tile`` pairs of one key, on the device.
 
     Returns ``(tile_first, tile_count, num_tiles)``; the tables are sized for the worst case (one
-    tile per pair), ``num_tiles`` is a one-element device tensor, so nothing waits for the host.
+    tile per pair) and ``num_tiles`` is a one-element device tensor, so nothing waits for the host.
+    Built from binary searches over sorted arrays: scatters here would pile onto one dump slot.
     """
     n = keys.numel()
     idx = torch.arange(n, device=keys.device)
-    new_run = torch.ones(n, dtype=torch.bool, device=keys.device)
-    new_run[1:] = keys[1:] != keys[:-1]
-    run_start = torch.where(new_run, idx, 0).cummax(0).values
+    run_start = torch.searchsorted(keys, keys)  # first pair of each pair's key
     live = keys < sentinel
     opens_tile = ((idx - run_start) % pairs_per_tile == 0) & live
-    tile_id = torch.cumsum(opens_tile, 0) - 1
-    spare = n  # a dump slot for the pairs that open no tile
-    tile_first = torch.zeros(n + 1, dtype=torch.int32, device=keys.device)
-    tile_first.scatter_(0, torch.where(opens_tile, tile_id, spare), idx.to(torch.int32))
-    tile_count = torch.zeros(n + 1, dtype=torch.int32, device=keys.device)
-    tile_count.scatter_add_(0, torch.where(live, tile_id, spare), live.to(torch.int32))
-    return tile_first, tile_count, (tile_id[-1:] + 1).to(torch.int32)
+    tile_of_pair = torch.where(live, torch.cumsum(opens_tile, 0) - 1, n)  # ascending; padding last
+    tile_first = torch.searchsorted(tile_of_pair, idx)
+    tile_count = torch.searchsorted(tile_of_pair, idx, right=True) - tile_first
+    num_tiles = opens_tile.sum(dtype=torch.int32).reshape(1)
+    return tile_first.to(torch.int32), tile_count.to(torch.int32), num_tiles
 
 
 def _attention_block_major(
