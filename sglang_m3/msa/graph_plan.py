@@ -56,7 +56,7 @@ class GraphDecodePlans:
         if longest_kv is not None and longest_kv > self.max_tokens:
             raise ValueError(
                 f"a request of {longest_kv} tokens (seq_lens plus draft tokens) exceeds the CUDA-graph context of "
-                f"{self.max_tokens} tokens (model context_len, capped by req_to_token)"
+                f"{self.max_tokens} tokens (model context_len, plus the drafts in verify graphs, within req_to_token)"
             )
         key = (batch, q_len)
         if key not in self._plans:

@@ -15,9 +15,10 @@ from sglang.srt.layers.attention.base_attn_backend import AttentionBackend, Shar
 class M3HybridAttnBackend(AttentionBackend):
     """Both backends plan every batch; a call goes to the one that owns its layer.
 
-    Hooks ``AttentionBackend`` defines are answered here (its defaults would otherwise hide
-    the children's); anything else the runner asks for is the dense backend's and is
-    forwarded to it.
+    ``__getattr__`` never sees what ``AttentionBackend`` itself defines, so the graph hooks
+    whose base defaults would hide the children's answers are defined here. The remaining base
+    defaults (no ragged verify graphs, no metadata glue graph, no breakable-graph metadata) are
+    what the MSA backend supports. Anything the base class lacks goes to the dense backend.
     """
 
     def __init__(self, dense: AttentionBackend, sparse: AttentionBackend, sparse_layer_ids):

@@ -64,11 +64,14 @@ class MSATritonBackend(MSATorchBackend):
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
         """Static plan buffers for graphs of up to ``max_bs`` requests (re-allocated on every call).
 
-        A request may hold the model's ``context_len`` tokens plus the draft tokens of one verify
-        step (``max_num_tokens / max_bs`` per request), as far as ``req_to_token`` reaches.
+        A request may hold the model's ``context_len`` tokens (a decode token is one of them) plus,
+        in verify graphs (``max_num_tokens / max_bs`` > 1 tokens per request), that many drafts,
+        as far as ``req_to_token`` reaches. The width sets the top-k kernel's block range, so
+        decode does not round it past ``context_len``.
         """
         width = self.req_to_token_pool.req_to_token.shape[1]
-        max_tokens = min(width, self.context_len + max(1, max_num_tokens // max_bs))
+        drafts = max_num_tokens // max_bs
+        max_tokens = min(width, self.context_len + (drafts if drafts > 1 else 0))
         self.graph_plans = GraphDecodePlans(self.params, max_bs, max_tokens, self.num_kv_heads, self.num_sms, self.device)
 
     def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False) -> None:
