@@ -122,7 +122,6 @@ def plan_decode(
     ``num_sms`` and the ``*_programs_per_sm`` knobs only size the grids, never the results.
     """
     batch = seq_lens.shape[0]
-    _check_page_table(page_table, batch)
     if q_len < 1:
         raise ValueError(f"q_len must be >= 1, got {q_len}")
     device = seq_lens.device
@@ -135,21 +134,57 @@ def plan_decode(
         ntok=ntok,
         max_tokens=q_len,
     )
+    return assemble_decode_plan(
+        params,
+        page_table.to(torch.int32).contiguous(),
+        tiles,
+        torch.zeros(batch * num_kv_heads, dtype=torch.int32, device=device),
+        num_kv_heads,
+        num_sms,
+        index_programs_per_sm,
+        attn_programs_per_sm,
+    )
+
+
+def assemble_decode_plan(
+    params: MSAParams,
+    page_table: torch.Tensor,
+    tiles: Tiles,
+    tickets: torch.Tensor,
+    num_kv_heads: int = 4,
+    num_sms: int = 132,
+    index_programs_per_sm: int = 16,
+    attn_programs_per_sm: int = 2,
+) -> DecodePlan:
+    """A decode plan over tensors the caller owns, used as they are (no copy, no allocation).
+
+    A CUDA graph keeps the addresses its kernels were captured with, so a caller that refreshes
+    ``page_table`` and ``tiles`` in place between replays builds its plan here once per shape.
+    ``page_table`` must be int32 with unit stride along blocks (row stride is free); ``tickets``
+    int32 zeros, at least ``batch * num_kv_heads`` of them.
+    """
+    batch = tiles.count
+    _check_page_table(page_table, batch)
+    if page_table.dtype != torch.int32 or page_table.stride(1) != 1:
+        raise ValueError(f"page_table must be int32 with unit stride along blocks, got {page_table.dtype}, strides {page_table.stride()}")
+    if tickets.dtype != torch.int32 or tickets.numel() < batch * num_kv_heads:
+        raise ValueError(f"tickets must be >= {batch * num_kv_heads} int32 zeros, got {tickets.numel()} {tickets.dtype}")
     max_blocks = page_table.shape[1]
+    q_len = tiles.max_tokens
     index_splits = max(1, min(max_blocks, (index_programs_per_sm * num_sms + batch - 1) // batch))
     union_slots = q_len * params.topk
     per_split = batch * num_kv_heads
     attn_splits = max(1, min(union_slots, (attn_programs_per_sm * num_sms + per_split - 1) // per_split))
     return DecodePlan(
         params=params,
-        page_table=page_table.to(torch.int32).contiguous(),
+        page_table=page_table,
         tiles=tiles,
         num_tokens=batch * q_len,
         max_blocks=max_blocks,
         index_splits=index_splits,
         attn_splits=attn_splits,
         num_kv_heads=num_kv_heads,
-        tickets=torch.zeros(batch * num_kv_heads, dtype=torch.int32, device=device),
+        tickets=tickets,
     )
 
 

@@ -1,15 +1,24 @@
-"""Routes each attention call to the MSA backend (sparse layers) or SGLang's backend (dense layers)."""
+"""Routes each attention call to the MSA backend (sparse layers) or SGLang's backend (dense layers).
+
+CUDA graphs: SGLang's graph runners talk to this one backend, so every graph hook whose work or
+answer concerns both halves reaches both (state allocation, the out-of-graph and in-graph
+metadata, warmup and recapture hooks, where shared reads end); the hooks about dense-only
+machinery (the padded ``seq_len`` fill value, the speculative tree mask) are the dense backend's,
+and the MSA backend copes with the dense fill value (see ``sglang_m3.msa.graph_plan``).
+"""
 
 from __future__ import annotations
 
-from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+from sglang.srt.layers.attention.base_attn_backend import AttentionBackend, SharedReadEnds
 
 
 class M3HybridAttnBackend(AttentionBackend):
     """Both backends plan every batch; a call goes to the one that owns its layer.
 
-    Everything else the runner asks of an attention backend (graph state, verify buffers,
-    fill values, ...) is the dense backend's business and is forwarded to it.
+    ``__getattr__`` never sees what ``AttentionBackend`` itself defines, so the graph hooks
+    whose base defaults would hide the children's answers are defined here. The remaining base
+    defaults (no ragged verify graphs, no metadata glue graph, no breakable-graph metadata) are
+    what the MSA backend supports. Anything the base class lacks goes to the dense backend.
     """
 
     def __init__(self, dense: AttentionBackend, sparse: AttentionBackend, sparse_layer_ids):
@@ -44,6 +53,28 @@ class M3HybridAttnBackend(AttentionBackend):
 
     def get_cuda_graph_seq_len_fill_value(self):
         return self.dense.get_cuda_graph_seq_len_fill_value()
+
+    def on_after_cuda_graph_warmup(self):
+        self.dense.on_after_cuda_graph_warmup()
+        self.sparse.on_after_cuda_graph_warmup()
+
+    def validate_elastic_cuda_graph_recapture(self):
+        self.dense.validate_elastic_cuda_graph_recapture()
+        self.sparse.validate_elastic_cuda_graph_recapture()
+
+    def shared_read_ends(self, fm) -> SharedReadEnds:
+        return SharedReadEnds.max_of((self.dense.shared_read_ends(fm), self.sparse.shared_read_ends(fm)))
+
+    @property
+    def extend_dummy_seqs_capped_by_req_pool(self) -> bool:
+        return self.dense.extend_dummy_seqs_capped_by_req_pool or self.sparse.extend_dummy_seqs_capped_by_req_pool
+
+    @property
+    def verify_mask(self):
+        return self.dense.verify_mask
+
+    def update_verify_buffers_to_fill_after_draft(self, spec_info, cuda_graph_bs):
+        self.dense.update_verify_buffers_to_fill_after_draft(spec_info, cuda_graph_bs)
 
     def _owner(self, layer) -> AttentionBackend:
         return self.sparse if layer.layer_id in self.sparse_layer_ids else self.dense

@@ -1,9 +1,19 @@
 """The MSA backend on CUDA: the same cache handling as the torch backend, the Triton kernels for attention.
 
-``init_forward_metadata`` makes one ``msa_kernels`` plan per forward (page table from
+``init_forward_metadata`` (eager) makes one ``msa_kernels`` plan per forward (page table from
 ``req_to_token`` with page = block = 128, tiles of query tokens); ``_attend`` runs every sparse
 layer against it: decode (and speculative verification with equal draft lengths) on the decode
 kernels, extend / chunked prefill on the prefill kernels.
+
+CUDA graphs (SGLang's decode and target-verify graph runners) use static plans from
+:mod:`sglang_m3.msa.graph_plan`: ``init_cuda_graph_state`` sizes them for the largest captured
+batch and the model's context; ``init_forward_metadata_out_graph`` (host, before capture and
+before every replay) checks the batch and picks the plan of its shape;
+``init_forward_metadata_in_graph`` (recorded in the graph) gathers page ids and query positions
+from the runner's input buffers into it. Every request of a graphed verify batch has the
+captured draft width (SGLang replays only uniform widths) and its drafts must form a chain
+(EAGLE top-k 1): the decode kernels attend causally, without SGLang's tree mask. Extend batches
+are never graphed here: their plans depend on host-side lengths.
 """
 
 from __future__ import annotations
@@ -13,6 +23,7 @@ from msa_kernels.api import run_decode, run_prefill
 from msa_kernels.plan import DecodePlan, page_table_from_req_to_token, plan_decode, plan_prefill
 
 from sglang_m3.msa.backend import MSATorchBackend
+from sglang_m3.msa.graph_plan import GraphDecodePlans
 
 
 def _blocks_for(max_seq_len: int, block_size: int, limit: int) -> int:
@@ -40,17 +51,78 @@ class MSATritonBackend(MSATorchBackend):
         # The SM count only sizes grids; off CUDA (the Triton interpreter in CI) any value works.
         self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
         self.num_kv_heads = self.token_to_kv_pool.head_num  # per rank
+        self.device = device
+        self.context_len = model_runner.model_config.context_len
         self.kernel_plan = None
+        self.graph_plans: GraphDecodePlans | None = None
 
     def init_forward_metadata(self, forward_batch) -> None:
         self.kernel_plan = plan_kernels(
             forward_batch, self.req_to_token_pool.req_to_token, self.params, self.num_kv_heads, self.num_sms
         )
 
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        """Static plan buffers for graphs of up to ``max_bs`` requests (re-allocated on every call).
+
+        A request may hold the model's ``context_len`` tokens (a decode token is one of them) plus,
+        in verify graphs (``max_num_tokens / max_bs`` > 1 tokens per request), that many drafts,
+        as far as ``req_to_token`` reaches. The width sets the top-k kernel's block range, so
+        decode does not round it past ``context_len``.
+        """
+        width = self.req_to_token_pool.req_to_token.shape[1]
+        drafts = max_num_tokens // max_bs
+        max_tokens = min(width, self.context_len + (drafts if drafts > 1 else 0))
+        self.graph_plans = GraphDecodePlans(self.params, max_bs, max_tokens, self.num_kv_heads, self.num_sms, self.device)
+
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False) -> None:
+        """Pick the static plan of this batch's shape; the same one at capture and at every replay."""
+        if self.graph_plans is None:
+            raise RuntimeError("init_forward_metadata_out_graph before init_cuda_graph_state: no static MSA plan buffers")
+        q_len, queries_in_seq_lens = graph_query_shape(forward_batch)
+        on_host = forward_batch.seq_lens_cpu
+        longest = None
+        if on_host is not None and on_host.numel():
+            longest = int(on_host.max()) + (0 if queries_in_seq_lens else q_len)
+        self.kernel_plan = self.graph_plans.plan(forward_batch.seq_lens.shape[0], q_len, longest)
+
+    def init_forward_metadata_in_graph(self, forward_batch) -> None:
+        """Refresh the picked plan from the runner's buffers: the device work the graph replays."""
+        q_len, queries_in_seq_lens = graph_query_shape(forward_batch)
+        self.graph_plans.refresh(
+            self.graph_plans.plan(forward_batch.seq_lens.shape[0], q_len),
+            self.req_to_token_pool.req_to_token,
+            forward_batch.req_pool_indices,
+            forward_batch.seq_lens,
+            queries_in_seq_lens,
+        )
+
     def _run(self, q, k_cache, v_cache, index_q, index_k_cache, scale) -> torch.Tensor:
         run = run_decode if isinstance(self.kernel_plan, DecodePlan) else run_prefill
         out, _ = run(self.kernel_plan, q, k_cache, v_cache, index_q, index_k_cache, sm_scale=scale)
         return out
+
+
+def graph_query_shape(forward_batch) -> tuple[int, bool]:
+    """(query tokens per request, whether ``seq_lens`` counts them) of a batch a graph may run.
+
+    Decode: one token, counted. Target verify: the draft width of ``spec_info``, not counted
+    (SGLang keeps the drafts outside ``seq_lens``).
+    """
+    mode = forward_batch.forward_mode
+    if mode.is_decode_or_idle():
+        return 1, True
+    if not _is_target_verify(mode):
+        raise ValueError(f"MSA CUDA graphs cover DECODE and TARGET_VERIFY batches only, got forward_mode {mode}")
+    spec = forward_batch.spec_info
+    if spec is None:
+        raise ValueError("a TARGET_VERIFY batch without spec_info: the draft width is unknown")
+    if getattr(spec, "topk", 1) > 1:
+        raise ValueError(
+            f"spec_info.topk = {spec.topk}: draft trees need SGLang's verify mask, the MSA decode kernels "
+            "attend to the drafts as a chain (run speculative decoding with --speculative-eagle-topk 1)"
+        )
+    width = spec.num_tokens_per_req if getattr(spec, "num_tokens_per_req", -1) > 0 else spec.draft_token_num
+    return int(width), False
 
 
 def plan_kernels(forward_batch, req_to_token: torch.Tensor, params, num_kv_heads: int, num_sms: int = 132):

@@ -29,3 +29,11 @@ def interpreted_api():
         for module in (triton_select, triton_index, triton_attention, triton_block_major, api):
             importlib.reload(module)
     return api
+
+
+@pytest.fixture(scope="module")
+def backend_module(interpreted_api):
+    """``sglang_m3.msa.triton_backend`` bound to the interpreted kernels."""
+    from sglang_m3.msa import triton_backend
+
+    return importlib.reload(triton_backend)

@@ -1,0 +1,96 @@
+"""Decode / verify kernel plans for CUDA graphs: the same tensors at capture and at every replay.
+
+A captured graph replays its kernels with the addresses they were captured with, so the plan
+that the sparse layers read must live in buffers allocated once (at ``init_cuda_graph_state``)
+and be refreshed in place. :class:`GraphDecodePlans` owns those buffers, sized for the largest
+captured batch and the whole context the model can hold:
+
+* the host side (:meth:`GraphDecodePlans.plan`) checks a batch against that size and hands out
+  the plan of ``(batch, q_len)``: views of the buffers, built once per shape;
+* the device side (:meth:`GraphDecodePlans.refresh`) is what the graph records: gather each
+  request's page ids from ``req_to_token`` and write every tile's first query position. Fixed
+  shapes, no host sync, so it replays with the runner's freshly copied inputs.
+
+Rows the runner pads a batch with (``seq_len`` = the dense backend's fill value, some pool row)
+are clamped to hold at least their query tokens, so positions never go negative, and to the
+captured context, so no kernel reads past the page table; such rows only write their own
+output rows, which the runner discards.
+"""
+
+from __future__ import annotations
+
+import torch
+from msa_kernels.plan import DecodePlan, Tiles, assemble_decode_plan, page_table_from_req_to_token
+from msa_kernels.reference import MSAParams
+
+
+class GraphDecodePlans:
+    """Static plan buffers for decode batches of up to ``max_bs`` requests of ``max_tokens`` tokens."""
+
+    def __init__(self, params: MSAParams, max_bs: int, max_tokens: int, num_kv_heads: int, num_sms: int, device):
+        if max_bs < 1 or max_tokens < 1:
+            raise ValueError(f"max_bs ({max_bs}) and max_tokens ({max_tokens}) must be >= 1")
+        self.params = params
+        self.max_bs = max_bs
+        self.max_tokens = max_tokens
+        self.num_kv_heads = num_kv_heads
+        self.num_sms = num_sms
+        self.device = torch.device(device)
+        max_blocks = -(-max_tokens // params.block_size)
+        self.page_table = torch.zeros(max_bs, max_blocks, dtype=torch.int32, device=self.device)
+        self.pos0 = torch.zeros(max_bs, dtype=torch.int32, device=self.device)
+        self.req = torch.arange(max_bs, dtype=torch.int32, device=self.device)
+        self.tickets = torch.zeros(max_bs * num_kv_heads, dtype=torch.int32, device=self.device)
+        self._tok0: dict[int, torch.Tensor] = {}  # q_len -> first q row of each request
+        self._ntok: dict[int, torch.Tensor] = {}  # q_len -> query tokens of each request
+        self._plans: dict[tuple[int, int], DecodePlan] = {}
+
+    def plan(self, batch: int, q_len: int, longest_kv: int | None = None) -> DecodePlan:
+        """The plan of a ``batch`` x ``q_len`` batch (host side: may allocate, never syncs).
+
+        ``longest_kv`` (the longest request's tokens, queries included), when the caller knows
+        it from host-side lengths, is checked against the captured context.
+        """
+        if batch > self.max_bs:
+            raise ValueError(f"batch of {batch} requests exceeds the CUDA-graph max_bs {self.max_bs} given to init_cuda_graph_state")
+        if longest_kv is not None and longest_kv > self.max_tokens:
+            raise ValueError(
+                f"a request of {longest_kv} tokens (seq_lens plus draft tokens) exceeds the CUDA-graph context of "
+                f"{self.max_tokens} tokens (model context_len, plus the drafts in verify graphs, within req_to_token)"
+            )
+        key = (batch, q_len)
+        if key not in self._plans:
+            if q_len not in self._tok0:
+                self._tok0[q_len] = self.req * q_len
+                self._ntok[q_len] = torch.full_like(self.req, q_len)
+            tiles = Tiles(
+                req=self.req[:batch],
+                tok0=self._tok0[q_len][:batch],
+                pos0=self.pos0[:batch],
+                ntok=self._ntok[q_len][:batch],
+                max_tokens=q_len,
+            )
+            self._plans[key] = assemble_decode_plan(
+                self.params, self.page_table[:batch], tiles, self.tickets, self.num_kv_heads, self.num_sms
+            )
+        return self._plans[key]
+
+    def refresh(
+        self,
+        plan: DecodePlan,
+        req_to_token: torch.Tensor,
+        req_pool_indices: torch.Tensor,
+        seq_lens: torch.Tensor,
+        queries_in_seq_lens: bool,
+    ) -> None:
+        """Write this batch's page ids and query positions into ``plan`` (graph-recordable).
+
+        ``queries_in_seq_lens``: decode counts the new token in ``seq_lens``; SGLang's target
+        verify does not (the draft tokens sit at ``seq_lens .. seq_lens + q_len - 1``).
+        """
+        batch, q_len = plan.tiles.count, plan.tiles.max_tokens
+        kv_lens = seq_lens[:batch] if queries_in_seq_lens else seq_lens[:batch] + q_len
+        plan.tiles.pos0.copy_(kv_lens.clamp(q_len, self.max_tokens) - q_len)
+        plan.page_table.copy_(
+            page_table_from_req_to_token(req_to_token, req_pool_indices[:batch], self.max_tokens, self.params.block_size)
+        )
