@@ -296,18 +296,18 @@ def bench_prefill(pool: Pool, sgl: SGLang | None, n: int, prefix: int) -> dict:
     row = {"phase": "prefill", "L": total, "N": n, "prefix": prefix, "q_len": n,
            "model_flops": flops, "model_bytes": prefill_model_bytes(n, prefix)}
     row["ours_us"] = 1000 * bench_ms(lambda: run_prefill(plan, q, pool.k, pool.v, iq, pool.ik))
-    row["ours_attn_tile_tokens"] = plan.attn_tiles.max_tokens
-    variants = {}
-    for tile_tokens in (1, 2, 4):
-        vplan = plan_prefill(PARAMS, plan.page_table, [total], [n], num_index_heads=HKV, attn_tile_tokens=tile_tokens)
-        variants[tile_tokens] = 1000 * bench_ms(lambda: run_prefill(vplan, q, pool.k, pool.v, iq, pool.ik), min_reps=3, budget_ms=200)
-    row["ours_us_by_attn_tile_tokens"] = variants
-    row["ours_index_rows"] = plan.index_tiles.max_tokens * HKV
-    row["ours_index_us_by_index_rows"] = {}
-    for rows in (64, 128):
-        rplan = plan_prefill(PARAMS, plan.page_table, [total], [n], num_index_heads=HKV, index_rows=rows)
-        row["ours_index_us_by_index_rows"][rows] = 1000 * bench_ms(lambda: prefill_select(rplan, iq, pool.ik))
+    row["ours_attention_form"] = "block_major" if plan.block_major else "query_major"
+    row["ours_us_by_attention_form"] = {}
+    for form in (True, False):
+        fplan = plan_prefill(PARAMS, plan.page_table, [total], [n], num_index_heads=HKV, block_major=form)
+        row["ours_us_by_attention_form"]["block_major" if form else "query_major"] = 1000 * bench_ms(
+            lambda: run_prefill(fplan, q, pool.k, pool.v, iq, pool.ik), min_reps=3, budget_ms=200
+        )
+    row["ours_index_splits"] = plan.index_splits
     row["ours_index_us"] = 1000 * bench_ms(lambda: prefill_select(plan, iq, pool.ik))
+    if plan.index_splits > 1:
+        one = plan_prefill(PARAMS, plan.page_table, [total], [n], num_index_heads=HKV, index_splits=1)
+        row["ours_index_us_unsplit"] = 1000 * bench_ms(lambda: prefill_select(one, iq, pool.ik))
     row["sglang_us"] = row["sglang_index_us"] = None
     if sgl:
         cu = torch.tensor([0, n], dtype=torch.int32, device="cuda")
@@ -451,16 +451,18 @@ def write_markdown(path: str, meta: dict, rows: list[dict]) -> None:
         "",
         "## Prefill (CUDA events, per layer, ms)",
         "",
-        "| N | prefix | ours | ours indexer | SGLang | SGLang indexer | dense | SGLang/ours | dense/ours | frac_flops | indexer frac_flops |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| N | prefix | ours | ours indexer | ours block-major / query-major | SGLang | SGLang indexer | dense | SGLang/ours | dense/ours | frac_flops | indexer frac_flops |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if r["phase"] != "prefill":
             continue
         ms = lambda x: None if x is None else x / 1000  # noqa: E731
         sg = r["sglang_us"] / r["ours_us"] if r["sglang_us"] else None
+        forms = r["ours_us_by_attention_form"]
         lines.append(
             f"| {r['N'] // K}K | {r['prefix'] // K}K | {_fmt(ms(r['ours_us']), 2)} | {_fmt(ms(r['ours_index_us']), 2)} | "
+            f"{_fmt(ms(forms['block_major']), 2)} / {_fmt(ms(forms['query_major']), 2)} | "
             f"{_fmt(ms(r['sglang_us']), 2)} | {_fmt(ms(r['sglang_index_us']), 2)} | {_fmt(ms(r['dense_us']), 2)} | "
             f"{_fmt(sg, 2)} | {_fmt(r['dense_us'] / r['ours_us'], 2)} | {_fmt(r['frac_flops'], 3)} | {_fmt(r['index_frac_flops'], 3)} |"
         )

@@ -211,11 +211,6 @@ def _tiles_for(
     )
 
 
-def _index_rows_for(extend_lens: list[int], num_index_heads: int, num_sms: int) -> int:
-    tiles_at_128 = sum(-(-e * num_index_heads // 128) for e in extend_lens)
-    return 128 if tiles_at_128 >= 2 * num_sms else 64
-
-
 # Below this many new tokens in a batch the query-major attention wins: block-major pays a sort,
 # a partial output per (token, block) and a merge, and short extends share few blocks anyway.
 BLOCK_MAJOR_MIN_TOKENS = 1024
@@ -252,7 +247,7 @@ def plan_prefill(
     extend_lens: list[int],
     num_index_heads: int,
     attn_tile_tokens: int = 1,
-    index_rows: int | None = None,
+    index_rows: int = 128,
     index_splits: int | None = None,
     num_sms: int = 132,
     block_major: bool | None = None,
@@ -262,9 +257,10 @@ def plan_prefill(
 
     ``q`` rows are packed request after request (SGLang's extend layout). The prefix length of a
     request is ``seq_lens[b] - extend_lens[b]`` and may be any value (not only multiples of the
-    block size). ``index_rows`` is the indexer tile height in (token, index head) rows; by default
-    128, or 64 when 128-row tiles would leave SMs idle (a short chunk after a long prefix: each
-    tile scans the whole prefix, so the tile count is the parallelism). ``index_splits`` is the
+    block size). ``index_rows`` is the indexer tile height in (token, index head) rows: 128 (halves
+    the index-key reloads per row against 64; where 128-row tiles are too few to fill the GPU, a
+    short chunk after a long prefix, splitting their key range beat 64-row tiles on an H100:
+    4K after 124K 1.56 ms vs 1.72-1.97 ms, benchmarks/KERNEL_NOTES.md). ``index_splits`` is the
     number of programs that share each indexer tile's blocks (then merged); by default 1 when the
     tiles alone give ``_INDEX_TILES_PER_SM_UNSPLIT`` programs per SM, else enough for
     ``_INDEX_SPLIT_PROGRAMS_PER_SM`` with at least ``_MIN_BLOCKS_PER_INDEX_SPLIT`` blocks per split
@@ -284,8 +280,6 @@ def plan_prefill(
             raise ValueError(f"request {b}: extend length {e} must be in 1..seq_len ({s})")
         if _num_blocks(s, params.block_size) > page_table.shape[1]:
             raise ValueError(f"request {b}: seq_len {s} needs more blocks than page_table has ({page_table.shape[1]})")
-    if index_rows is None:
-        index_rows = _index_rows_for(extend_lens, num_index_heads, num_sms)
     if index_rows % num_index_heads:
         raise ValueError(f"index_rows {index_rows} must be a multiple of the index heads ({num_index_heads})")
     if block_major_chunk < 1:

@@ -53,7 +53,7 @@ def _m3_prefill(seq_lens, extend_lens, heads, **kwargs):
     return plan_prefill(M3_PARAMS, table, seq_lens, extend_lens, num_index_heads=heads, **kwargs)
 
 
-@pytest.mark.parametrize("n, heads", [(32 * K, 4), (32 * K, 1), (8 * K, 4), (4 * K, 4)])
+@pytest.mark.parametrize("n, heads", [(32 * K, 4), (64 * K, 1), (16 * K, 4), (4 * K, 4)])
 def test_prefill_without_prefix_scans_in_one_pass(n, heads):
     """Many tiles fill the GPU (or each is too short to share): no split, no merge launch."""
     assert _m3_prefill([n], [n], heads).index_splits == 1
