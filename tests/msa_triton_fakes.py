@@ -1,13 +1,14 @@
 """SGLang-shaped stand-ins for driving ``MSATritonBackend`` on the CPU (kernel tests).
 
 A model runner with a KV pool that serves a :class:`msa_kernels.paged_batch.PagedBatch`'s
-caches, and ForwardBatch-shaped namespaces carrying SGLang's own ``ForwardMode``.
+caches, and ForwardBatch doubles over that pool (:mod:`forward_batch_doubles`).
 """
 
 from types import SimpleNamespace
 
 import torch
 
+from forward_batch_doubles import forward_batch_for
 from msa_kernels.reference import MSAParams
 
 BLOCK, HQ, HKV, D = 16, 4, 2, 32
@@ -38,19 +39,15 @@ def make_backend(module, batch):
     return module.MSATritonBackend(fake_runner(batch.req_to_token.flip(0), lambda: batch), SPEC)
 
 
-def forward_batch(mode, seq_lens, extend_lens):
-    """The eager ForwardBatch of ``make_backend``'s pool layout."""
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+def forward_batch(mode, batch):
+    """The eager ForwardBatch of ``make_backend``'s pool layout, as SGLang builds one for ``mode``.
 
-    n = len(seq_lens)
-    return SimpleNamespace(
-        forward_mode=getattr(ForwardMode, mode),
-        seq_lens=torch.tensor(seq_lens),
-        seq_lens_cpu=torch.tensor(seq_lens),
-        req_pool_indices=torch.arange(n - 1, -1, -1),
-        extend_seq_lens=torch.tensor(extend_lens),
-        extend_seq_lens_cpu=list(extend_lens),
-    )
+    ``batch.seq_lens`` are the tokens each request attends to (queries included): a
+    TARGET_VERIFY double keeps its ``batch.extend_lens`` drafts out of ``seq_lens``.
+    """
+    n = len(batch.seq_lens)
+    pool = batch.req_to_token.flip(0)
+    return forward_batch_for(mode, pool, torch.arange(n - 1, -1, -1), batch.seq_lens, batch.extend_lens)
 
 
 def attend(backend, batch) -> torch.Tensor:

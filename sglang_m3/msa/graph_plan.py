@@ -23,6 +23,8 @@ import torch
 from msa_kernels.plan import DecodePlan, Tiles, assemble_decode_plan, page_table_from_req_to_token
 from msa_kernels.reference import MSAParams
 
+from sglang_m3.msa.batch_shape import attended_lens
+
 
 class GraphDecodePlans:
     """Static plan buffers for decode batches of up to ``max_bs`` requests of ``max_tokens`` tokens."""
@@ -86,10 +88,10 @@ class GraphDecodePlans:
         """Write this batch's page ids and query positions into ``plan`` (graph-recordable).
 
         ``queries_in_seq_lens``: decode counts the new token in ``seq_lens``; SGLang's target
-        verify does not (the draft tokens sit at ``seq_lens .. seq_lens + q_len - 1``).
+        verify does not (see :mod:`sglang_m3.msa.batch_shape`).
         """
         batch, q_len = plan.tiles.count, plan.tiles.max_tokens
-        kv_lens = seq_lens[:batch] if queries_in_seq_lens else seq_lens[:batch] + q_len
+        kv_lens = attended_lens(seq_lens[:batch], q_len, queries_in_seq_lens)
         plan.tiles.pos0.copy_(kv_lens.clamp(q_len, self.max_tokens) - q_len)
         plan.page_table.copy_(
             page_table_from_req_to_token(req_to_token, req_pool_indices[:batch], self.max_tokens, self.params.block_size)

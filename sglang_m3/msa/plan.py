@@ -1,9 +1,10 @@
 """Per-batch MSA metadata: which cache slots and query positions each request has.
 
 Built once per forward from SGLang's ``ForwardBatch`` and reused by every sparse layer. The
-query positions are absolute (``prefix_len + i`` for extend, ``seq_len - 1`` for decode), which is
-what makes chunked prefill with a prefix that is not a multiple of the block size, and several
-query tokens per request (speculative verification), come out right.
+query positions are absolute (``prefix_len + i`` for extend, ``seq_len - 1`` for decode,
+``seq_len + i`` for draft ``i`` of speculative verification), which is what makes chunked
+prefill with a prefix that is not a multiple of the block size, and several query tokens per
+request (speculative verification), come out right.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from sglang_m3.msa.batch_shape import attended_lens, uniform_query_shape
 
 
 @dataclass(frozen=True)
@@ -49,10 +52,17 @@ def plan_batch(
 
 
 def plan_forward_batch(forward_batch, req_to_token: torch.Tensor) -> MSABatchPlan:
-    """Plan from SGLang's ``ForwardBatch`` (decode: one query per request; extend: the new tokens)."""
-    seq_lens = forward_batch.seq_lens
-    if forward_batch.forward_mode.is_decode_or_idle():
-        query_lens = torch.ones_like(seq_lens)
-    else:
+    """Plan from SGLang's ``ForwardBatch``: decode, speculative verify or extend.
+
+    Decode queries the last token of ``seq_lens``; verify queries its drafts, which follow the
+    ``seq_lens`` tokens (see :mod:`sglang_m3.msa.batch_shape`); extend the new tokens.
+    """
+    shape = uniform_query_shape(forward_batch)
+    if shape is None:
         query_lens = forward_batch.extend_seq_lens
-    return plan_batch(req_to_token, forward_batch.req_pool_indices, seq_lens, query_lens)
+        if query_lens is None:
+            raise ValueError(f"forward_batch.extend_seq_lens is None in a {forward_batch.forward_mode} batch: the new tokens per request are unknown")
+        return plan_batch(req_to_token, forward_batch.req_pool_indices, forward_batch.seq_lens, query_lens)
+    q_len, queries_in_seq_lens = shape
+    kv_lens = attended_lens(forward_batch.seq_lens, q_len, queries_in_seq_lens)
+    return plan_batch(req_to_token, forward_batch.req_pool_indices, kv_lens, torch.full_like(kv_lens, q_len))

@@ -2,8 +2,9 @@
 
 ``init_forward_metadata`` (eager) makes one ``msa_kernels`` plan per forward (page table from
 ``req_to_token`` with page = block = 128, tiles of query tokens); ``_attend`` runs every sparse
-layer against it: decode (and speculative verification with equal draft lengths) on the decode
-kernels, extend / chunked prefill on the prefill kernels.
+layer against it: decode and speculative verification (a chain of drafts per request, outside SGLang's
+``seq_lens``: see :mod:`sglang_m3.msa.batch_shape`) on the decode kernels, extend / chunked
+prefill on the prefill kernels.
 
 CUDA graphs (SGLang's decode and target-verify graph runners) use static plans from
 :mod:`sglang_m3.msa.graph_plan`: ``init_cuda_graph_state`` sizes them for the largest captured
@@ -23,6 +24,7 @@ from msa_kernels.api import run_decode, run_prefill
 from msa_kernels.plan import DecodePlan, page_table_from_req_to_token, plan_decode, plan_prefill
 
 from sglang_m3.msa.backend import MSATorchBackend
+from sglang_m3.msa.batch_shape import attended_lens, host_extend_lens, uniform_query_shape
 from sglang_m3.msa.graph_plan import GraphDecodePlans
 
 
@@ -30,10 +32,6 @@ def _blocks_for(max_seq_len: int, block_size: int, limit: int) -> int:
     """Page-table width: the next power of two of the blocks needed (few kernel variants), capped."""
     need = max(1, -(-max_seq_len // block_size))
     return min(limit, 1 << (need - 1).bit_length())
-
-
-def _is_target_verify(forward_mode) -> bool:
-    return bool(getattr(forward_mode, "is_target_verify", lambda: False)())
 
 
 class MSATritonBackend(MSATorchBackend):
@@ -82,7 +80,7 @@ class MSATritonBackend(MSATorchBackend):
         on_host = forward_batch.seq_lens_cpu
         longest = None
         if on_host is not None and on_host.numel():
-            longest = int(on_host.max()) + (0 if queries_in_seq_lens else q_len)
+            longest = int(attended_lens(on_host, q_len, queries_in_seq_lens).max())
         self.kernel_plan = self.graph_plans.plan(forward_batch.seq_lens.shape[0], q_len, longest)
 
     def init_forward_metadata_in_graph(self, forward_batch) -> None:
@@ -103,44 +101,37 @@ class MSATritonBackend(MSATorchBackend):
 
 
 def graph_query_shape(forward_batch) -> tuple[int, bool]:
-    """(query tokens per request, whether ``seq_lens`` counts them) of a batch a graph may run.
-
-    Decode: one token, counted. Target verify: the draft width of ``spec_info``, not counted
-    (SGLang keeps the drafts outside ``seq_lens``).
-    """
-    mode = forward_batch.forward_mode
-    if mode.is_decode_or_idle():
-        return 1, True
-    if not _is_target_verify(mode):
-        raise ValueError(f"MSA CUDA graphs cover DECODE and TARGET_VERIFY batches only, got forward_mode {mode}")
-    spec = forward_batch.spec_info
-    if spec is None:
-        raise ValueError("a TARGET_VERIFY batch without spec_info: the draft width is unknown")
-    if getattr(spec, "topk", 1) > 1:
-        raise ValueError(
-            f"spec_info.topk = {spec.topk}: draft trees need SGLang's verify mask, the MSA decode kernels "
-            "attend to the drafts as a chain (run speculative decoding with --speculative-eagle-topk 1)"
-        )
-    width = spec.num_tokens_per_req if getattr(spec, "num_tokens_per_req", -1) > 0 else spec.draft_token_num
-    return int(width), False
+    """(query tokens per request, whether ``seq_lens`` counts them) of a batch a graph may run."""
+    shape = uniform_query_shape(forward_batch)
+    if shape is None:
+        raise ValueError(f"MSA CUDA graphs cover DECODE and TARGET_VERIFY batches only, got forward_mode {forward_batch.forward_mode}")
+    return shape
 
 
 def plan_kernels(forward_batch, req_to_token: torch.Tensor, params, num_kv_heads: int, num_sms: int = 132):
-    """The ``msa_kernels`` plan of one SGLang forward batch (decode, verify or extend)."""
+    """The ``msa_kernels`` plan of one SGLang forward batch (decode, verify or extend).
+
+    Decode and verify run the decode kernels with every request's attended length (SGLang's
+    ``seq_lens`` plus the drafts in verify, see :mod:`sglang_m3.msa.batch_shape`); extend runs
+    the prefill kernels from host-side lengths.
+    """
     block = params.block_size
+    shape = uniform_query_shape(forward_batch)
     on_host = forward_batch.seq_lens_cpu
-    seq_lens_cpu = (forward_batch.seq_lens if on_host is None else on_host).tolist()
-    width = _blocks_for(max(seq_lens_cpu), block, -(-req_to_token.shape[1] // block))
+    host_lens = forward_batch.seq_lens if on_host is None else on_host
+    if shape is not None:
+        host_lens = attended_lens(host_lens, *shape)
+    longest = int(host_lens.max()) if host_lens.numel() else 0
+    if longest > req_to_token.shape[1]:
+        raise ValueError(f"a request attends to {longest} tokens, more than a req_to_token row holds ({req_to_token.shape[1]})")
+    width = _blocks_for(longest, block, -(-req_to_token.shape[1] // block))
     max_context = min(width * block, req_to_token.shape[1])
     table = page_table_from_req_to_token(req_to_token, forward_batch.req_pool_indices, max_context, block)
-    mode = forward_batch.forward_mode
-    heads = num_kv_heads
-    if mode.is_decode_or_idle():
-        return plan_decode(params, table, forward_batch.seq_lens, q_len=1, num_kv_heads=heads, num_sms=num_sms)
-    extend_lens = list(forward_batch.extend_seq_lens_cpu)
-    if _is_target_verify(mode) and len(set(extend_lens)) == 1:
-        return plan_decode(params, table, forward_batch.seq_lens, q_len=extend_lens[0], num_kv_heads=heads, num_sms=num_sms)
-    return plan_prefill(params, table, seq_lens_cpu, extend_lens, num_index_heads=heads)
+    if shape is None:
+        return plan_prefill(params, table, host_lens.tolist(), host_extend_lens(forward_batch), num_index_heads=num_kv_heads)
+    q_len, queries_in_seq_lens = shape
+    kv_lens = attended_lens(forward_batch.seq_lens, q_len, queries_in_seq_lens)
+    return plan_decode(params, table, kv_lens, q_len=q_len, num_kv_heads=num_kv_heads, num_sms=num_sms)
 
 
 def msa_backend_for(model_runner, spec) -> MSATorchBackend:

@@ -145,3 +145,123 @@ def test_plan_rejects_more_queries_than_tokens():
 
     with pytest.raises(ValueError, match="queries 3 tokens but holds only 2"):
         plan_batch(torch.zeros(1, 4, dtype=torch.int64), torch.tensor([0]), torch.tensor([2]), torch.tensor([3]))
+
+
+@st.composite
+def forward_mode_batches(draw):
+    """A batch of one forward mode, SGLang-shaped: a verify batch drafts the same count everywhere."""
+    case = draw(msa_batches())
+    mode = draw(st.sampled_from(["EXTEND", "DECODE", "TARGET_VERIFY"]))
+    kv_lens = [kv for kv, _ in case["requests"]]
+    if mode == "EXTEND":
+        query_lens = [ql for _, ql in case["requests"]]
+    elif mode == "DECODE":
+        query_lens = [1] * len(kv_lens)
+    else:
+        q_len = draw(st.integers(1, min(6, min(kv_lens))))
+        query_lens = [q_len] * len(kv_lens)
+    return dict(case, mode=mode, requests=list(zip(kv_lens, query_lens)))
+
+
+def _storing_runner(req_to_token, k_cache, v_cache, ik_cache):
+    """A model runner whose pool writes and serves the given caches (slot-indexed, as SGLang's)."""
+    from types import SimpleNamespace
+
+    def set_kv_buffer(layer, write, k, v):
+        k_cache[write.loc] = k.view(k_cache[write.loc].shape)
+        v_cache[write.loc] = v.view(v_cache[write.loc].shape)
+
+    def set_index_k(layer_id, loc, index_k):
+        ik_cache[loc] = index_k
+
+    pool = SimpleNamespace(
+        set_kv_buffer=set_kv_buffer,
+        set_index_k=set_index_k,
+        get_key_buffer=lambda layer_id: k_cache,
+        get_value_buffer=lambda layer_id: v_cache,
+        get_index_k_buffer=lambda layer_id: ik_cache,
+    )
+    return SimpleNamespace(req_to_token_pool=SimpleNamespace(req_to_token=req_to_token), token_to_kv_pool=pool)
+
+
+@settings(max_examples=40, deadline=None)
+@given(forward_mode_batches())
+def test_torch_backend_forward_modes_match_brute_force(case):
+    """The torch backend on SGLang-shaped EXTEND / DECODE / TARGET_VERIFY batches: stores the new
+    tokens at ``out_cache_loc``, attends at the positions SGLang hands the model, matches the oracle.
+
+    Verify batches are built as SGLang builds them (drafts after ``seq_lens``, no extend lengths,
+    the draft count in ``spec_info``); see ``tests/forward_batch_doubles.py``.
+    """
+    from types import SimpleNamespace
+
+    from forward_batch_doubles import forward_batch_for
+
+    from sglang_m3.msa.backend import MSATorchBackend
+
+    gen = torch.Generator().manual_seed(case["seed"])
+    hkv, hq, d = case["hkv"], case["hkv"] * case["group"], case["d"]
+    kv_lens = [kv for kv, _ in case["requests"]]
+    query_lens = [ql for _, ql in case["requests"]]
+    cache_slots = sum(kv_lens) + 7
+    k_want = torch.randn(cache_slots, hkv, d, generator=gen, dtype=torch.float64)
+    v_want = torch.randn(cache_slots, hkv, d, generator=gen, dtype=torch.float64)
+    ik_want = torch.randn(cache_slots, d, generator=gen, dtype=torch.float64)
+    permutation = (torch.randperm(cache_slots - 1, generator=gen) + 1).tolist()
+    req_to_token = torch.zeros(len(kv_lens) + 2, 80, dtype=torch.int64)
+    pool_indices = torch.randperm(len(kv_lens) + 2, generator=gen)[: len(kv_lens)]
+    cursor = 0
+    for row, kv_len in zip(pool_indices.tolist(), kv_lens):
+        req_to_token[row, :kv_len] = torch.tensor(permutation[cursor : cursor + kv_len])
+        cursor += kv_len
+    fb = forward_batch_for(case["mode"], req_to_token, pool_indices, kv_lens, query_lens)
+
+    # The new tokens' K/V/index keys arrive with the forward; their slots start out as NaN.
+    new = fb.out_cache_loc
+    k_cache, v_cache, ik_cache = k_want.clone(), v_want.clone(), ik_want.clone()
+    for cache in (k_cache, v_cache, ik_cache):
+        cache[new] = float("nan")
+    num_queries = sum(query_lens)
+    q = torch.randn(num_queries, hq, d, generator=gen, dtype=torch.float64)
+    index_q = torch.randn(num_queries, hkv, d, generator=gen, dtype=torch.float64)
+    spec = SimpleNamespace(
+        index_block_size=case["block"], index_topk_blocks=case["topk"],
+        index_local_blocks=case["local"], index_init_blocks=case["init"],
+    )
+    layer = SimpleNamespace(layer_id=0, tp_q_head_num=hq, qk_head_dim=d, v_head_dim=d, scaling=1 / math.sqrt(d))
+    backend = MSATorchBackend(_storing_runner(req_to_token, k_cache, v_cache, ik_cache), spec)
+    backend.init_forward_metadata(fb)
+    got = backend.forward_extend(
+        q.view(num_queries, -1), k_want[new].view(num_queries, -1), v_want[new].view(num_queries, -1),
+        layer, fb, index_q=index_q, index_k=ik_want[new],
+    ).view(num_queries, hq, d)
+
+    start = 0
+    for row, kv_len, query_len in zip(pool_indices.tolist(), kv_lens, query_lens):
+        rows = slice(start, start + query_len)
+        start += query_len
+        q_pos = torch.arange(kv_len - query_len, kv_len)
+        assert fb.positions[rows].tolist() == q_pos.tolist(), "MSA must attend at the positions the model rotates with"
+        slots = req_to_token[row, :kv_len]
+        expected, _ = brute_force_request(
+            q[rows], k_want[slots], v_want[slots], index_q[rows], ik_want[slots],
+            q_pos, case["block"], case["topk"], case["local"], case["init"], layer.scaling,
+        )
+        torch.testing.assert_close(got[rows], expected, rtol=1e-9, atol=1e-9)
+
+
+def test_plan_names_the_missing_forward_batch_field():
+    import pytest
+    from forward_batch_doubles import forward_batch_for
+
+    from sglang_m3.msa.plan import plan_forward_batch
+
+    req_to_token = torch.arange(2 * 40).view(2, 40)
+    verify = forward_batch_for("TARGET_VERIFY", req_to_token, torch.tensor([1, 0]), [20, 30], [3, 3])
+    verify.spec_info = None
+    with pytest.raises(ValueError, match="forward_batch.spec_info"):
+        plan_forward_batch(verify, req_to_token)
+    extend = forward_batch_for("EXTEND", req_to_token, torch.tensor([1, 0]), [20, 30], [5, 30])
+    extend.extend_seq_lens = None
+    with pytest.raises(ValueError, match="forward_batch.extend_seq_lens is None"):
+        plan_forward_batch(extend, req_to_token)
