@@ -211,12 +211,14 @@ def _tiles_for(
     )
 
 
-# Below this many new tokens in a batch the query-major attention wins: block-major pays a sort,
-# a partial output per (token, block) and a merge, and short extends share few blocks anyway.
-BLOCK_MAJOR_MIN_TOKENS = 1024
+# Below this many new tokens in a batch the query-major attention wins. Block-major pays a sort,
+# a partial output per (token, block) written and read back, and a merge; on an H100 (random
+# inputs, one request) it was 0.92x query-major's time at 128K, even at 32K, and slower below
+# (8K: 4.3 vs 3.6 ms; 4K after 124K: 2.8 vs 2.7 ms): benchmarks/KERNEL_NOTES.md.
+BLOCK_MAJOR_MIN_TOKENS = 65536
 # Block-major passes of at most this many tokens: the partial outputs take
-# tokens x kv_heads x topk x group x head_dim elements (2 GiB in bf16 at M3 geometry and 8K).
-BLOCK_MAJOR_CHUNK_TOKENS = 8192
+# tokens x kv_heads x topk x group x head_dim elements (4 GiB in bf16 at M3 geometry and 16K).
+BLOCK_MAJOR_CHUNK_TOKENS = 16384
 
 
 def _token_positions(seq_lens: list[int], extend_lens: list[int], device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -228,8 +230,9 @@ def _token_positions(seq_lens: list[int], extend_lens: list[int], device) -> tup
 _INDEX_TILES_PER_SM_UNSPLIT = 2
 # Index programs per SM the split form aims for: enough resident programs to hide load latency.
 _INDEX_SPLIT_PROGRAMS_PER_SM = 4
-# Blocks each split scans at least, so the scan outweighs its candidate write and merge share.
-_MIN_BLOCKS_PER_INDEX_SPLIT = 32
+# Blocks each split scans at least, so the scan outweighs its candidate write and merge share
+# (at 32, an 8K prefill without prefix split in 2 and its indexer slowed 0.19 -> 0.24 ms, H100).
+_MIN_BLOCKS_PER_INDEX_SPLIT = 64
 
 
 def _index_splits_for(num_tiles: int, max_blocks: int, num_sms: int) -> int:

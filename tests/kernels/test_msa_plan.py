@@ -53,7 +53,7 @@ def _m3_prefill(seq_lens, extend_lens, heads, **kwargs):
     return plan_prefill(M3_PARAMS, table, seq_lens, extend_lens, num_index_heads=heads, **kwargs)
 
 
-@pytest.mark.parametrize("n, heads", [(32 * K, 4), (64 * K, 1), (16 * K, 4), (4 * K, 4)])
+@pytest.mark.parametrize("n, heads", [(32 * K, 4), (64 * K, 1), (8 * K, 4), (4 * K, 4)])
 def test_prefill_without_prefix_scans_in_one_pass(n, heads):
     """Many tiles fill the GPU (or each is too short to share): no split, no merge launch."""
     assert _m3_prefill([n], [n], heads).index_splits == 1
@@ -72,9 +72,9 @@ def test_short_chunk_after_long_prefix_splits_its_tiles(prefix, heads):
 
 
 def test_index_splits_keep_enough_blocks_each():
-    """A chunk with few tiles but a short context splits only as far as ~32 blocks per split."""
-    plan = _m3_prefill([100 * 128 + 5, 300], [64, 300], 4)
-    assert plan.index_splits == 101 // plan_module._MIN_BLOCKS_PER_INDEX_SPLIT
+    """A chunk with few tiles but a short context splits only as far as the minimum blocks per split."""
+    plan = _m3_prefill([200 * 128 + 5, 300], [64, 300], 4)
+    assert plan.index_splits == 201 // plan_module._MIN_BLOCKS_PER_INDEX_SPLIT > 1
     assert _m3_prefill([300], [64], 4).index_splits == 1
 
 
@@ -113,3 +113,13 @@ def test_page_table_reads_the_first_slot_of_each_block():
 def test_bad_inputs_name_the_field(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_attention_form_follows_the_batch_size():
+    """Block-major only for long extends (where it measured faster), query-major otherwise; overridable."""
+    threshold = plan_module.BLOCK_MAJOR_MIN_TOKENS
+    assert _m3_prefill([threshold], [threshold], 4).block_major
+    assert not _m3_prefill([threshold + 4 * K], [threshold - 1], 4).block_major
+    assert _m3_prefill([4 * K], [4 * K], 4, block_major=True).block_major
+    with pytest.raises(ValueError, match="block_major_chunk"):
+        _m3_prefill([4 * K], [4 * K], 4, block_major_chunk=0)
