@@ -30,10 +30,12 @@ Kernels (see each module): decode = index scan with the block's keys on the MMA'
 over blocks -> top-k per (request, head, token) -> sparse attention split over the chosen blocks
 with the log-sum-exp merge in each (request, head)'s last split at q_len 1 (3 launches; the plan
 holds its self-resetting arrival tickets) or as a 4th launch at q_len > 1; fixed grids for
-CUDA-graph capture. Prefill = fused index scan
-+ causal block-max + running top-k (no score matrix) -> sparse attention per query tile
-(2 launches); a short chunk after a long prefix splits each index tile's blocks over several
-programs and merges their candidates (3 launches). ``decode_select`` / ``prefill_select`` return the selection alone.
+CUDA-graph capture. Prefill = fused index scan + causal block-max + running top-k (no score
+matrix; a short chunk after a long prefix splits each index tile's blocks over several programs
+and merges their candidates) -> sparse attention, query-major per token for short extends or
+KV-block-major for long ones (pairs sorted by block, one K/V load per tile of 8 tokens x 16
+heads, per-block partials, log-sum-exp merge). ``decode_select`` / ``prefill_select`` return
+the selection alone.
 Measured speed and what bounds it: ``benchmarks/KERNEL_NOTES.md``.
 """
 
