@@ -27,15 +27,18 @@ def verify_q_len(spec_info) -> int:
     """Draft tokens per request of a TARGET_VERIFY batch, from its ``spec_info``.
 
     The MSA kernels and the torch path attend to the drafts causally, as a chain: draft trees
-    (EAGLE top-k > 1) need SGLang's tree mask, and per-request verify lengths (a ragged verify
-    layout) are not planned here; both are refused rather than answered wrongly.
+    (EAGLE top-k > 1, and NGRAM's irregular trees, whose ``tree_topk`` is -1) need SGLang's tree
+    mask, and per-request verify lengths (a ragged verify layout) are not planned here; both are
+    refused rather than answered wrongly.
     """
     if spec_info is None:
         raise ValueError("a TARGET_VERIFY batch without forward_batch.spec_info: the draft count per request is unknown")
-    if getattr(spec_info, "topk", 1) > 1:
+    branching = getattr(spec_info, "tree_topk", getattr(spec_info, "topk", 1))
+    if branching != 1:
         raise ValueError(
-            f"spec_info.topk = {spec_info.topk}: draft trees need SGLang's verify mask, MSA attends to "
-            "the drafts as a chain (run speculative decoding with --speculative-eagle-topk 1)"
+            f"spec_info.tree_topk = {branching}: draft trees need SGLang's verify mask, MSA attends to the "
+            "drafts as a chain (run EAGLE speculative decoding with --speculative-eagle-topk 1; NGRAM drafts "
+            "are trees and are not supported)"
         )
     if getattr(spec_info, "ragged_verify_layout", None) is not None:
         raise ValueError("spec_info.ragged_verify_layout is set: MSA plans verify batches of one draft count per request only")

@@ -251,6 +251,11 @@ def check_speculative(recipe: Recipe, profile: HardwareProfile) -> Iterator[Find
         yield _error("spec.speculative.draftModel",
                      "NGRAM drafts from the prompt and uses no draft model; remove draftModel",
                      "speculative.ngram-no-draft")
+    if algorithm == "NGRAM":
+        yield _error("spec.speculative.algorithm",
+                     "NGRAM verifies draft trees (SGLang reports them as irregular, tree_topk -1) and "
+                     "M3's sparse attention attends to drafts only as a chain; use EAGLE3 with eagleTopk: 1",
+                     "speculative.ngram-tree")
     if draft is not None and algorithm == "EAGLE" and "eagle3" in draft.path.lower():
         yield _error("spec.speculative.algorithm",
                      f"{draft.path} is an EAGLE3 draft; set algorithm: EAGLE3",

@@ -169,7 +169,7 @@ def test_batches_beyond_the_captured_state_are_refused(backend_module):
     with pytest.raises(ValueError, match="exceeds the CUDA-graph context"):
         verify.backend.init_forward_metadata_out_graph(verify.view(MAX_BS))
     verify.spec_info.topk = 2
-    with pytest.raises(ValueError, match="spec_info.topk = 2"):
+    with pytest.raises(ValueError, match="spec_info.tree_topk = 2"):
         verify.backend.init_forward_metadata_out_graph(verify.view(MAX_BS))
 
     extend = runner.view(MAX_BS)

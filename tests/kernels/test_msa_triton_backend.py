@@ -55,7 +55,7 @@ def _verify_batch_missing(**changes):
     "changes, message",
     [
         ({"spec_info": None}, "forward_batch.spec_info"),
-        ({"topk": 2}, "spec_info.topk = 2"),
+        ({"topk": 2}, "spec_info.tree_topk = 2"),
         ({"ragged_verify_layout": object()}, "spec_info.ragged_verify_layout"),
         ({"num_tokens_per_req": -1, "draft_token_num": None}, "num_tokens_per_req > 0 nor draft_token_num"),
     ],
@@ -63,6 +63,14 @@ def _verify_batch_missing(**changes):
 def test_verify_batch_without_a_usable_draft_count_is_refused(backend_module, changes, message):
     batch, fb = _verify_batch_missing(**changes)
     with pytest.raises(ValueError, match=message):
+        make_backend(backend_module, batch).init_forward_metadata(fb)
+
+
+def test_ngram_draft_trees_are_refused(backend_module):
+    """NGRAM verify inputs carry irregular trees (SGLang reports tree_topk -1): never attend them as a chain."""
+    batch, fb = _verify_batch_missing()
+    fb.spec_info = SimpleNamespace(tree_topk=-1, draft_token_num=3, num_tokens_per_req=3)
+    with pytest.raises(ValueError, match="tree_topk = -1.*NGRAM"):
         make_backend(backend_module, batch).init_forward_metadata(fb)
 
 

@@ -114,6 +114,7 @@ def test_speculative_rules():
     cases = {
         "speculative.draft-required": {"algorithm": "EAGLE3"},
         "speculative.ngram-no-draft": {"algorithm": "NGRAM", "draftModel": draft},
+        "speculative.ngram-tree": {"algorithm": "NGRAM", "numSteps": 2, "numDraftTokens": 3},
         "speculative.algorithm-draft": {"algorithm": "EAGLE", "draftModel": draft},
         "speculative.chain-only": {"algorithm": "EAGLE3", "draftModel": draft, "eagleTopk": 2},
         "speculative.draft-tokens": {"algorithm": "EAGLE3", "draftModel": draft,
