@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -107,18 +106,10 @@ def _attention(
         )
 
 
-# Query rows per block-major tile ((token, slot) pairs x query heads of the group), the warps of
-# its program, and resident programs per SM of the persistent grid.
+# Query rows per block-major tile ((token, slot) pairs x query heads of the group) and the warps of
+# its program.
 _BLOCK_MAJOR_ROWS = 128
 _BLOCK_MAJOR_WARPS = 8
-_BLOCK_MAJOR_PROGRAMS_PER_SM = 1
-
-
-@functools.lru_cache(maxsize=None)
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 4  # the interpreter: any grid is correct
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _sorted_pairs(page_table: torch.Tensor, token_req: torch.Tensor, selected: torch.Tensor, num_pages: int):
@@ -175,7 +166,7 @@ def _attention_block_major(
             plan.page_table, plan.token_req[start : start + n], selected[start : start + n], num_pages
         )
         tile_first, tile_count, num_tiles = _key_tiles(keys, sentinel, pairs_per_tile)
-        programs = min(triton.cdiv(keys.numel(), pairs_per_tile), _BLOCK_MAJOR_PROGRAMS_PER_SM * _num_sms(q.device))
+        programs = min(triton.cdiv(keys.numel(), pairs_per_tile), plan.block_major_programs)
         block_major_attention_kernel[(programs,)](
             q, k_cache, v_cache, selected, plan.token_pos, keys, pairs, tile_first, tile_count, num_tiles,
             part_o, part_lse,

@@ -70,8 +70,10 @@ class PrefillPlan:
     max_blocks: int
     block_major: bool  # attention form: KV-block-major (long extends) or query-major (short ones)
     block_major_chunk: int  # tokens per block-major pass (bounds the partial-output scratch)
-    token_req: torch.Tensor  # [num_tokens] int32: request of each q row
-    token_pos: torch.Tensor  # [num_tokens] int32: absolute position of each q row
+    block_major_programs: int  # persistent programs of the block-major attention (one per SM)
+    # [num_tokens] int32, request and absolute position of each q row; block-major only (else None)
+    token_req: torch.Tensor | None
+    token_pos: torch.Tensor | None
     # programs per indexer tile, each scanning a contiguous share of the tile's blocks; 1 = the
     # single-pass kernel, > 1 = split scan + merge launch
     index_splits: int
@@ -219,6 +221,9 @@ BLOCK_MAJOR_MIN_TOKENS = 65536
 # Block-major passes of at most this many tokens: the partial outputs take
 # tokens x kv_heads x topk x group x head_dim elements (4 GiB in bf16 at M3 geometry and 16K).
 BLOCK_MAJOR_CHUNK_TOKENS = 16384
+# Persistent block-major programs per SM: one (its 128x128 fp32 tiles fill the register file);
+# 2 and 4 measured slower on an H100.
+_BLOCK_MAJOR_PROGRAMS_PER_SM = 1
 
 
 def _token_positions(seq_lens: list[int], extend_lens: list[int], device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -289,7 +294,9 @@ def plan_prefill(
         raise ValueError(f"block_major_chunk must be >= 1, got {block_major_chunk}")
     device = page_table.device
     num_tokens = sum(extend_lens)
-    token_req, token_pos = _token_positions(seq_lens, extend_lens, device)
+    if block_major is None:
+        block_major = num_tokens >= BLOCK_MAJOR_MIN_TOKENS
+    token_req, token_pos = _token_positions(seq_lens, extend_lens, device) if block_major else (None, None)
     index_tiles = _tiles_for(seq_lens, extend_lens, index_rows // num_index_heads, device)
     if index_splits is None:
         longest = max(_num_blocks(s, params.block_size) for s in seq_lens)
@@ -303,8 +310,9 @@ def plan_prefill(
         attn_tiles=_tiles_for(seq_lens, extend_lens, attn_tile_tokens, device),
         num_tokens=num_tokens,
         max_blocks=page_table.shape[1],
-        block_major=num_tokens >= BLOCK_MAJOR_MIN_TOKENS if block_major is None else block_major,
+        block_major=block_major,
         block_major_chunk=block_major_chunk,
+        block_major_programs=_BLOCK_MAJOR_PROGRAMS_PER_SM * num_sms,
         token_req=token_req,
         token_pos=token_pos,
         index_splits=index_splits,

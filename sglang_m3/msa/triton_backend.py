@@ -128,7 +128,9 @@ def plan_kernels(forward_batch, req_to_token: torch.Tensor, params, num_kv_heads
     max_context = min(width * block, req_to_token.shape[1])
     table = page_table_from_req_to_token(req_to_token, forward_batch.req_pool_indices, max_context, block)
     if shape is None:
-        return plan_prefill(params, table, host_lens.tolist(), host_extend_lens(forward_batch), num_index_heads=num_kv_heads)
+        return plan_prefill(
+            params, table, host_lens.tolist(), host_extend_lens(forward_batch), num_index_heads=num_kv_heads, num_sms=num_sms
+        )
     q_len, queries_in_seq_lens = shape
     kv_lens = attended_lens(forward_batch.seq_lens, q_len, queries_in_seq_lens)
     return plan_decode(params, table, kv_lens, q_len=q_len, num_kv_heads=num_kv_heads, num_sms=num_sms)
