@@ -22,4 +22,8 @@ for req in requirements/*.txt; do
 done
 log "sglang-m3 (editable)"
 quiet "${PIP[@]}" install --no-deps --no-build-isolation -e .
+# Its CPU platform's entry point is a second distribution (metadata only; see its pyproject.toml),
+# so that selecting another SGLANG_PLATFORM does not make SGLang skip the model plugin.
+log "sglang-m3-cpu-platform (the CPU platform's entry point)"
+quiet "${PIP[@]}" install --no-deps --no-build-isolation ./dists/sglang-m3-cpu-platform
 .venv/bin/python -c "import sglang, sglang_m3, msa_kernels; print('[setup] ready: sglang', sglang.__version__)"

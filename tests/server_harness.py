@@ -53,13 +53,15 @@ def cpu_server_args(model_path: str, port: int, *extra: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def launch_cpu_server(model_path: str, log_dir: str, *extra: str):
+def launch_cpu_server(model_path: str, log_dir: str, *extra: str, env: dict[str, str] | None = None):
+    """Serve ``model_path`` on the project's CPU platform; ``env`` overrides the server's environment."""
     port = free_port()
     log_path = os.path.join(log_dir, f"sglang-{port}.log")
     env = {
         **os.environ,
         "SGLANG_PLATFORM": "sglang_m3_cpu",
         "SGLANG_EXTERNAL_MODEL_PACKAGE": "sglang_m3.models",
+        **(env or {}),
     }
     with open(log_path, "w", encoding="utf-8") as log:
         process = subprocess.Popen(

@@ -39,6 +39,10 @@ def test_leaves_sglangs_own_cpu_engine_alone(monkeypatch):
 def test_platform_replaces_the_sgl_kernel_cpu_backend():
     from types import SimpleNamespace
 
+    # SGLang resolves its platform while it is first imported, which here loads this very module:
+    # import SGLang first, as every SGLang process does, or the import is circular.
+    import sglang  # noqa: F401
+
     from sglang_m3.platform.cpu_platform import TorchNativeCpuPlatform
 
     args = SimpleNamespace(device=None, sampling_backend=None, attention_backend="intel_amx",
