@@ -7,7 +7,9 @@ fails at load time with the tensor's name instead of producing garbage later.
 Checkpoint names are the original ones (as ``transformers`` saves them): VL checkpoints prefix the
 text model with ``language_model.``; text-only ones do not. A dense MLP layer may appear under
 ``mlp.`` (original checkpoints) or ``block_sparse_moe.`` (transformers' save of a dense layer), so
-both spellings are accepted. ``mtp.*`` modules (multi-token prediction) are not used.
+both spellings are accepted. ``mtp.*`` modules (multi-token prediction) are skipped, as
+upstream SGLang does, until speculative decoding uses them. Scale tensors of a quantized
+checkpoint are refused by name rather than failing later on a shape.
 """
 
 from __future__ import annotations
@@ -18,10 +20,29 @@ from sglang_m3.config import M3TextSpec
 
 IGNORED_PREFIXES = ("mtp.", "model.mtp.", "language_model.mtp.", "language_model.model.mtp.")
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.*)$")
+#: tensor-name endings that only quantized checkpoints have -> the format they indicate
+_QUANTIZED_SUFFIXES = {
+    ".weight_scale_inv": "block-wise FP8",
+    ".weight_scale": "FP8/INT scaled weights",
+    ".input_scale": "FP8 static activation scales",
+    ".weight_scale_2": "NVFP4",
+    ".qweight": "GPTQ/AWQ packed int weights",
+    ".scales": "GPTQ/AWQ group scales",
+}
 
 
 class CheckpointError(ValueError):
     """A checkpoint tensor is missing, misshapen or not part of M3; the message names it."""
+
+
+def refuse_quantized_tensor(name: str) -> None:
+    """Raise for a tensor that only a quantized checkpoint carries, naming the format."""
+    for suffix, fmt in _QUANTIZED_SUFFIXES.items():
+        if name.endswith(suffix):
+            raise CheckpointError(
+                f"checkpoint tensor '{name}' belongs to a quantized checkpoint ({fmt}); quantized M3 "
+                "checkpoints are not supported yet by sglang-m3: serve the BF16 checkpoint"
+            )
 
 
 def text_tensor_name(name: str) -> str | None:
@@ -80,7 +101,8 @@ def expected_text_tensors(spec: M3TextSpec) -> dict[str, tuple[int, ...]]:
             m = p + "block_sparse_moe."
             inter, shared = spec.moe_intermediate_size, spec.shared_intermediate_size
             shapes[m + "gate.weight"] = (spec.num_experts, h)
-            shapes[m + "e_score_correction_bias"] = (spec.num_experts,)
+            if spec.use_routing_bias:
+                shapes[m + "e_score_correction_bias"] = (spec.num_experts,)
             for e in range(spec.num_experts):
                 shapes[m + f"experts.{e}.w1.weight"] = (inter, h)
                 shapes[m + f"experts.{e}.w3.weight"] = (inter, h)

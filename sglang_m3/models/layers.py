@@ -2,28 +2,38 @@
 
 They are written out here (rather than taken from SGLang's fused custom ops) because M3's
 variants differ in details that decide exactness: the Gemma norm scales by ``1 + w`` after an
-fp32 normalisation, RoPE rotates only the first ``rotary_dim`` channels (NeoX halves), and the
-expert activation is the clamped "swiglu-oai" form with separate gate and up halves.
+fp32 normalisation (``use_gemma_norm``; plain ``w`` otherwise), RoPE rotates only the first
+``rotary_dim`` channels (NeoX halves), and the expert activation is the clamped "swiglu-oai" form
+with separate gate and up halves (``hidden_act`` "swigluoai"; plain SiLU gating for "silu").
 """
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
-class GemmaRMSNorm(nn.Module):
-    """``x * rsqrt(mean(x^2) + eps) * (1 + w)``, normalised in fp32, over the last dimension."""
+class M3RMSNorm(nn.Module):
+    """``x * rsqrt(mean(x^2) + eps) * scale``, normalised in fp32, over the last dimension.
 
-    def __init__(self, dim: int, eps: float = 1e-6):
+    ``scale`` is ``1 + w`` in the Gemma form M3 ships with (``use_gemma_norm`` true; ``w``
+    starts at 0) and ``w`` otherwise (``w`` starts at 1), so an untouched norm is the identity
+    scale in both forms.
+    """
+
+    def __init__(self, dim: int, eps: float, gemma: bool):
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.zeros(dim))
+        self.offset = 1.0 if gemma else 0.0
+        self.weight = nn.Parameter(torch.zeros(dim) if gemma else torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
         normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (normed * (1.0 + self.weight.float())).to(x.dtype)
+        return (normed * (self.offset + self.weight.float())).to(x.dtype)
 
 
 class PartialNeoxRotary(nn.Module):
@@ -48,6 +58,13 @@ class PartialNeoxRotary(nn.Module):
         rotated_half = torch.cat((-rot[..., half:], rot[..., :half]), dim=-1)
         out = rot.float() * cos.to(torch.float) + rotated_half.float() * sin.to(torch.float)
         return torch.cat((out.to(x.dtype), keep), dim=-1)
+
+
+def gated_activation(hidden_act: str, alpha: float, limit: float) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """``act(gate, up)`` for the config's ``hidden_act`` ("swigluoai" or "silu")."""
+    if hidden_act == "silu":
+        return lambda gate, up: F.silu(gate) * up
+    return lambda gate, up: swiglu_oai(gate, up, alpha, limit)
 
 
 def swiglu_oai(gate: torch.Tensor, up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:

@@ -30,10 +30,11 @@ from sglang_m3.models.checkpoint_layout import (
     CheckpointError,
     canonical_dense_mlp_name,
     expected_text_tensors,
+    refuse_quantized_tensor,
     text_tensor_name,
 )
-from sglang_m3.models.layers import GemmaRMSNorm, PartialNeoxRotary
-from sglang_m3.models.moe import M3SparseMoeBlock, SwigluOaiMLP
+from sglang_m3.models.layers import M3RMSNorm, PartialNeoxRotary
+from sglang_m3.models.moe import GatedMLP, M3SparseMoeBlock
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ _RENAMED = {
 
 
 class M3Attention(nn.Module):
-    """GQA with Gemma q/k norms and partial RoPE; on sparse layers also the MSA index branch."""
+    """GQA with per-head q/k norms and partial RoPE; on sparse layers also the MSA index branch."""
 
     def __init__(self, spec: M3TextSpec, layer_id: int, quant_config=None, prefix: str = ""):
         super().__init__()
@@ -73,8 +74,8 @@ class M3Attention(nn.Module):
         self.o_proj = RowParallelLinear(
             spec.num_heads * spec.head_dim, spec.hidden_size, bias=False, quant_config=quant_config, prefix=f"{prefix}.o_proj"
         )
-        self.q_norm = GemmaRMSNorm(spec.head_dim, spec.rms_norm_eps)
-        self.k_norm = GemmaRMSNorm(spec.head_dim, spec.rms_norm_eps)
+        self.q_norm = M3RMSNorm(spec.head_dim, spec.rms_norm_eps, spec.use_gemma_norm)
+        self.k_norm = M3RMSNorm(spec.head_dim, spec.rms_norm_eps, spec.use_gemma_norm)
         self.rotary = PartialNeoxRotary(spec.rotary_dim, spec.rope_theta)
         self.attn = RadixAttention(
             self.num_heads, spec.head_dim, 1.0 / math.sqrt(spec.head_dim), self.num_kv_heads,
@@ -92,8 +93,8 @@ class M3Attention(nn.Module):
             self.local_index_heads = slice(first, first + self.num_kv_heads)
             self.index_q_proj = ReplicatedLinear(spec.hidden_size, spec.index_heads * spec.index_head_dim, bias=False, prefix=f"{prefix}.index_q_proj")
             self.index_k_proj = ReplicatedLinear(spec.hidden_size, spec.index_head_dim, bias=False, prefix=f"{prefix}.index_k_proj")
-            self.index_q_norm = GemmaRMSNorm(spec.index_head_dim, spec.rms_norm_eps)
-            self.index_k_norm = GemmaRMSNorm(spec.index_head_dim, spec.rms_norm_eps)
+            self.index_q_norm = M3RMSNorm(spec.index_head_dim, spec.rms_norm_eps, spec.use_gemma_norm)
+            self.index_k_norm = M3RMSNorm(spec.index_head_dim, spec.rms_norm_eps, spec.use_gemma_norm)
 
     def index_branch(self, positions: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(index queries ``[T, local KV heads, Di]``, index keys ``[T, Di]``), normed and rotated."""
@@ -129,9 +130,9 @@ class M3DecoderLayer(nn.Module):
         if spec.moe_layers[layer_id]:
             self.mlp = M3SparseMoeBlock(spec, quant_config, prefix=f"{prefix}.mlp")
         else:
-            self.mlp = SwigluOaiMLP(spec, spec.dense_intermediate_size, reduce_results=True, quant_config=quant_config, prefix=f"{prefix}.mlp")
-        self.input_layernorm = GemmaRMSNorm(spec.hidden_size, spec.rms_norm_eps)
-        self.post_attention_layernorm = GemmaRMSNorm(spec.hidden_size, spec.rms_norm_eps)
+            self.mlp = GatedMLP(spec, spec.dense_intermediate_size, reduce_results=True, quant_config=quant_config, prefix=f"{prefix}.mlp")
+        self.input_layernorm = M3RMSNorm(spec.hidden_size, spec.rms_norm_eps, spec.use_gemma_norm)
+        self.post_attention_layernorm = M3RMSNorm(spec.hidden_size, spec.rms_norm_eps, spec.use_gemma_norm)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, forward_batch: ForwardBatch) -> torch.Tensor:
         hidden = hidden + self.self_attn(positions, self.input_layernorm(hidden), forward_batch)
@@ -145,7 +146,7 @@ class M3TextModel(nn.Module):
         self.layers = nn.ModuleList(
             M3DecoderLayer(spec, i, quant_config, prefix=f"{prefix}.layers.{i}") for i in range(spec.num_layers)
         )
-        self.norm = GemmaRMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.norm = M3RMSNorm(spec.hidden_size, spec.rms_norm_eps, spec.use_gemma_norm)
 
     def get_input_embeddings(self) -> nn.Module:
         return self.embed_tokens
@@ -194,6 +195,7 @@ class TextWeightLoader:
         self.expected = expected_text_tensors(model.spec)
         self.params = dict(model.named_parameters())
         self.seen: set[str] = set()
+        self.skipped_mtp = 0
 
     def load(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         for name, tensor in weights:
@@ -202,7 +204,9 @@ class TextWeightLoader:
 
     def load_one(self, checkpoint_name: str, tensor: torch.Tensor) -> None:
         if checkpoint_name.startswith(IGNORED_PREFIXES):
+            self.skipped_mtp += 1
             return
+        refuse_quantized_tensor(checkpoint_name)
         name = text_tensor_name(checkpoint_name)
         if name is None:
             raise CheckpointError(f"checkpoint tensor '{checkpoint_name}' is not part of the M3 text model")
@@ -235,6 +239,11 @@ class TextWeightLoader:
         getattr(param, "weight_loader", default_weight_loader)(param, tensor)
 
     def finish(self) -> None:
+        if self.skipped_mtp:
+            logger.info(
+                "skipped %d multi-token-prediction tensor(s) (mtp.*): not used until speculative decoding reads them",
+                self.skipped_mtp,
+            )
         missing = sorted(set(self.expected) - self.seen)
         if missing:
             shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")

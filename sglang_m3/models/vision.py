@@ -28,14 +28,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sglang_m3.config import checkpoint_config, text_part, vision_part
+
 VISION_PREFIX = "vision_tower.vision_model."
 
 
-def _field(config: Any, name: str, default: Any = None) -> Any:
-    """Reads ``name`` from a transformers config object or a plain dict."""
-    if isinstance(config, dict):
-        return config.get(name, default)
-    return getattr(config, name, default)
+def _required_size(vision: dict, key: str) -> int:
+    found = vision.get(key)
+    if isinstance(found, bool) or not isinstance(found, int) or found < 1:
+        raise ValueError(f"config field 'vision_config.{key}' must be a positive integer, got {found!r}")
+    return found
 
 
 @dataclass(frozen=True)
@@ -58,29 +60,32 @@ class VisionDims:
 
     @classmethod
     def from_config(cls, config: Any) -> "VisionDims":
-        vision = _field(config, "vision_config")
-        text = _field(config, "text_config")
-        if vision is None or text is None:
+        """Read from the checkpoint's own config (see ``sglang_m3.config.source``): the object
+        SGLang hands over may have padded or coerced sub-configs, and the vision sizes must come
+        from ``vision_config`` alone, the text width from ``text_config`` alone."""
+        top = checkpoint_config(config)
+        vision = vision_part(top)
+        if vision is None or top.get("text_config") is None:
             raise ValueError("the VL config needs both vision_config and text_config")
-        rope = _field(vision, "rope_parameters") or {}
-        text_hidden = int(_field(text, "hidden_size"))
-        act = _field(vision, "hidden_act", "gelu")
+        rope = vision.get("rope_parameters") or {}
+        text_hidden = int(text_part(top)["hidden_size"])
+        act = vision.get("hidden_act", "gelu")
         if act != "gelu":
             raise ValueError(f"vision_config.hidden_act {act!r} is not supported (M3 uses 'gelu')")
         return cls(
-            hidden_size=int(_field(vision, "hidden_size")),
-            intermediate_size=int(_field(vision, "intermediate_size")),
-            num_layers=int(_field(vision, "num_hidden_layers")),
-            num_heads=int(_field(vision, "num_attention_heads")),
-            num_channels=int(_field(vision, "num_channels", 3)),
-            patch_size=int(_field(vision, "patch_size", 14)),
-            temporal_patch_size=int(_field(vision, "temporal_patch_size", 2)),
-            spatial_merge_size=int(_field(vision, "spatial_merge_size", 2)),
-            layer_norm_eps=float(_field(vision, "layer_norm_eps", 1e-5)),
-            rope_theta=float(rope.get("rope_theta", _field(vision, "rope_theta", 10000.0))),
-            projector_hidden_size=int(_field(config, "projector_hidden_size", text_hidden)),
+            hidden_size=_required_size(vision, "hidden_size"),
+            intermediate_size=_required_size(vision, "intermediate_size"),
+            num_layers=_required_size(vision, "num_hidden_layers"),
+            num_heads=_required_size(vision, "num_attention_heads"),
+            num_channels=int(vision.get("num_channels", 3)),
+            patch_size=int(vision.get("patch_size", 14)),
+            temporal_patch_size=int(vision.get("temporal_patch_size", 2)),
+            spatial_merge_size=int(vision.get("spatial_merge_size", 2)),
+            layer_norm_eps=float(vision.get("layer_norm_eps", 1e-5)),
+            rope_theta=float(rope.get("rope_theta", vision.get("rope_theta", 10000.0))),
+            projector_hidden_size=int(top.get("projector_hidden_size", text_hidden)),
             text_hidden_size=text_hidden,
-            segment_max_frames=_field(vision, "vision_segment_max_frames"),
+            segment_max_frames=vision.get("vision_segment_max_frames"),
         )
 
     @property

@@ -1,0 +1,117 @@
+"""Where the model's settings come from: the checkpoint's own ``config.json``.
+
+Inside the server, the config object SGLang hands to the model is not the checkpoint's: on the
+CPU device SGLang pads MoE intermediate sizes to multiples of 64 for its own CPU kernels
+(``adjust_config_with_unaligned_cpu_tp``: a 48-wide expert became 64 and its checkpoint no longer
+loaded), coerces sub-configs into classes that drop or rename fields (transformers'
+``minimax_m3_vl_text`` pops ``sparse_attention_config`` and ``moe_layer_freq``, and rewrites
+``hidden_act``), and adds attributes of its own. So every reader of M3 settings (model classes,
+KV pool, MSA backend, vision tower, ``inspect``) starts from the checkpoint's file when it can be
+found, and from the object only when it cannot (then SGLang's ``original_*`` values win over
+its padded ones). Text and vision settings are split here once, so one can never be read from
+the other.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any, Mapping
+
+from sglang_m3.config.errors import M3ConfigError
+
+logger = logging.getLogger(__name__)
+
+#: Attributes SGLang may pad or rewrite on the config object, each with the key it keeps the
+#: checkpoint's value under.
+_SGLANG_PADDED = {
+    "intermediate_size": "original_intermediate_size",
+    "num_attention_heads": "original_num_attention_heads",
+    "num_key_value_heads": "original_total_num_kv_heads",
+}
+
+
+def checkpoint_config(config: Any, config_dir: str | None = None) -> dict:
+    """The checkpoint's top-level config as a plain dict (VL wrapper or text-only layout).
+
+    Read from ``config_dir/config.json`` (or the directory the object was loaded from) when it
+    exists; otherwise from the object with SGLang's padding undone. A quantized checkpoint is
+    refused here, before any tensor is read.
+    """
+    directory = config_dir or _loaded_from(config)
+    path = os.path.join(directory, "config.json") if directory else None
+    if path and os.path.isfile(path):
+        with open(path, encoding="utf-8") as handle:
+            top = json.load(handle)
+    else:
+        top = _object_dict(config)
+    _refuse_quantized(top)
+    return top
+
+
+def text_part(top: Mapping) -> dict:
+    """The text model's settings: ``text_config`` of a VL layout, else the top level itself."""
+    text = top.get("text_config")
+    if text is None:
+        return dict(top)
+    if not isinstance(text, Mapping):
+        text = _object_dict(text)
+    merged = dict(text)
+    # A VL wrapper may carry text settings at its top level (e.g. tie_word_embeddings); the
+    # text_config's own value wins, and nothing is taken from vision_config.
+    for key in ("tie_word_embeddings", "quantization_config"):
+        if key not in merged and key in top:
+            merged[key] = top[key]
+    return merged
+
+
+def vision_part(top: Mapping) -> dict | None:
+    """The vision tower's settings, or None for a text-only checkpoint."""
+    vision = top.get("vision_config")
+    if vision is None or isinstance(vision, Mapping):
+        return None if vision is None else dict(vision)
+    return _object_dict(vision)
+
+
+def _loaded_from(config: Any) -> str | None:
+    if config is None or isinstance(config, Mapping):
+        return None
+    path = getattr(config, "_name_or_path", None) or getattr(config, "name_or_path", None)
+    return path if isinstance(path, str) and os.path.isdir(path) else None
+
+
+def _object_dict(config: Any) -> dict:
+    if config is None:
+        return {}
+    if isinstance(config, Mapping):
+        return dict(config)
+    raw = config.to_dict() if hasattr(config, "to_dict") else dict(vars(config))
+    for key, original in _SGLANG_PADDED.items():
+        if raw.get(original) is not None:
+            raw[key] = raw[original]
+    for key in ("text_config", "vision_config"):
+        if raw.get(key) is not None and not isinstance(raw[key], Mapping):
+            raw[key] = _object_dict(raw[key])
+        elif isinstance(raw.get(key), Mapping):
+            sub = dict(raw[key])
+            for name, original in _SGLANG_PADDED.items():
+                if sub.get(original) is not None:
+                    sub[name] = sub[original]
+            raw[key] = sub
+    return raw
+
+
+def _refuse_quantized(top: Mapping) -> None:
+    text = top.get("text_config") if isinstance(top.get("text_config"), Mapping) else {}
+    quant = top.get("quantization_config") or text.get("quantization_config")
+    if not quant:
+        return
+    if isinstance(quant, Mapping):
+        fmt = quant.get("quant_method") or quant.get("fmt") or quant.get("format") or "unknown"
+    else:
+        fmt = getattr(quant, "quant_method", "unknown")
+    raise M3ConfigError(
+        f"config field 'quantization_config' declares a quantized checkpoint (quant_method {fmt!r}); "
+        "quantized M3 checkpoints are not supported yet by sglang-m3: serve the BF16 checkpoint"
+    )
