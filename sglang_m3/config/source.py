@@ -8,8 +8,10 @@ loaded), coerces sub-configs into classes that drop or rename fields (transforme
 ``hidden_act``), and adds attributes of its own. So every reader of M3 settings (model classes,
 KV pool, MSA backend, vision tower, ``inspect``) starts from the checkpoint's file when it can be
 found, and from the object only when it cannot (then SGLang's ``original_*`` values win over
-its padded ones). Text and vision settings are split here once, so one can never be read from
-the other.
+its padded ones). The server's ``--json-model-override-args`` are applied on top of the file
+the way SGLang applies them to its object (a mapping merges into a sub-config or
+``rope_parameters``), so an override reaches the model exactly once. Text and vision settings are
+split here once, so one can never be read from the other.
 """
 
 from __future__ import annotations
@@ -43,10 +45,34 @@ def checkpoint_config(config: Any, config_dir: str | None = None) -> dict:
     path = os.path.join(directory, "config.json") if directory else None
     if path and os.path.isfile(path):
         with open(path, encoding="utf-8") as handle:
-            top = json.load(handle)
+            top = _with_overrides(json.load(handle), _server_overrides())
     else:
         top = _object_dict(config)
     _refuse_quantized(top)
+    return top
+
+
+def _server_overrides() -> dict:
+    """The serving process's ``--json-model-override-args`` ({} outside a server)."""
+    try:
+        from sglang.srt.runtime_context import get_model
+
+        raw = get_model().json_model_override_args
+    except Exception:  # not inside an SGLang server process (tests, inspect, tools)
+        return {}
+    overrides = json.loads(raw) if isinstance(raw, str) and raw.strip() else (raw or {})
+    if not isinstance(overrides, Mapping):
+        raise M3ConfigError(f"--json-model-override-args must be a JSON object, got {raw!r}")
+    return dict(overrides)
+
+
+def _with_overrides(top: dict, overrides: Mapping) -> dict:
+    for key, override in overrides.items():
+        current = top.get(key)
+        if isinstance(override, Mapping) and isinstance(current, Mapping):
+            top[key] = {**current, **override}
+        else:
+            top[key] = override
     return top
 
 
