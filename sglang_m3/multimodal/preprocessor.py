@@ -58,6 +58,24 @@ class PreprocessConfig:
         )
 
 
+def check_against_vision_config(config: PreprocessConfig, vision: dict) -> None:
+    """The processor's patching must be the one the vision tower was built for.
+
+    The processor files and ``config.json`` are separate files of a checkpoint; a patch or
+    merge size that differs between them gives every image the wrong number of placeholder
+    tokens or rows the tower cannot embed, so the server refuses to start instead.
+    """
+    pairs = (("patch_size", "patch_size"), ("temporal_patch_size", "temporal_patch_size"), ("merge_size", "spatial_merge_size"))
+    for kind, geometry in (("image", config.image), ("video", config.video)):
+        for ours, theirs in pairs:
+            expected = vision.get(theirs)
+            if expected is not None and getattr(geometry, ours) != expected:
+                raise ValueError(
+                    f"the {kind} processor's {ours} ({getattr(geometry, ours)}) differs from the "
+                    f"checkpoint's vision_config.{theirs} ({expected})"
+                )
+
+
 def _geometry_from(processor: Any, base: PatchGeometry, min_pixels: int, max_pixels: int) -> PatchGeometry:
     return replace(
         base,

@@ -23,9 +23,10 @@ from sglang.srt.multimodal.processors.base_processor import BaseMultimodalProces
 from sglang.srt.runtime_context import get_mm
 from transformers.models.minimax_m3_vl.modeling_minimax_m3_vl import MiniMaxM3SparseForConditionalGeneration
 
+from sglang_m3.config import checkpoint_config, vision_part
 from sglang_m3.multimodal.errors import MediaError
 from sglang_m3.multimodal.pool import MediaWorkerPool
-from sglang_m3.multimodal.preprocessor import MediaPreprocessor, PreprocessConfig, ProcessedMedia
+from sglang_m3.multimodal.preprocessor import MediaPreprocessor, PreprocessConfig, ProcessedMedia, check_against_vision_config
 from sglang_m3.multimodal.prompt import MediaTokens, expand_ids, expand_text, placeholder_runs
 
 logger = logging.getLogger(__name__)
@@ -66,6 +67,7 @@ class MiniMaxM3MultimodalProcessor(BaseMultimodalProcessor):
     def __init__(self, hf_config, server_args, _processor, transport_mode, *args, **kwargs):
         super().__init__(hf_config, server_args, _processor, transport_mode, *args, **kwargs)
         config = PreprocessConfig.from_settings(_processor, get_mm().mm_process_config)
+        check_against_vision_config(config, vision_part(checkpoint_config(hf_config)) or {})
         workers = max(1, self.mm_io_worker_num)
         self.media = MediaPreprocessor(config, MediaWorkerPool(workers, workers * PENDING_PER_WORKER))
         self.tokens = config.tokens
