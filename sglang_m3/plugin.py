@@ -8,9 +8,7 @@ plugins ran). Every hook SGLang sees from this project is in that table, each wi
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
-from importlib.metadata import version
 from typing import Callable
 
 from sglang_m3.integration import hooks
@@ -86,19 +84,4 @@ def register() -> None:
     register_multimodal_processor()
     for hook in HOOKS:
         HookRegistry.register(hook.target, hook.function, HookType[hook.kind])
-    _announce_serving_classes(ModelRegistry.models)
 
-
-M3_ARCHITECTURES = ("MiniMaxM3SparseForCausalLM", "MiniMaxM3SparseForConditionalGeneration")
-
-
-def _announce_serving_classes(models: dict) -> None:
-    """Print which classes serve M3, once in every SGLang process that loads plugins.
-
-    SGLang can skip this plugin without an error (see dists/sglang-m3-cpu-platform), and upstream's
-    classes then serve under the same architecture names; this line is how a server log shows which
-    implementation is in use. It is printed, not logged: SGLang runs plugins before it configures
-    logging, and an INFO record here would be dropped.
-    """
-    served = ", ".join(f"{arch} ({models[arch].__module__})" for arch in M3_ARCHITECTURES)
-    print(f"sglang-m3 {version('sglang-m3')} serves {served}", file=sys.stderr, flush=True)

@@ -19,7 +19,8 @@ import pytest
 import requests
 from server_harness import launch_cpu_server
 
-from sglang_m3.plugin import HOOKS, M3_ARCHITECTURES
+from sglang_m3.integration.hooks import M3_ARCHITECTURES
+from sglang_m3.plugin import HOOKS
 
 STANDIN_PLATFORM = "standin"
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+from importlib.metadata import version
 from typing import Iterable
 
 import torch
@@ -172,6 +173,8 @@ class MiniMaxM3SparseForCausalLM(nn.Module):
         else:
             self.lm_head = ParallelLMHead(self.spec.vocab_size, self.spec.hidden_size, prefix="lm_head")
         self.logits_processor = LogitsProcessor(self.text_config)
+        if get_tensor_model_parallel_rank() == 0:
+            announce_implementation(type(self))
 
     def get_input_embeddings(self) -> nn.Module:
         return self.model.embed_tokens
@@ -184,6 +187,16 @@ class MiniMaxM3SparseForCausalLM(nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load the text model from original checkpoint names; see ``checkpoint_layout``."""
         TextWeightLoader(self).load(weights)
+
+
+def announce_implementation(model_class: type) -> None:
+    """Log once per server (tensor-parallel rank 0, at model build) which classes serve M3.
+
+    SGLang can skip this plugin without an error (see dists/sglang-m3-cpu-platform) and then
+    upstream's classes serve under the same architecture names; this line is how a server log
+    shows which implementation is in use.
+    """
+    logger.info("sglang-m3 %s serves %s (%s)", version("sglang-m3"), model_class.__name__, model_class.__module__)
 
 
 class TextWeightLoader:
