@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "sglang_m3.commands.serve",
     "sglang_m3.commands.recipe",
     "sglang_m3.commands.operator",
+    "sglang_m3.commands.inspect",
 )
 
 

@@ -2,8 +2,14 @@
 
 Per GPU rank of one replica:
 
-* weights = (checkpoint - attention) / (tp x pp) + attention / (attention-TP x pp), where
-  attention-TP = tp / attentionDp (attention DP replicates the attention weights per group);
+* weights: the bytes ``sglang-m3 inspect`` measured per sharding group (``model_geometry``),
+  each split by its rule: q/o projections over attention-TP = tp / attentionDp (attention DP
+  replicates them per group), K/V projections over min(attention-TP, 4 KV heads), dense MLPs,
+  shared experts, embedding and lm_head over tp, routed experts over tp (expert parallelism
+  inside the TP group leaves 1/tp of them per rank too), the rest (norms, index projections,
+  router, vision tower) whole on every rank; pipeline stages hold their layers, the first also
+  the embedding and vision tower, the last the final norm and lm_head; the fullest stage counts.
+  MXFP8 is a published total, laid out in the measured bf16 proportions;
 * KV bytes per token = worst pipeline stage's layers x (2 x KV heads per rank x 128 x KV dtype)
   + its sparse layers x 128 x index dtype for the index key. KV heads per rank = 4 /
   attention-TP, at least 1: beyond attention-TP 4 each KV head (and the single index-key head
@@ -31,10 +37,6 @@ from .schema import Recipe
 #: KV element size per ``kvCache.dtype`` ("auto" serves the model dtype, bf16).
 KV_DTYPE_BYTES = {"auto": 2, "bf16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}
 
-#: Stored bytes per attention-projection parameter: bf16, or MXFP8's 1 byte plus one shared
-#: 1-byte scale per 32 values.
-ATTENTION_PARAM_BYTES = {"bf16": 2.0, "mxfp8": 1.0 + 1.0 / 32}
-
 #: Heuristic peak activation per prefill-chunk token, in multiples of one bf16 hidden state
 #: (residual, norm output, q/k/v/o, MoE dispatch and combine buffers alive at once).
 ACTIVATION_HIDDEN_STATES = 16
@@ -48,16 +50,6 @@ DRAFT_WEIGHT_BYTES = int(3.3e9 * 2)
 
 #: A fit is "tight" when the KV pool leaves less than this share of the static budget.
 TIGHT_KV_SHARE = 0.10
-
-
-def attention_param_count(geometry: M3Geometry = M3) -> int:
-    """Parameters of the attention projections (main q/k/v/o of every layer, index q/k of
-    every sparse layer); these are the weights attention DP replicates."""
-    q_out = geometry.num_query_heads * geometry.head_dim
-    kv_out = geometry.num_kv_heads * geometry.head_dim
-    main = geometry.hidden_size * (2 * q_out + 2 * kv_out)
-    index = geometry.hidden_size * (geometry.num_index_heads + 1) * geometry.index_key_dim
-    return geometry.num_layers * main + geometry.sparse_layers * index
 
 
 @dataclass(frozen=True)
@@ -174,10 +166,23 @@ def estimate_fit(recipe: Recipe, geometry: M3Geometry = M3) -> FitReport:
 
 def weight_bytes_per_gpu(variant: str, tp: int, pp: int, attention_dp: int = 1,
                          geometry: M3Geometry = M3) -> int:
-    total = WEIGHT_BYTES[variant]
-    attention = int(attention_param_count(geometry) * ATTENTION_PARAM_BYTES[variant])
+    """Weight bytes of the fullest rank (see the module docstring for the rules)."""
+    layout = geometry.weights
     attention_tp = max(1, tp // attention_dp)
-    return (total - attention) // (tp * pp) + attention // (attention_tp * pp)
+    ways = {"attention_tp": attention_tp, "kv_heads": min(attention_tp, geometry.num_kv_heads),
+            "tp": tp, "experts": tp, "replicated": 1}
+
+    def rank_bytes(groups: dict[str, int]) -> int:
+        return sum(size // ways[group] for group, size in groups.items())
+
+    stages = pipeline_stages(geometry.num_layers, pp)
+    fullest = max(
+        sum(rank_bytes(layout.layer_groups[layout.layer_kinds[layer]]) for layer in layers)
+        + (rank_bytes(layout.first_stage) if index == 0 else 0)
+        + (rank_bytes(layout.last_stage) if index == len(stages) - 1 else 0)
+        for index, layers in enumerate(stages)
+    )
+    return fullest * WEIGHT_BYTES[variant] // WEIGHT_BYTES["bf16"]
 
 
 def index_key_in_fp8(profile: HardwareProfile, kv_dtype: str) -> bool:
@@ -199,8 +204,8 @@ def pipeline_stages(num_layers: int, pp: int) -> list[range]:
 def kv_bytes_per_token(kv_dtype: str, attention_tp: int, pp: int, index_fp8: bool = False,
                        geometry: M3Geometry = M3) -> int:
     """Main KV of every layer plus the index key of every sparse layer, on the fullest
-    pipeline stage, for one token on one rank. The dense layers come first, so with pp > 1
-    the last stage (all sparse) is the fullest."""
+    pipeline stage, for one token on one rank (in M3 the dense layers come first, so with
+    pp > 1 the last stage, all sparse, is the fullest)."""
     element = KV_DTYPE_BYTES[kv_dtype]
     index_element = 1 if index_fp8 else KV_DTYPE_BYTES["bf16"]
     kv_heads = max(1, geometry.num_kv_heads // attention_tp)
@@ -208,7 +213,7 @@ def kv_bytes_per_token(kv_dtype: str, attention_tp: int, pp: int, index_fp8: boo
     index_per_sparse_layer = geometry.index_key_dim * index_element
 
     def stage_bytes(layers: range) -> int:
-        sparse = sum(layer >= geometry.dense_layers for layer in layers)
+        sparse = sum(geometry.layer_is_sparse[layer] for layer in layers)
         return len(layers) * main_per_layer + sparse * index_per_sparse_layer
 
     return max(stage_bytes(stage) for stage in pipeline_stages(geometry.num_layers, pp))

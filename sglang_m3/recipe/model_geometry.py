@@ -1,48 +1,111 @@
-"""MiniMax M3's shape, in one place, for the rules and the memory-fit estimate.
+"""MiniMax M3's shape and weight layout, in one place, for the rules and the memory-fit estimate.
 
-The numbers are the published architecture (M3_FACTS s.1 and s.6). They live here rather than
-being read from a checkpoint because the recipe layer must judge a deployment before any
-weights are downloaded, on a machine with neither torch nor SGLang.
+Everything ``sglang-m3 inspect`` can measure comes from ``data/m3_geometry.json``, which it wrote
+from the real config (``data/m3_config.json``) by building the model on the meta device:
+layer and head counts, parameter bytes by sharding group, KV and index-key bytes per token.
+The recipe layer reads that record instead of computing it, because it must judge a deployment
+before any weights are downloaded, on a machine with neither torch nor SGLang; a test keeps the
+record equal to what inspect computes now. What inspect cannot know (the size of the
+published MXFP8 checkpoint) is kept below as a published number.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 #: Model path that names the project's embedded tiny random-weight M3 instead of a checkpoint.
 #: ``sglang-m3 serve`` builds that checkpoint and substitutes its directory for this value.
 TINY_MODEL_PATH = "sglang-m3:tiny"
 
-#: Longest context the model was trained for.
-MAX_CONTEXT_LENGTH = 1_048_576
-
 GB = 10**9
+
+GEOMETRY_PATH = Path(__file__).parent / "data" / "m3_geometry.json"
+
+#: Published checkpoint sizes of the variants inspect cannot measure (decimal GB, M3_FACTS s.6).
+PUBLISHED_WEIGHT_BYTES = {
+    "mxfp8": 440 * GB,
+}
+
+
+@dataclass(frozen=True)
+class WeightLayout:
+    """Bytes (bf16, router in fp32) by sharding group, as inspect measured them.
+
+    Groups: ``attention_tp`` (split over attention TP), ``kv_heads`` (split over
+    min(attention TP, KV heads)), ``tp`` and ``experts`` (split over TP; expert parallelism
+    inside the TP group keeps 1/tp of the experts per rank), ``replicated`` (whole on every rank).
+    """
+
+    first_stage: dict[str, int]
+    last_stage: dict[str, int]
+    layer_kinds: tuple[str, ...]
+    layer_groups: dict[str, dict[str, int]]
+
+    @property
+    def total_bytes(self) -> int:
+        layers = sum(sum(self.layer_groups[kind].values()) for kind in self.layer_kinds)
+        return layers + sum(self.first_stage.values()) + sum(self.last_stage.values())
 
 
 @dataclass(frozen=True)
 class M3Geometry:
     """Attention, MoE and weight-size facts the rules and the fit estimate depend on."""
 
-    num_layers: int = 60
-    dense_layers: int = 3
-    sparse_layers: int = 57
-    num_query_heads: int = 64
-    num_kv_heads: int = 4
-    head_dim: int = 128
-    num_index_heads: int = 4
+    num_layers: int
+    dense_layers: int
+    sparse_layers: int
+    layer_is_sparse: tuple[bool, ...]
+    num_query_heads: int
+    num_kv_heads: int
+    head_dim: int
+    num_index_heads: int
     #: one index key of this width is cached per token per sparse layer (a single head,
-    #: shared by the 4 index query heads)
-    index_key_dim: int = 128
-    num_routed_experts: int = 128
-    sparse_block_size: int = 128
-    hidden_size: int = 6144
-    vocab_size: int = 200064
+    #: shared by the index query heads)
+    index_key_dim: int
+    num_routed_experts: int
+    sparse_block_size: int
+    hidden_size: int
+    vocab_size: int
+    max_context_length: int
+    parameters: int
+    weights: WeightLayout
 
 
-M3 = M3Geometry()
+def load_geometry(path: Path = GEOMETRY_PATH) -> M3Geometry:
+    record = json.loads(path.read_text(encoding="utf-8"))
+    shape = record["geometry"]
+    weights = record["weights"]
+    return M3Geometry(
+        num_layers=shape["num_layers"],
+        dense_layers=shape["dense_layers"],
+        sparse_layers=shape["sparse_layers"],
+        layer_is_sparse=tuple(shape["layer_is_sparse"]),
+        num_query_heads=shape["num_query_heads"],
+        num_kv_heads=shape["num_kv_heads"],
+        head_dim=shape["head_dim"],
+        num_index_heads=shape["num_index_heads"],
+        index_key_dim=shape["index_key_dim"],
+        num_routed_experts=shape["num_routed_experts"],
+        sparse_block_size=shape["sparse_block_size"],
+        hidden_size=shape["hidden_size"],
+        vocab_size=shape["vocab_size"],
+        max_context_length=shape["max_context_length"],
+        parameters=record["parameters"]["total"],
+        weights=WeightLayout(
+            first_stage=weights["first_stage"],
+            last_stage=weights["last_stage"],
+            layer_kinds=tuple(weights["layer_kinds"]),
+            layer_groups=weights["layer_groups"],
+        ),
+    )
 
-#: Total checkpoint size in bytes per weight variant (decimal GB, as published).
-WEIGHT_BYTES = {
-    "bf16": 854 * GB,
-    "mxfp8": 440 * GB,
-}
+
+M3 = load_geometry()
+
+#: Longest context the model was trained for.
+MAX_CONTEXT_LENGTH = M3.max_context_length
+
+#: Total checkpoint bytes per weight variant: bf16 as inspect measured it, the rest published.
+WEIGHT_BYTES = {"bf16": M3.weights.total_bytes, **PUBLISHED_WEIGHT_BYTES}

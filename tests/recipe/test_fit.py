@@ -1,5 +1,16 @@
 """Memory fit against hand computations (arithmetic written out, from M3_FACTS s.1 and s.6).
 
+Weights per GPU rank come from the bytes ``sglang-m3 inspect`` measured per sharding group
+(``sglang_m3/recipe/data/m3_geometry.json``); at TP8 one rank holds, in bf16 (router fp32):
+  q/o projections 60 x 2 x (64 x 128) x 6144 x 2 B / 8            =   1,509,949,440
+  k/v projections 60 x 2 x (4 x 128) x 6144 x 2 B / 4 (2 replicas) =     188,743,680
+  embedding + lm_head 2 x 200,064 x 6144 x 2 B, dense MLPs 3 x 3 x 12,288 x 6144 x 2 B,
+  shared experts 57 x 3 x 3072 x 6144 x 2 B, all / 8               =   1,591,345,152
+  routed experts 57 x 128 x 3 x 3072 x 6144 x 2 B / 8              = 103,280,541,696
+  whole on every rank: vision tower 865,567,232 x 2 B, norms, index q/k projections
+  57 x 5 x 128 x 6144 x 2 B, routers 57 x (128 x 6144 + 128) x 4 B =   2,360,283,136
+                                                             total = 108,930,863,104
+
 Per token per GPU rank, bf16 (2 bytes):
   main KV per layer = 2 (K and V) x KV heads on the rank x 128 (head dim) x 2 bytes
   index key per sparse layer = 128 x 2 bytes = 256 bytes (one head, on every rank)
@@ -12,10 +23,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglang_m3.recipe import estimate_fit, fit_applies, load_recipe, validate_recipe
-from sglang_m3.recipe.fit import attention_param_count, kv_bytes_per_token, weight_bytes_per_gpu
+from sglang_m3.recipe.fit import kv_bytes_per_token, weight_bytes_per_gpu
 from tests.recipe.recipe_factory import LIBRARY, make_recipe
 
 GB = 10**9
+BF16_TOTAL = 854_169_948_160  # the whole model as built, inspect's "as_built" bytes
+TP8_RANK = 108_930_863_104  # one TP8 rank, by hand in the module docstring
 
 
 def test_kv_bytes_per_token_by_hand():
@@ -48,28 +61,28 @@ def test_index_key_dtype_follows_sglang_per_hardware():
     assert estimate_fit(e5m2).kv_bytes_per_token == 29_952
 
 
-def test_attention_parameters_by_hand():
-    # main: hidden 6144 x (q 64x128 + o 64x128 + k 4x128 + v 4x128) = 6144 x 17,408 per layer
-    main = 60 * 6144 * (8192 + 8192 + 512 + 512)
-    # index: hidden 6144 x (4 query heads + 1 key head) x 128 per sparse layer
-    index = 57 * 6144 * 5 * 128
-    assert attention_param_count() == main + index == 6_641_418_240
+def test_weights_per_rank_by_hand():
+    assert weight_bytes_per_gpu("bf16", 8, 1) == (
+        1_509_949_440 + 188_743_680 + 1_591_345_152 + 103_280_541_696 + 2_360_283_136) == TP8_RANK
+    assert weight_bytes_per_gpu("bf16", 1, 1) == BF16_TOTAL
+    # MXFP8 is the published 440 GB laid out like bf16
+    assert weight_bytes_per_gpu("mxfp8", 8, 1) == TP8_RANK * 440 * GB // BF16_TOTAL == 56_112_463_180
 
 
 def test_h200_bf16_tp8_library_recipe_by_hand():
     report = estimate_fit(load_recipe(LIBRARY / "h200-bf16-tp8.yaml"))
-    # weights: 854 GB / 8 ranks (no attention DP, so nothing replicated)
-    assert abs(report.weight_bytes_per_gpu - 854 * GB // 8) <= 1
+    # weights: one TP8 rank (module docstring)
+    assert report.weight_bytes_per_gpu == TP8_RANK
     assert report.kv_heads_per_rank == 1 and report.kv_replication == 2  # 4 KV heads on 8 ranks
-    # static budget: 141 GB x 0.88 = 124.08 GB; KV pool = 124.08 - 106.75 = 17.33 GB
+    # static budget: 141 GB x 0.88 = 124.08 GB; KV pool = 124.08e9 - 108,930,863,104
     assert report.static_budget_bytes == 124_080_000_000
-    assert abs(report.kv_pool_bytes - 17_330_000_000) <= 1
-    # 17.33e9 / 45,312 = 382,459.4 tokens -> whole pages of 128: 2,987 x 128 = 382,336
-    assert report.pool_tokens == 382_336
-    # at 131,072 tokens per request: 382,336 // 131,072 = 2 requests
+    assert report.kv_pool_bytes == 15_149_136_896
+    # 15,149,136,896 / 45,312 = 334,329.6 tokens -> whole pages of 128: 2,611 x 128 = 334,208
+    assert report.pool_tokens == 334_208
+    # at 131,072 tokens per request: 334,208 // 131,072 = 2 requests
     assert report.max_concurrency_at_context == 2
-    # at 2 requests: 382,336 / 2 = 191,168 -> whole pages: 1,493 x 128 = 191,104
-    assert report.max_context_at_concurrency == 191_104
+    # at 2 requests: 334,208 / 2 = 167,104 -> whole pages: 1,305 x 128 = 167,040
+    assert report.max_context_at_concurrency == 167_040
     # reserve: 8192-token chunk x 6144 x 2 B x 16 + 2 requests x 200,064 x 4 B logits + 2 GB
     assert report.reserve_bytes == 8192 * 6144 * 32 + 2 * 200_064 * 4 + 2 * GB == 3_612_213_248
     assert report.findings() == []
@@ -77,25 +90,29 @@ def test_h200_bf16_tp8_library_recipe_by_hand():
 
 def test_h100_bf16_tp8_pp2_by_hand():
     report = estimate_fit(load_recipe(LIBRARY / "h100-bf16-tp8-pp2.yaml"))
-    # 854 GB over tp x pp = 16 GPUs = 53.375 GB
-    assert abs(report.weight_bytes_per_gpu - 53_375_000_000) <= 1
-    # 80 GB x 0.88 = 70.4 GB static; 70.4 - 53.375 = 17.025 GB of KV; the second stage
-    # (layers 30-59, all sparse) needs 30 x 512 + 30 x 256 = 23,040 bytes per token
-    # 17.025e9 / 23,040 = 738,932.3 -> 5,772 pages x 128 = 738,816
+    # second stage: layers 30-59, all MSA+MoE, each at TP8 25,165,824 (q/o) + 3,145,728 (k/v)
+    # + 14,155,776 (shared expert) + 1,811,939,328 (routed) + 11,036,160 (whole) bytes, plus
+    # lm_head 307,298,304 and the final norm 12,288; the first stage (3 dense + 27 sparse
+    # layers, embedding, vision tower) holds 52,660,268,032
+    sparse_layer = 25_165_824 + 3_145_728 + 14_155_776 + 1_811_939_328 + 11_036_160
+    assert report.weight_bytes_per_gpu == 30 * sparse_layer + 307_298_304 + 12_288 == 56_270_595_072
+    # 80 GB x 0.88 = 70.4 GB static; 70.4e9 - 56,270,595,072 = 14,129,404,928 of KV; the
+    # second stage needs 30 x 512 + 30 x 256 = 23,040 bytes per token
+    # 14,129,404,928 / 23,040 = 613,255.4 -> 4,791 pages x 128 = 613,248
     assert report.kv_bytes_per_token == 23_040
-    assert report.pool_tokens == 738_816
-    assert report.max_concurrency_at_context == 738_816 // 131_072 == 5
+    assert report.pool_tokens == 613_248
+    assert report.max_concurrency_at_context == 613_248 // 131_072 == 4
 
 
 def test_b300_1m_context_fit_by_hand():
     report = estimate_fit(load_recipe(LIBRARY / "b300-mxfp8-tp8-1m-context.yaml"))
-    # 440 GB / 8 = 55 GB weights; 288 GB x 0.85 = 244.8 GB static; 189.8 GB of KV
-    assert abs(report.weight_bytes_per_gpu - 55 * GB) <= 1
-    # 189.8e9 / 45,312 = 4,188,735.0 -> 32,724 pages x 128 = 4,188,672 tokens
-    assert report.pool_tokens == 4_188_672
-    # one 1M request needs 1,048,576 x 45,312 = 47.51 GB; 4,188,672 // 1,048,576 = 3
+    # 56,112,463,180 weights (MXFP8 at TP8); 288 GB x 0.85 = 244.8 GB static
+    assert report.weight_bytes_per_gpu == 56_112_463_180
+    # 188,687,536,820 / 45,312 = 4,164,184.0 -> 32,532 pages x 128 = 4,164,096 tokens
+    assert report.pool_tokens == 4_164_096
+    # one 1M request needs 1,048,576 x 45,312 = 47.51 GB; 4,164,096 // 1,048,576 = 3
     assert report.max_concurrency_at_context == 3
-    # at 3 requests: 4,188,672 / 3 = 1,396,224 tokens each, capped at M3's 1,048,576
+    # at 3 requests: 4,164,096 / 3 = 1,388,032 tokens each, capped at M3's 1,048,576
     assert report.max_context_at_concurrency == 1_048_576
     assert report.findings() == []
 
@@ -105,28 +122,29 @@ def test_attention_dp_replicates_attention_weights_by_hand():
     recipe = make_recipe(spec__parallelism={"tp": 8, "ep": 8, "attentionDp": 8},
                          spec__serving={"memFractionStatic": 0.8, "maxRunningRequests": 16})
     report = estimate_fit(recipe)
-    # attention weights in MXFP8: 6,641,418,240 params x (1 + 1/32) bytes = 6,848,962,560
-    attention = 6_641_418_240 + 6_641_418_240 // 32
-    assert attention == 6_848_962_560
-    # the rest is split 8 ways, attention is whole on every rank
-    assert report.weight_bytes_per_gpu == (440 * GB - attention) // 8 + attention == 60_992_842_240
+    # q/o (12,079,595,520 bytes in bf16) and k/v (754,974,720) whole on every rank, the rest
+    # as at TP8; MXFP8 lays the published 440 GB out in these proportions
+    bf16 = 12_079_595_520 + 754_974_720 + 1_591_345_152 + 103_280_541_696 + 2_360_283_136
+    assert weight_bytes_per_gpu("bf16", 8, 1, attention_dp=8) == bf16 == 120_066_740_224
+    assert report.weight_bytes_per_gpu == bf16 * 440 * GB // BF16_TOTAL == 61_848_775_893
     # attention-TP 1 keeps all 4 KV heads: 137,472 bytes per token
     assert report.kv_heads_per_rank == 4 and report.kv_bytes_per_token == 137_472
-    # 180 GB x 0.8 = 144 GB static; (144e9 - 60,992,842,240) / 137,472 = 603,811.6 -> 603,776
-    assert report.pool_tokens == 603_776
-    # 16 requests over 8 attention groups = 2 per group; 603,776 // 2 = 301,888 = 2,358.5 pages
+    # 180 GB x 0.8 = 144 GB static; (144e9 - 61,848,775,893) / 137,472 = 597,585.3 -> 597,504
+    assert report.pool_tokens == 597_504
+    # 16 requests over 8 attention groups = 2 per group; 597,504 // 2 = 298,752 = 2,334 pages
     assert report.requests_per_group == 2
-    assert report.max_context_at_concurrency == 2_358 * 128 == 301_824
+    assert report.max_context_at_concurrency == 2_334 * 128 == 298_752
     assert weight_bytes_per_gpu("mxfp8", 8, 1, attention_dp=8) == report.weight_bytes_per_gpu
 
 
 def test_eagle3_draft_weights_counted_by_hand():
     report = estimate_fit(load_recipe(LIBRARY / "b200-mxfp8-tp4-eagle3.yaml"))
-    # target 440 GB / 4 = 110 GB; draft 3.3e9 params x 2 bytes / 4 = 1.65 GB
+    # target MXFP8 at TP4 110,911,871,737; draft 3.3e9 params x 2 bytes / 4 = 1.65 GB
     assert report.draft_bytes_per_gpu == 1_650_000_000
-    assert abs(report.weight_bytes_per_gpu - 111_650_000_000) <= 1
-    # 180 x 0.75 = 135 GB static; 135 - 111.65 = 23.35 GB; / 45,312 = 515,316.0 -> 515,200
-    assert report.pool_tokens == 515_200
+    assert report.weight_bytes_per_gpu == weight_bytes_per_gpu("mxfp8", 4, 1) + 1_650_000_000 == 112_561_871_737
+    # 180 x 0.75 = 135 GB static; 135e9 - 112,561,871,737 = 22,438,128,263; / 45,312
+    # = 495,191.7 -> 495,104
+    assert report.pool_tokens == 495_104
     assert report.max_concurrency_at_context == 3
 
 
@@ -135,33 +153,33 @@ def test_bf16_on_one_h100_node_is_impossible():
                          spec__model={"path": "MiniMaxAI/MiniMax-M3", "variant": "bf16"},
                          spec__parallelism={"tp": 8})
     report = estimate_fit(recipe)
-    # 854 / 8 = 106.75 GB of weights > 80 x 0.8 = 64 GB
+    # 108.93 GB of weights per TP8 rank > 80 x 0.8 = 64 GB
     assert report.kv_pool_bytes == 0 and report.pool_tokens == 0
     [finding] = report.findings()
     assert (finding.severity, finding.rule, finding.field) == ("error", "fit.weights", "spec.parallelism")
-    assert "106.8 GB per GPU" in finding.message and "64.0 GB" in finding.message
+    assert "108.9 GB per GPU" in finding.message and "64.0 GB" in finding.message
 
 
 def test_context_beyond_pool_is_an_error_and_concurrency_shortfall_a_warning():
     h200 = dict(spec__hardware={"profile": "h200"},
                 spec__model={"path": "MiniMaxAI/MiniMax-M3", "variant": "bf16"},
                 spec__parallelism={"tp": 8})
-    # 141 x 0.88 = 124.08 GB static -> 382,336 KV tokens (as in the H200 test above)
+    # 141 x 0.88 = 124.08 GB static -> 334,208 KV tokens (as in the H200 test above)
     too_long = estimate_fit(make_recipe(**h200, spec__contextLength=400_000,
                                         spec__serving={"memFractionStatic": 0.88}))
     assert [f.rule for f in too_long.findings()] == ["fit.context"]
-    assert "at most 382,336" in too_long.findings()[0].message
+    assert "at most 334,208" in too_long.findings()[0].message
     crowded = estimate_fit(make_recipe(**h200, spec__contextLength=131_072,
                                        spec__serving={"memFractionStatic": 0.88,
                                                       "maxRunningRequests": 3}))
-    # 382,336 // 131,072 = 2 < 3 requested
+    # 334,208 // 131,072 = 2 < 3 requested
     [finding] = crowded.findings()
     assert (finding.severity, finding.rule) == ("warning", "fit.concurrency")
     assert "only 2 request(s)" in finding.message
 
 
 def test_thin_kv_pool_and_small_reserve_are_warnings():
-    # 8 x H200 at 0.80: 112.8 GB static - 106.75 = 6.05 GB of KV, under 10% of 112.8 GB
+    # 8 x H200 at 0.80: 112.8 GB static - 108.93 = 3.87 GB of KV, under 10% of 112.8 GB
     thin = estimate_fit(make_recipe(
         spec__hardware={"profile": "h200"},
         spec__model={"path": "MiniMaxAI/MiniMax-M3", "variant": "bf16"},
@@ -215,7 +233,7 @@ def test_more_tensor_parallelism_never_costs_more_per_gpu(variant, dtype, pp):
 
 
 def test_max_total_tokens_caps_the_pool():
-    # B200 TP8 MXFP8 at 0.8: 144 GB - 55 GB = 89 GB / 45,312 -> 1,964,160 tokens (page-rounded),
+    # B200 TP8 MXFP8 at 0.8: 144 GB - 56.11 GB = 87.89 GB / 45,312 -> 1,939,584 tokens (page-rounded),
     # but SGLang never allocates more than maxTotalTokens
     capped = estimate_fit(make_recipe(spec__serving={"memFractionStatic": 0.8,
                                                      "maxRunningRequests": 2,

@@ -1,0 +1,102 @@
+"""``sglang-m3 inspect CONFIG [--tp N] [--ep N]``: the real size of an M3 config, without weights.
+
+The project's model is built on the meta device for every rank of the layout (see
+``sglang_m3.inspect``); this module only parses the flags and prints the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+GB = 10**9
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "inspect",
+        help="parameter count, per-rank bytes and KV bytes per token of an M3 config (no weights)",
+        description=(
+            "Build the M3 model classes of a config on the meta device and report the total "
+            "parameters (text, vision; MTP modules are not built and not counted), the bytes per "
+            "rank under --tp/--ep with what is split and what is replicated, and the KV-cache "
+            "bytes per token (K/V plus MSA index keys). Sizes are bf16; GB are 10^9 bytes."
+        ),
+    )
+    parser.add_argument("config", help="a config.json file or a checkpoint directory")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
+    parser.add_argument("--ep", type=int, default=1, help="expert-parallel size inside the TP group (default 1)")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--tensors", action="store_true", help="also list every expected checkpoint tensor with its full shape")
+    parser.add_argument(
+        "--write-geometry", metavar="PATH",
+        help="also write the --tp/--ep independent part of the report to PATH (the recipe layer's m3_geometry.json)",
+    )
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from sglang_m3.config import M3ConfigError
+    from sglang_m3.inspect.parallel_sizes import ParallelSizeError
+    from sglang_m3.inspect.report import geometry_record, inspect_config
+
+    try:
+        report = inspect_config(args.config, args.tp, args.ep, tensors=args.tensors)
+    except (M3ConfigError, ParallelSizeError) as error:
+        print(f"sglang-m3 inspect: {error}", file=sys.stderr)
+        return 1
+    if args.write_geometry:
+        with open(args.write_geometry, "w", encoding="utf-8") as handle:
+            json.dump(geometry_record(report), handle, indent=2)
+            handle.write("\n")
+        print(f"wrote the geometry record to {args.write_geometry}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print("\n".join(text_lines(report)))
+    return 0
+
+
+def text_lines(report: dict) -> list[str]:
+    params, size, kv, rank = report["parameters"], report["bytes"], report["kv_cache"], report["per_rank"]
+    geometry = report["geometry"]
+    lines = [
+        f"{report['architecture']} from {report['config']}, built on the meta device ({report['dtype']})",
+        f"parameters   {params['total']:,} ({params['total'] / 1e9:.2f} B)",
+        f"  text       {params['text']:,}",
+        f"  vision     {params['vision']:,}",
+        f"  MTP        {params['mtp_modules']} module(s) in the checkpoint, not built or loaded by sglang-m3: not counted",
+        f"weights      {size['bf16'] / GB:,.2f} GB at bf16 (2 bytes/param); {size['as_built'] / GB:,.2f} GB as "
+        "built (router weight and correction bias in fp32)",
+        f"KV cache     {kv['total_bytes_per_token']:,} bytes/token ({kv['dtype']}): K+V {kv['kv_bytes_per_token']:,} "
+        f"({geometry['num_layers']} layers) + index keys {kv['index_bytes_per_token']:,} "
+        f"({geometry['sparse_layers']} sparse layers)",
+        "",
+    ]
+    same = len(set(rank["bytes_by_rank"])) == 1
+    lines += [
+        f"per rank at --tp {rank['tp']} --ep {rank['ep']} "
+        f"({'all ' + str(rank['tp']) + ' ranks hold the same' if same else 'largest rank shown'}):",
+        f"  parameters {rank['parameters']:,}",
+        f"  bytes      {rank['bytes'] / GB:,.2f} GB as built",
+    ]
+    rules = report["weights"]["rules"]
+    for group, held in rank["groups"].items():
+        ways = held["split_ways"]
+        how = "replicated" if ways == 1 else f"1/{ways:g}" if ways else "-"
+        lines.append(f"    {group:<13}{held['bytes'] / GB:>9.2f} GB  {how:<11}{rules[group]}")
+    replication = rank["kv_head_replication"]
+    heads = (
+        f"{rank['kv_heads_per_rank']} KV head(s) per rank"
+        + (f"; each of the {geometry['num_kv_heads']} KV heads replicated on {replication} ranks" if replication > 1 else "")
+    )
+    lines.append(
+        f"  KV cache   {rank['total_kv_bytes_per_token']:,} bytes/token: K+V {rank['kv_bytes_per_token']:,} ({heads}) "
+        f"+ index keys {rank['index_bytes_per_token']:,} (replicated on every rank)"
+    )
+    for problem in rank["uneven"]:
+        lines.append(f"  UNEVEN     {problem}")
+    for name, shape in report.get("tensors", {}).items():
+        lines.append(f"{name} {shape}")
+    return lines
