@@ -55,6 +55,16 @@ def cpu_server_args(model_path: str, port: int, *extra: str) -> list[str]:
 @contextlib.contextmanager
 def launch_cpu_server(model_path: str, log_dir: str, *extra: str, env: dict[str, str] | None = None):
     """Serve ``model_path`` on the project's CPU platform; ``env`` overrides the server's environment."""
+    server = start_cpu_server(model_path, log_dir, *extra, env=env)
+    try:
+        _wait_ready(server)
+        yield server
+    finally:
+        _stop(server.process)
+
+
+def start_cpu_server(model_path: str, log_dir: str, *extra: str, env: dict[str, str] | None = None) -> RunningServer:
+    """Spawn the server process (not waiting for it); the caller stops it with ``_stop``."""
     port = free_port()
     log_path = os.path.join(log_dir, f"sglang-{port}.log")
     env = {
@@ -68,12 +78,7 @@ def launch_cpu_server(model_path: str, log_dir: str, *extra: str, env: dict[str,
             [sys.executable, "-m", "sglang.launch_server", *cpu_server_args(model_path, port, *extra)],
             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
         )
-    server = RunningServer(f"http://127.0.0.1:{port}", model_path, log_path, process)
-    try:
-        _wait_ready(server)
-        yield server
-    finally:
-        _stop(process)
+    return RunningServer(f"http://127.0.0.1:{port}", model_path, log_path, process)
 
 
 def _wait_ready(server: RunningServer) -> None:
@@ -101,3 +106,31 @@ def _stop(process: subprocess.Popen) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, 9)
         process.wait()
+
+
+@dataclass
+class RefusedStart:
+    """A server that exited during start-up: its exit status, how long it ran, its whole log."""
+
+    returncode: int
+    seconds: float
+    log: str
+
+
+def expect_start_refused(model_path: str, log_dir: str, *extra: str, timeout_s: float = 300.0) -> RefusedStart:
+    """Start a server that must refuse to start; fails if it became ready or is still up after
+    ``timeout_s``. The server is stopped in every case."""
+    server = start_cpu_server(model_path, log_dir, *extra)
+    started = time.time()
+    try:
+        while time.time() - started < timeout_s:
+            if server.process.poll() is not None:
+                with open(server.log_path, encoding="utf-8", errors="replace") as handle:
+                    return RefusedStart(server.process.returncode, time.time() - started, handle.read())
+            with contextlib.suppress(requests.RequestException):
+                if requests.get(f"{server.base_url}/health_generate", timeout=5).status_code == 200:
+                    raise AssertionError(f"SGLang started serving a config it should refuse:\n{server.log_tail()}")
+            time.sleep(1)
+        raise TimeoutError(f"SGLang neither served nor exited in {timeout_s} s:\n{server.log_tail()}")
+    finally:
+        _stop(server.process)

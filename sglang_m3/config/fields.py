@@ -6,6 +6,7 @@ Defaults are passed explicitly by the caller and only for fields whose absence h
 
 from __future__ import annotations
 
+import math
 from typing import Any, Iterable, Mapping
 
 from sglang_m3.config.errors import M3ConfigError
@@ -13,52 +14,61 @@ from sglang_m3.config.errors import M3ConfigError
 _MISSING = object()
 
 
-def value(text: Mapping, key: str, default: Any = _MISSING) -> Any:
-    """The raw value of ``key``; a missing (or null) field without a default is an error."""
+def value(text: Mapping, key: str, default: Any = _MISSING, name: str | None = None) -> Any:
+    """The raw value of ``key``; a missing (or null) field without a default is an error.
+
+    Every reader takes ``name``, the field's full name where ``key`` is read from a nested
+    mapping (``sparse_attention_config.use_sparse_attention``), for its messages.
+    """
     found = text.get(key)
     if found is None:
         if default is _MISSING:
-            raise M3ConfigError(f"config field '{key}' is missing")
+            raise M3ConfigError(f"config field '{name or key}' is missing")
         return default
     return found
 
 
-def positive_int(text: Mapping, key: str, default: Any = _MISSING) -> int:
-    found = value(text, key, default)
+def positive_int(text: Mapping, key: str, default: Any = _MISSING, name: str | None = None) -> int:
+    found = value(text, key, default, name)
     if isinstance(found, bool) or not isinstance(found, int) or found < 1:
-        raise M3ConfigError(f"config field '{key}' must be a positive integer, got {found!r}")
+        raise M3ConfigError(f"config field '{name or key}' must be a positive integer, got {found!r}")
     return found
 
 
-def non_negative_int(text: Mapping, key: str, default: Any = _MISSING) -> int:
-    found = value(text, key, default)
+def non_negative_int(text: Mapping, key: str, default: Any = _MISSING, name: str | None = None) -> int:
+    found = value(text, key, default, name)
     if isinstance(found, bool) or not isinstance(found, int) or found < 0:
-        raise M3ConfigError(f"config field '{key}' must be an integer >= 0, got {found!r}")
+        raise M3ConfigError(f"config field '{name or key}' must be an integer >= 0, got {found!r}")
     return found
 
 
-def positive_float(text: Mapping, key: str, default: Any = _MISSING) -> float:
-    found = value(text, key, default)
-    if isinstance(found, bool) or not isinstance(found, (int, float)) or not found > 0:
-        raise M3ConfigError(f"config field '{key}' must be a positive number, got {found!r}")
+def positive_float(text: Mapping, key: str, default: Any = _MISSING, name: str | None = None) -> float:
+    found = value(text, key, default, name)
+    if isinstance(found, bool) or not isinstance(found, (int, float)) or not 0 < found < math.inf:
+        raise M3ConfigError(f"config field '{name or key}' must be a positive finite number, got {found!r}")
     return float(found)
 
 
-def boolean(text: Mapping, key: str, default: Any = _MISSING) -> bool:
-    found = value(text, key, default)
+def boolean(text: Mapping, key: str, default: Any = _MISSING, name: str | None = None) -> bool:
+    found = value(text, key, default, name)
     if not isinstance(found, bool):
-        raise M3ConfigError(f"config field '{key}' must be true or false, got {found!r}")
+        raise M3ConfigError(f"config field '{name or key}' must be true or false, got {found!r}")
     return found
 
 
-def choice(text: Mapping, key: str, accepted: Iterable[Any], default: Any = _MISSING) -> Any:
-    """A value from ``accepted`` (the values the project implements), named in the refusal."""
+def choice(text: Mapping, key: str, accepted: Iterable[Any], default: Any = _MISSING, name: str | None = None) -> Any:
+    """A value from ``accepted`` (the values the project implements), named in the refusal.
+    A boolean never stands for a number (``True == 1.0`` in Python)."""
     accepted = tuple(accepted)
-    found = value(text, key, default)
-    if found not in accepted:
+    found = value(text, key, default, name)
+    if not any(_same(found, a) for a in accepted):
         names = ", ".join(repr(a) for a in accepted)
-        raise M3ConfigError(f"config field '{key}' is {found!r}; sglang-m3 supports {names}")
+        raise M3ConfigError(f"config field '{name or key}' is {found!r}; sglang-m3 supports {names}")
     return found
+
+
+def _same(found: Any, accepted: Any) -> bool:
+    return isinstance(found, bool) == isinstance(accepted, bool) and found == accepted
 
 
 def per_layer_flags(entries: Any, num_layers: int, field: str, true_names: set, false_names: set) -> tuple[bool, ...]:
@@ -69,9 +79,11 @@ def per_layer_flags(entries: Any, num_layers: int, field: str, true_names: set, 
     for i, entry in enumerate(entries):
         if isinstance(entry, bool):
             entry = int(entry)
-        if entry in true_names:
+        # a float, list or mapping is no layer kind (and may not be hashable)
+        kind = entry if isinstance(entry, (int, str)) else None
+        if kind is not None and kind in true_names:
             flags.append(True)
-        elif entry in false_names:
+        elif kind is not None and kind in false_names:
             flags.append(False)
         else:
             accepted = ", ".join(repr(n) for n in sorted(true_names | false_names, key=str))

@@ -21,6 +21,7 @@ import logging
 import os
 from typing import Any, Mapping
 
+from sglang_m3.config import fields
 from sglang_m3.config.errors import M3ConfigError
 
 logger = logging.getLogger(__name__)
@@ -66,29 +67,47 @@ def _server_overrides() -> dict:
     return dict(overrides)
 
 
+#: keys whose mapping override is merged into the current value, as SGLang does for config-object
+#: sub-configs and RoPE dicts; any other key is replaced whole, as SGLang's ``setattr`` does.
+#: (SGLang 0.5.23's own MiniMaxM3VLConfig keeps ``text_config`` as a plain dict and so replaces
+#: it whole: a partial text_config override fails inside SGLang before M3 code runs, and a whole
+#: one gives the same result merged or replaced.)
+_MERGED_ON_OVERRIDE = ("text_config", "vision_config", "rope_parameters", "rope_scaling")
+
+
 def _with_overrides(top: dict, overrides: Mapping) -> dict:
     for key, override in overrides.items():
         current = top.get(key)
-        if isinstance(override, Mapping) and isinstance(current, Mapping):
+        if key in _MERGED_ON_OVERRIDE and isinstance(override, Mapping) and isinstance(current, Mapping):
             top[key] = {**current, **override}
         else:
             top[key] = override
     return top
 
 
+#: text settings a VL wrapper may also carry at its top level
+_TOP_LEVEL_TEXT_KEYS = ("tie_word_embeddings", "quantization_config")
+
+
 def text_part(top: Mapping) -> dict:
-    """The text model's settings: ``text_config`` of a VL layout, else the top level itself."""
+    """The text model's settings: ``text_config`` of a VL layout, else the top level itself.
+
+    Nothing is ever taken from ``vision_config``. Of the wrapper's own keys only
+    ``tie_word_embeddings`` and ``quantization_config`` are text settings: taken when
+    ``text_config`` lacks them, and refused when both carry different values (transformers ties
+    when either says so, upstream SGLang reads the text config: no silent choice between them).
+    """
     text = top.get("text_config")
     if text is None:
         return dict(top)
     if not isinstance(text, Mapping):
+        if isinstance(text, (str, bytes, int, float, list, tuple)):
+            raise M3ConfigError(f"config field 'text_config' must be a mapping, got {text!r}")
         text = _object_dict(text)
     merged = dict(text)
-    # A VL wrapper may carry text settings at its top level (e.g. tie_word_embeddings); the
-    # text_config's own value wins, and nothing is taken from vision_config.
-    for key in ("tie_word_embeddings", "quantization_config"):
-        if key not in merged and key in top:
-            merged[key] = top[key]
+    for key in _TOP_LEVEL_TEXT_KEYS:
+        if top.get(key) is not None:
+            merged[key] = fields.agree(key, top[key], f"text_config.{key}", merged.get(key))
     return merged
 
 

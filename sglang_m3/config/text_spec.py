@@ -42,6 +42,20 @@ _KNOWN_NESTED = set(_NESTED_TO_FLAT) | {
 #: modeling always computes swiglu-oai, so "silu" written by it carries no information.
 _TRANSFORMERS_TEXT_TYPE = "minimax_m3_vl_text"
 
+#: math-changing fields that may be absent, read then as the shipped M3 value (which is also the
+#: only form transformers' M3 computes). Upstream SGLang reads some of them differently when
+#: absent (no Gemma norm, no routing bias, per-layer q/k norm), so the absence is logged.
+_SHIPPED_DEFAULTS = {
+    "use_qk_norm": True,
+    "qk_norm_type": "per_head",
+    "use_gemma_norm": True,
+    "scoring_func": "sigmoid",
+    "use_routing_bias": True,
+    "hidden_act": "swigluoai",
+    "swiglu_alpha": 1.702,
+    "swiglu_limit": 7.0,
+}
+
 
 @dataclass(frozen=True)
 class M3TextSpec:
@@ -114,10 +128,13 @@ def _build_spec(text: Mapping) -> M3TextSpec:
     num_kv_heads = fields.positive_int(text, "num_key_value_heads")
     if num_heads % num_kv_heads:
         raise M3ConfigError(
-            f"num_attention_heads ({num_heads}) must be a multiple of num_key_value_heads ({num_kv_heads})"
+            f"config field 'num_attention_heads' ({num_heads}) must be a multiple of "
+            f"'num_key_value_heads' ({num_kv_heads})"
         )
-    head_dim = fields.positive_int(text, "head_dim", hidden // num_heads)
+    # No default: transformers' M3 assumes 128 where upstream SGLang assumes hidden // heads.
+    head_dim = fields.positive_int(text, "head_dim")
     sparse = _read_sparse(text, num_layers)
+    moe_intermediate = fields.positive_int(text, "intermediate_size")
     _read_qk_norm(text)
     spec = M3TextSpec(
         vocab_size=fields.positive_int(text, "vocab_size"),
@@ -131,15 +148,15 @@ def _build_spec(text: Mapping) -> M3TextSpec:
         rms_norm_eps=fields.positive_float(text, "rms_norm_eps", 1e-6),
         max_position_embeddings=fields.positive_int(text, "max_position_embeddings", 1_048_576),
         dense_intermediate_size=fields.positive_int(text, "dense_intermediate_size"),
-        moe_intermediate_size=fields.positive_int(text, "intermediate_size"),
-        shared_intermediate_size=_read_shared_intermediate(text),
+        moe_intermediate_size=moe_intermediate,
+        shared_intermediate_size=_read_shared_intermediate(text, moe_intermediate),
         num_experts=_read_num_experts(text),
         experts_per_token=fields.positive_int(text, "num_experts_per_tok"),
         routed_scaling_factor=fields.positive_float(text, "routed_scaling_factor"),
         hidden_act=_read_activation(text),
-        swiglu_alpha=fields.positive_float(text, "swiglu_alpha", 1.702),
-        swiglu_limit=fields.positive_float(text, "swiglu_limit", 7.0),
-        use_gemma_norm=fields.boolean(text, "use_gemma_norm", True),
+        swiglu_alpha=fields.positive_float(text, "swiglu_alpha", _SHIPPED_DEFAULTS["swiglu_alpha"]),
+        swiglu_limit=fields.positive_float(text, "swiglu_limit", _SHIPPED_DEFAULTS["swiglu_limit"]),
+        use_gemma_norm=fields.boolean(text, "use_gemma_norm", _SHIPPED_DEFAULTS["use_gemma_norm"]),
         use_routing_bias=_read_routing(text),
         moe_layers=_read_moe_layers(text, num_layers),
         tie_word_embeddings=fields.boolean(text, "tie_word_embeddings", False),
@@ -148,13 +165,30 @@ def _build_spec(text: Mapping) -> M3TextSpec:
         **sparse,
     )
     _check_consistency(spec)
+    _log_shipped_defaults(text)
     return spec
 
 
+def _log_shipped_defaults(text: Mapping) -> None:
+    if text.get("model_type") == _TRANSFORMERS_TEXT_TYPE:
+        return  # transformers' own config class has none of them and computes only these values
+    absent = [f"{key}={default!r}" for key, default in _SHIPPED_DEFAULTS.items() if text.get(key) is None]
+    if absent:
+        logger.info("M3 config fields absent, read as the shipped checkpoint's values: %s", ", ".join(absent))
+
+
 def _read_rope_theta(text: Mapping) -> float:
-    """``rope_theta`` at the top level (shipped) or in ``rope_parameters`` (transformers)."""
+    """``rope_theta`` at the top level (shipped) or in ``rope_parameters`` (transformers).
+
+    Only plain RoPE is implemented: the type may be spelled ``rope_parameters.rope_type`` or,
+    in the older form, ``rope_scaling.rope_type`` / ``rope_scaling.type``; any of them other than
+    "default" is refused (a scaled RoPE would silently change every position's rotation).
+    """
     rope = _rope_parameters(text)
-    fields.choice(rope, "rope_type", ("default",), "default")
+    for where, section in (("rope_parameters", text.get("rope_parameters")), ("rope_scaling", text.get("rope_scaling"))):
+        if isinstance(section, Mapping):
+            for key in ("rope_type", "type"):
+                fields.choice(section, key, ("default",), "default", name=f"{where}.{key}")
     theta = fields.agree("rope_theta", text.get("rope_theta"), "rope_parameters.rope_theta", rope.get("rope_theta"))
     return fields.positive_float({"rope_theta": theta}, "rope_theta")
 
@@ -176,8 +210,14 @@ def _read_rotary_dim(text: Mapping, head_dim: int) -> int:
     from_factor = None
     if factor is not None:
         if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
-            raise M3ConfigError(f"config field 'partial_rotary_factor' must be in (0, 1], got {factor!r}")
-        from_factor = int(head_dim * factor)
+            raise M3ConfigError(f"config field 'partial_rotary_factor' must be a number in (0, 1], got {factor!r}")
+        channels = head_dim * factor
+        from_factor = round(channels)
+        if abs(channels - from_factor) > 1e-6 or from_factor % 2:
+            raise M3ConfigError(
+                f"config field 'partial_rotary_factor' ({factor!r}) x head_dim ({head_dim}) = {channels} "
+                "must be an even whole number of rotated channels"
+            )
     if rotary_dim is not None and from_factor is not None and rotary_dim != from_factor:
         raise M3ConfigError(
             f"config fields 'rotary_dim' ({rotary_dim!r}) and 'partial_rotary_factor' ({factor!r} x "
@@ -197,22 +237,30 @@ def _read_rotary_dim(text: Mapping, head_dim: int) -> int:
 
 
 def _rope_parameters(text: Mapping) -> Mapping:
-    rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
-    if not isinstance(rope, Mapping):
-        raise M3ConfigError(f"config field 'rope_parameters' must be a mapping, got {rope!r}")
-    return rope
+    """``rope_parameters`` (transformers 5), or the older ``rope_scaling``; both may be present
+    (then both are read, and a key in both must agree)."""
+    merged: dict = {}
+    for key in ("rope_scaling", "rope_parameters"):
+        section = text.get(key)
+        if section is None:
+            continue
+        if not isinstance(section, Mapping):
+            raise M3ConfigError(f"config field '{key}' must be a mapping, got {section!r}")
+        for name, found in section.items():
+            merged[name] = fields.agree(f"rope_scaling.{name}", merged.get(name), f"rope_parameters.{name}", found)
+    return merged
 
 
 def _read_qk_norm(text: Mapping) -> None:
     """Per-head q/k norms are part of M3's attention; other forms are not implemented."""
-    if not fields.boolean(text, "use_qk_norm", True):
+    if not fields.boolean(text, "use_qk_norm", _SHIPPED_DEFAULTS["use_qk_norm"]):
         raise M3ConfigError("config field 'use_qk_norm' is false; sglang-m3 supports true (per-head q/k RMSNorm)")
-    fields.choice(text, "qk_norm_type", ("per_head",), "per_head")
+    fields.choice(text, "qk_norm_type", ("per_head",), _SHIPPED_DEFAULTS["qk_norm_type"])
 
 
 def _read_activation(text: Mapping) -> str:
     """``hidden_act`` of the experts, dense MLPs and shared expert."""
-    act = fields.choice(text, "hidden_act", ("swigluoai", "silu"), "swigluoai")
+    act = fields.choice(text, "hidden_act", ("swigluoai", "silu"), _SHIPPED_DEFAULTS["hidden_act"])
     if act == "silu" and text.get("model_type") == _TRANSFORMERS_TEXT_TYPE:
         logger.info("hidden_act 'silu' written by transformers' %s means swiglu-oai (its modeling computes only that)", _TRANSFORMERS_TEXT_TYPE)
         act = "swigluoai"
@@ -223,8 +271,8 @@ def _read_activation(text: Mapping) -> str:
 
 def _read_routing(text: Mapping) -> bool:
     """Sigmoid router; whether the choice-only correction bias exists."""
-    fields.choice(text, "scoring_func", ("sigmoid",), "sigmoid")
-    return fields.boolean(text, "use_routing_bias", True)
+    fields.choice(text, "scoring_func", ("sigmoid",), _SHIPPED_DEFAULTS["scoring_func"])
+    return fields.boolean(text, "use_routing_bias", _SHIPPED_DEFAULTS["use_routing_bias"])
 
 
 def _read_num_experts(text: Mapping) -> int:
@@ -232,11 +280,11 @@ def _read_num_experts(text: Mapping) -> int:
     return fields.positive_int({"num_local_experts": count}, "num_local_experts")
 
 
-def _read_shared_intermediate(text: Mapping) -> int:
+def _read_shared_intermediate(text: Mapping, moe_intermediate: int) -> int:
     """One shared expert of width ``shared_intermediate_size`` (= ``intermediate_size`` x
     ``n_shared_experts`` where only the latter is given, as upstream SGLang reads it)."""
     count = fields.positive_int(text, "n_shared_experts", 1)
-    implied = fields.positive_int(text, "intermediate_size") * count if "n_shared_experts" in text else None
+    implied = moe_intermediate * count if text.get("n_shared_experts") is not None else None
     width = fields.agree("shared_intermediate_size", text.get("shared_intermediate_size"), "intermediate_size x n_shared_experts", implied)
     return fields.positive_int({"shared_intermediate_size": width}, "shared_intermediate_size")
 
@@ -266,20 +314,27 @@ def _read_sparse(text: Mapping, num_layers: int) -> dict:
         raise M3ConfigError("config field 'sparse_attention_config' must be a mapping")
     unknown = sorted(set(nested) - _KNOWN_NESTED)
     if unknown:
-        raise M3ConfigError(f"unknown key(s) in 'sparse_attention_config': {', '.join(unknown)}")
-    fields.choice(nested, "sparse_score_type", ("max",), "max")
+        raise M3ConfigError(
+            f"unknown key(s) in config field 'sparse_attention_config': {', '.join(unknown)}; "
+            f"accepted keys: {', '.join(sorted(_KNOWN_NESTED))}"
+        )
+    fields.choice(nested, "sparse_score_type", ("max",), "max", name="sparse_attention_config.sparse_score_type")
     merged = {}
     for nested_key, flat_key in _NESTED_TO_FLAT.items():
         merged[flat_key] = fields.agree(flat_key, text.get(flat_key), f"sparse_attention_config.{nested_key}", nested.get(nested_key))
     sparse_layers = _read_sparse_layers(text, nested, num_layers)
     _read_disable_index_value(nested, sparse_layers)
+    def count(flat_key: str, reader=fields.positive_int, *default) -> int:
+        return reader(merged, flat_key, *default, name=_sparse_field(flat_key))
+
     return dict(
-        index_heads=fields.positive_int(merged, "index_n_heads"),
-        index_head_dim=fields.positive_int(merged, "index_head_dim"),
-        index_block_size=fields.positive_int(merged, "index_block_size"),
-        index_topk_blocks=fields.positive_int(merged, "index_topk_blocks"),
-        index_local_blocks=fields.non_negative_int(merged, "index_local_blocks"),
-        index_init_blocks=fields.non_negative_int(merged, "index_init_blocks", 0),
+        index_heads=count("index_n_heads"),
+        index_head_dim=count("index_head_dim"),
+        index_block_size=count("index_block_size"),
+        index_topk_blocks=count("index_topk_blocks"),
+        index_local_blocks=count("index_local_blocks", fields.non_negative_int),
+        # absent means none: the shipped checkpoint writes 0, a later revision 1
+        index_init_blocks=count("index_init_blocks", fields.non_negative_int, 0),
         sparse_layers=sparse_layers,
     )
 
@@ -292,7 +347,7 @@ def _read_sparse_layers(text: Mapping, nested: Mapping, num_layers: int) -> tupl
     layers = fields.agree("layer_types", from_types, "sparse_attention_config.sparse_attention_freq", from_freq)
     if layers is None:
         raise M3ConfigError("config field 'layer_types' (or 'sparse_attention_config.sparse_attention_freq') is missing: which layers use MSA")
-    if nested and not fields.boolean(nested, "use_sparse_attention", True) and any(layers):
+    if nested and not fields.boolean(nested, "use_sparse_attention", True, name="sparse_attention_config.use_sparse_attention") and any(layers):
         raise M3ConfigError(
             "config fields 'sparse_attention_config.use_sparse_attention' (false) and the sparse layer "
             "schedule (layers " + ", ".join(str(i) for i, s in enumerate(layers) if s) + ") disagree"
@@ -314,25 +369,32 @@ def _read_disable_index_value(nested: Mapping, sparse_layers: tuple[bool, ...]) 
         )
 
 
+def _sparse_field(flat_key: str) -> str:
+    """Both spellings of an MSA setting, for messages about a value read from either."""
+    nested = {flat: nested for nested, flat in _NESTED_TO_FLAT.items()}[flat_key]
+    return f"{flat_key} / sparse_attention_config.{nested}"
+
+
 def _check_consistency(spec: M3TextSpec) -> None:
     if spec.experts_per_token > spec.num_experts:
         raise M3ConfigError(
-            f"num_experts_per_tok ({spec.experts_per_token}) exceeds num_local_experts ({spec.num_experts})"
+            f"config field 'num_experts_per_tok' ({spec.experts_per_token}) exceeds 'num_local_experts' ({spec.num_experts})"
         )
     if not any(spec.sparse_layers):
         return
     if spec.index_heads != spec.num_kv_heads:
         raise M3ConfigError(
-            f"index_n_heads ({spec.index_heads}) must equal num_key_value_heads "
-            f"({spec.num_kv_heads}): each index head selects blocks for one KV group"
+            f"config field '{_sparse_field('index_n_heads')}' ({spec.index_heads}) "
+            f"must equal 'num_key_value_heads' ({spec.num_kv_heads}): each index head selects blocks for one KV group"
         )
     if spec.index_local_blocks + spec.index_init_blocks > spec.index_topk_blocks:
         raise M3ConfigError(
-            f"index_local_blocks ({spec.index_local_blocks}) + index_init_blocks "
-            f"({spec.index_init_blocks}) must not exceed index_topk_blocks ({spec.index_topk_blocks})"
+            f"config fields '{_sparse_field('index_local_blocks')}' ({spec.index_local_blocks}) + "
+            f"'{_sparse_field('index_init_blocks')}' ({spec.index_init_blocks}) must not exceed "
+            f"'{_sparse_field('index_topk_blocks')}' ({spec.index_topk_blocks})"
         )
     if spec.index_head_dim < spec.rotary_dim:
         raise M3ConfigError(
-            f"index_head_dim ({spec.index_head_dim}) must be >= rotary_dim ({spec.rotary_dim}): "
+            f"config field '{_sparse_field('index_head_dim')}' ({spec.index_head_dim}) must be >= 'rotary_dim' ({spec.rotary_dim}): "
             "the index branch uses the same partial RoPE"
         )
