@@ -25,6 +25,14 @@ class Hook:
 
 HOOKS: tuple[Hook, ...] = (
     Hook(
+        "sglang.srt.configs.model_config.get_config",
+        "AROUND",
+        hooks.read_m3_config_first,
+        "SGLang parses config.json with transformers' M3 config class, which converts or refuses "
+        "some shipped fields under other names; the project's reader checks the file first, so a "
+        "bad field is refused at start-up under its own name.",
+    ),
+    Hook(
         "sglang.srt.configs.model_config.is_minimax_sparse",
         "REPLACE",
         hooks.upstream_minimax_sparse_wiring_off,

@@ -35,18 +35,19 @@ _SGLANG_PADDED = {
 }
 
 
-def checkpoint_config(config: Any, config_dir: str | None = None) -> dict:
+def checkpoint_config(config: Any, config_dir: str | None = None, overrides: Mapping | None = None) -> dict:
     """The checkpoint's top-level config as a plain dict (VL wrapper or text-only layout).
 
     Read from ``config_dir/config.json`` (or the directory the object was loaded from) when it
-    exists; otherwise from the object with SGLang's padding undone. A quantized checkpoint is
+    exists, with ``overrides`` (default: the serving process's ``--json-model-override-args``)
+    applied; otherwise from the object with SGLang's padding undone. A quantized checkpoint is
     refused here, before any tensor is read.
     """
     directory = config_dir or _loaded_from(config)
     path = os.path.join(directory, "config.json") if directory else None
     if path and os.path.isfile(path):
         with open(path, encoding="utf-8") as handle:
-            top = _with_overrides(json.load(handle), _server_overrides())
+            top = _with_overrides(json.load(handle), _server_overrides() if overrides is None else overrides)
     else:
         top = _object_dict(config)
     _refuse_quantized(top)

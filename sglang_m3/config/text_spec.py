@@ -107,10 +107,11 @@ class M3TextSpec:
         return [i for i, sparse in enumerate(self.sparse_layers) if not sparse]
 
     @classmethod
-    def from_config(cls, config: Any, raw_config_dir: str | None = None) -> "M3TextSpec":
+    def from_config(cls, config: Any, raw_config_dir: str | None = None, overrides: Mapping | None = None) -> "M3TextSpec":
         """Build from the checkpoint config (a dict, a transformers config, or the directory's
-        ``config.json`` when ``raw_config_dir`` is given or the object was loaded from one)."""
-        return _build_spec(text_part(checkpoint_config(config, raw_config_dir)))
+        ``config.json`` when ``raw_config_dir`` is given or the object was loaded from one, with
+        ``overrides`` as in :func:`checkpoint_config`)."""
+        return _build_spec(text_part(checkpoint_config(config, raw_config_dir, overrides)))
 
     def validate_page_size(self, page_size: int) -> None:
         """The MSA selection works on whole KV blocks; a block must be a whole number of pages."""

@@ -6,6 +6,9 @@ untouched.
 
 from __future__ import annotations
 
+import json
+import os
+
 M3_ARCHITECTURES = ("MiniMaxM3SparseForCausalLM", "MiniMaxM3SparseForConditionalGeneration")
 
 
@@ -26,6 +29,24 @@ def _spec_for(hf_config, model_path):
         cached = M3TextSpec.from_config(hf_config, model_path)
         hf_config._sglang_m3_spec = cached
     return cached
+
+
+def read_m3_config_first(original, model, *args, model_override_args=None, **kwargs):
+    """Validate a local M3 checkpoint's config with the project's reader before SGLang parses it.
+
+    SGLang's launcher parses ``config.json`` through transformers' M3 config class first, whose
+    own checks (and silent conversions) would otherwise decide what a bad field is called, or let
+    it through; this way a refusal names the checkpoint's own field.
+    """
+    path = os.path.join(model, "config.json") if isinstance(model, str) else None
+    if path and os.path.isfile(path):
+        with open(path, encoding="utf-8") as handle:
+            architectures = json.load(handle).get("architectures") or [None]
+        if architectures[0] in M3_ARCHITECTURES:
+            from sglang_m3.config import M3TextSpec
+
+            M3TextSpec.from_config(None, model, overrides=model_override_args or {})
+    return original(model, *args, model_override_args=model_override_args, **kwargs)
 
 
 def upstream_minimax_sparse_wiring_off(config) -> bool:

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sglang_m3.config import checkpoint_config, text_part, vision_part
+from sglang_m3.config import M3ConfigError, checkpoint_config, text_part, vision_part
 
 VISION_PREFIX = "vision_tower.vision_model."
 
@@ -36,8 +36,25 @@ VISION_PREFIX = "vision_tower.vision_model."
 def _required_size(vision: dict, key: str) -> int:
     found = vision.get(key)
     if isinstance(found, bool) or not isinstance(found, int) or found < 1:
-        raise ValueError(f"config field 'vision_config.{key}' must be a positive integer, got {found!r}")
+        raise M3ConfigError(f"config field 'vision_config.{key}' must be a positive integer, got {found!r}")
     return found
+
+
+def _projector_width(top: dict, vision: dict) -> int:
+    """Hidden width of the projector MLPs: ``projector_hidden_size`` (transformers' layout, top
+    level) or ``vision_config.projection_dim`` (the shipped file); both present must agree, and
+    neither present is refused (transformers would assume 6144, not the text width)."""
+    top_level, nested = top.get("projector_hidden_size"), vision.get("projection_dim")
+    if top_level is not None and nested is not None and top_level != nested:
+        raise M3ConfigError(
+            f"config fields 'projector_hidden_size' ({top_level!r}) and 'vision_config.projection_dim' ({nested!r}) disagree"
+        )
+    width = top_level if top_level is not None else nested
+    if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+        raise M3ConfigError(
+            f"config field 'projector_hidden_size' (or 'vision_config.projection_dim') must be a positive integer, got {width!r}"
+        )
+    return width
 
 
 @dataclass(frozen=True)
@@ -66,12 +83,12 @@ class VisionDims:
         top = checkpoint_config(config)
         vision = vision_part(top)
         if vision is None or top.get("text_config") is None:
-            raise ValueError("the VL config needs both vision_config and text_config")
+            raise M3ConfigError("the VL config needs both vision_config and text_config")
         rope = vision.get("rope_parameters") or {}
         text_hidden = int(text_part(top)["hidden_size"])
         act = vision.get("hidden_act", "gelu")
         if act != "gelu":
-            raise ValueError(f"vision_config.hidden_act {act!r} is not supported (M3 uses 'gelu')")
+            raise M3ConfigError(f"config field 'vision_config.hidden_act' is {act!r}; sglang-m3 supports 'gelu'")
         return cls(
             hidden_size=_required_size(vision, "hidden_size"),
             intermediate_size=_required_size(vision, "intermediate_size"),
@@ -83,7 +100,7 @@ class VisionDims:
             spatial_merge_size=int(vision.get("spatial_merge_size", 2)),
             layer_norm_eps=float(vision.get("layer_norm_eps", 1e-5)),
             rope_theta=float(rope.get("rope_theta", vision.get("rope_theta", 10000.0))),
-            projector_hidden_size=int(top.get("projector_hidden_size", text_hidden)),
+            projector_hidden_size=_projector_width(top, vision),
             text_hidden_size=text_hidden,
             segment_max_frames=vision.get("vision_segment_max_frames"),
         )

@@ -55,12 +55,6 @@ def test_broken_config_json_refused_at_start(shipped_top, tiny_m3_checkpoint, se
     _assert_refused(refused, entry.expected)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="SGLang parses config.json with transformers' MiniMaxM3VLTextConfig in the launcher before any "
-    "sglang-m3 code reads it; its validator refuses a short moe_layer_freq first, naming the derived "
-    "'mlp_layer_types' instead. Needs a plugin hook that runs the M3 reader on config load.",
-)
 def test_short_moe_layer_freq_refused_naming_it(shipped_top, tiny_m3_checkpoint, server_log_dir, tmp_path):
     entry, refused = _refused_from_file("moe_layer_freq too short", shipped_top, tiny_m3_checkpoint, server_log_dir, tmp_path)
     assert refused.returncode != 0 and refused.seconds < REFUSAL_DEADLINE_S  # refused, quickly, never served
