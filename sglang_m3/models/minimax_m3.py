@@ -35,7 +35,8 @@ from sglang_m3.models.checkpoint_layout import (
     text_tensor_name,
 )
 from sglang_m3.models.layers import M3RMSNorm, PartialNeoxRotary
-from sglang_m3.models.moe import GatedMLP, M3SparseMoeBlock
+from sglang_m3.models.fused_moe import make_moe_block
+from sglang_m3.models.moe import GatedMLP
 
 logger = logging.getLogger(__name__)
 
@@ -129,7 +130,7 @@ class M3DecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = M3Attention(spec, layer_id, quant_config, prefix=f"{prefix}.self_attn")
         if spec.moe_layers[layer_id]:
-            self.mlp = M3SparseMoeBlock(spec, quant_config, prefix=f"{prefix}.mlp")
+            self.mlp = make_moe_block(spec, layer_id, quant_config, prefix=f"{prefix}.mlp")
         else:
             self.mlp = GatedMLP(spec, spec.dense_intermediate_size, reduce_results=True, quant_config=quant_config, prefix=f"{prefix}.mlp")
         self.input_layernorm = M3RMSNorm(spec.hidden_size, spec.rms_norm_eps, spec.use_gemma_norm)

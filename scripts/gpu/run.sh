@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# On the lent GPU machine: real SGLang 0.5.23 (site archive) + the project's plugin from this
+# working tree. Run from the repository root; the device call carries scripts/gpu/build/site.tar.xz.
+#
+#   scripts/gpu/run.sh check              # imports, platform, plugin and stand-in smoke check
+#   scripts/gpu/run.sh tests [PYTEST...]  # tests/gpu (exactness, graphs, fused vs torch MoE)
+#   scripts/gpu/run.sh bench [ARGS...]    # benchmarks/e2e_gpu.py
+#   scripts/gpu/run.sh exec CMD...        # any command in the harness environment
+#
+# Results and logs go under $OUT (the device call's output folder; ./gpu-out when unset).
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+ARCHIVE="${M3_SITE_ARCHIVE:-$ROOT/scripts/gpu/build/site.tar.xz}"
+SITE=/tmp/m3-gpu-site
+PLUGIN=/tmp/m3-gpu-plugin
+export OUT="${OUT:-$ROOT/gpu-out}"
+mkdir -p "$OUT"
+
+if [[ ! -f "$SITE/.unpacked" ]]; then
+    [[ -f "$ARCHIVE" ]] || { echo "no site archive at $ARCHIVE: run scripts/gpu/build_site.sh and carry it" >&2; exit 2; }
+    rm -rf "$SITE" && mkdir -p "$SITE"
+    tar xJf "$ARCHIVE" -C "$SITE"
+    touch "$SITE/.unpacked"
+fi
+
+# The project's model plugin as an installed distribution would expose it: its dist-info with the
+# entry points of pyproject.toml, the packages straight from the working tree (no copy, no build).
+rm -rf "$PLUGIN" && mkdir -p "$PLUGIN"
+python3 - "$ROOT/pyproject.toml" "$PLUGIN" <<'PYEOF'
+import sys, tomllib
+from pathlib import Path
+project = tomllib.loads(Path(sys.argv[1]).read_text())["project"]
+info = Path(sys.argv[2]) / f"{project['name'].replace('-', '_')}-{project['version']}.dist-info"
+info.mkdir(parents=True)
+(info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n")
+lines = []
+for group, entries in project.get("entry-points", {}).items():
+    lines.append(f"[{group}]")
+    lines += [f"{name} = {target}" for name, target in entries.items()]
+(info / "entry_points.txt").write_text("\n".join(lines) + "\n")
+(info / "RECORD").write_text("")
+PYEOF
+
+# The stand-ins from the working tree come first (edits need no archive rebuild); the archive
+# holds the same packages and the platform's dist-info (its entry point).
+export PYTHONPATH="$ROOT/scripts/gpu/standins:$SITE:$ROOT:$ROOT/kernels:$PLUGIN${PYTHONPATH:+:$PYTHONPATH}"
+export SGLANG_PLATFORM="${SGLANG_PLATFORM:-m3_gpu_harness}"
+export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1
+export SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python
+export M3_GPU_STANDIN_LOG="$OUT/standin_ops.txt"
+export PYTHONUNBUFFERED=1
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+# Keep NVLink multicast off on multi-GPU machines (the workplace's rule).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+cd "$ROOT"
+
+step="${1:-check}"
+shift || true
+case "$step" in
+    check)
+        python3 - <<'PYEOF'
+import importlib.metadata as md, torch, sglang, transformers
+from sglang.srt.platforms import current_platform
+print("torch", torch.__version__, "cuda", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "-")
+print("sglang", sglang.__version__, "transformers", transformers.__version__)
+print("platform", type(current_platform).__name__, current_platform.device_type)
+print("plugins", sorted(e.name for e in md.entry_points(group="sglang.srt.plugins")))
+print("platforms", sorted(e.name for e in md.entry_points(group="sglang.srt.platforms")))
+import sgl_kernel
+print("sgl_kernel stand-in", getattr(sgl_kernel, "__sgl_kernel_standin__", False))
+PYEOF
+        ;;
+    tests)
+        set -o pipefail
+        python3 -m pytest tests/gpu -x -v -s -p no:cacheprovider --junitxml="$OUT/gpu_tests.xml" "$@" 2>&1 | tee "$OUT/gpu_tests.log"
+        ;;
+    bench)
+        python3 benchmarks/e2e_gpu.py --out "$OUT" "$@"
+        ;;
+    exec)
+        "$@"
+        ;;
+    *)
+        echo "unknown step $step (check | tests | bench | exec)" >&2
+        exit 2
+        ;;
+esac

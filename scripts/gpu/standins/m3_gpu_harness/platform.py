@@ -1,0 +1,68 @@
+"""The harness's CUDA platform class (see the package docstring)."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from sglang.srt.platforms.cuda import CudaDeviceMixin
+from sglang.srt.platforms.device_mixin import PlatformEnum
+from sglang.srt.platforms.interface import PlatformCapabilities, SRTPlatform
+
+logger = logging.getLogger(__name__)
+
+
+class HarnessCudaPlatform(CudaDeviceMixin, SRTPlatform):
+    _enum: PlatformEnum = PlatformEnum.OOT
+    device_name: str = "cuda"
+    device_type: str = "cuda"
+
+    capabilities = PlatformCapabilities(supports_triton=True, graph_capture=True, supports_pynccl=True)
+
+    def get_default_attention_backend(self) -> str:
+        return "triton"
+
+    def get_default_speculative_draft_attention_backend(self, algorithm: str) -> str:
+        return "triton"
+
+    def supports_speculative_algorithm(self, algorithm: str) -> bool:
+        return True
+
+    def supports_speculative_draft_attention_backend(self, algorithm: str, backend: str) -> bool:
+        return backend == "triton"
+
+    def get_dispatch_key_name(self) -> str:
+        return "native"
+
+    def get_graph_runner_cls(self):
+        from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+
+        return DecodeCudaGraphRunner
+
+    def get_group_coordinator_device(self, local_rank: int) -> torch.device:
+        return torch.device("cuda", local_rank)
+
+    def apply_server_args_defaults(self, server_args) -> None:
+        server_args.device = "cuda"
+        if getattr(server_args, "sampling_backend", None) in (None, "flashinfer"):
+            server_args.sampling_backend = "pytorch"
+        for name in ("attention_backend", "prefill_attention_backend", "decode_attention_backend"):
+            if getattr(server_args, name, None) not in (None, "triton", "torch_native"):
+                logger.warning("harness platform: %s=%s replaced by triton", name, getattr(server_args, name))
+                setattr(server_args, name, "triton")
+        if getattr(server_args, "attention_backend", None) is None:
+            server_args.attention_backend = "triton"
+
+    def init_backend(self) -> None:
+        # Unquantized fused MoE: its Triton CUDA forward (the native one loops over experts on the host).
+        from sglang.kernels.fused_op import BaseFusedOp
+        from sglang.srt.layers.quantization.unquant import UnquantizedFusedMoEMethod
+
+        BaseFusedOp.register_oot_forward(UnquantizedFusedMoEMethod, UnquantizedFusedMoEMethod.forward_cuda, "native")
+        # Llama/Qwen2's small-batch dual GEMM is a CuTe-DSL kernel the device lacks.
+        try:
+            from sglang.srt.layers.dual_gemm import DualGemm
+
+            DualGemm._select_mode = lambda self, gate_up_proj, hidden_size: None
+        except ImportError:
+            pass

@@ -1,0 +1,168 @@
+"""The ``sgl_kernel`` ops the harness implements, in Triton or torch, each with a torch reference.
+
+Only ops that SGLang's CUDA paths reach on the harness platform live here: the fused-MoE Triton
+path combines expert outputs with ``moe_sum_reduce`` and asks the ahead-of-time backend for
+``moe_align_block_size``; ``silu_and_mul`` and ``topk_sigmoid`` are imported by CUDA modules and
+cheap to provide faithfully. Each op records that it ran (``_standin.note_ran``).
+
+This module imports nothing from ``sgl_kernel`` itself, so tests can load it on its own (under
+another module name) without putting a fake ``sgl_kernel`` on a CPU test process's path.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+try:  # inside the stand-in package
+    from ._standin import StandInMissing, note_ran
+except ImportError:  # loaded as a lone module by the tests
+    class StandInMissing(NotImplementedError):
+        pass
+
+    def note_ran(name: str) -> None:
+        return None
+
+
+# --- silu_and_mul: out = silu(x[..., :d]) * x[..., d:] ------------------------------------------
+
+@triton.jit
+def _silu_and_mul_kernel(x_ptr, out_ptr, d, x_row_stride, out_row_stride, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < d
+    gate = tl.load(x_ptr + row * x_row_stride + offs, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + row * x_row_stride + d + offs, mask=mask, other=0.0).to(tl.float32)
+    out = gate / (1.0 + tl.exp(-gate)) * up
+    tl.store(out_ptr + row * out_row_stride + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def silu_and_mul(input: torch.Tensor, out: Optional[torch.Tensor] = None, enable_pdl: Optional[bool] = None) -> torch.Tensor:
+    note_ran("silu_and_mul")
+    d = input.shape[-1] // 2
+    if out is None:
+        out = torch.empty(*input.shape[:-1], d, dtype=input.dtype, device=input.device)
+    if input.stride(-1) != 1 or out.stride(-1) != 1:
+        raise ValueError("sgl_kernel stand-in silu_and_mul needs a contiguous last dimension")
+    x2 = input.reshape(-1, 2 * d)
+    o2 = out.view(-1, d)
+    rows = x2.shape[0]
+    if rows:
+        block = min(1024, triton.next_power_of_2(max(d, 16)))
+        _silu_and_mul_kernel[(rows, triton.cdiv(d, block))](x2, o2, d, x2.stride(0), o2.stride(0), BLOCK=block)
+    return out
+
+
+def silu_and_mul_reference(input: torch.Tensor) -> torch.Tensor:
+    d = input.shape[-1] // 2
+    x = input.double()
+    return (torch.nn.functional.silu(x[..., :d]) * x[..., d:]).to(input.dtype)
+
+
+# --- moe_sum_reduce: out[t] = scale * sum_k x[t, k] -------------------------------------------
+
+@triton.jit
+def _moe_sum_reduce_kernel(x_ptr, out_ptr, topk, hidden, stride_xt, stride_xk, stride_ot, scale, BLOCK: tl.constexpr):
+    token = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < hidden
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for k in range(topk):
+        acc += tl.load(x_ptr + token * stride_xt + k * stride_xk + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + token * stride_ot + offs, (acc * scale).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def moe_sum_reduce(input: torch.Tensor, output: torch.Tensor, routed_scaling_factor: float = 1.0) -> None:
+    """``input`` [tokens, topk, hidden] summed over top-k, times the scale, into ``output`` [tokens, hidden]."""
+    note_ran("moe_sum_reduce")
+    tokens, topk, hidden = input.shape
+    if input.stride(-1) != 1 or output.stride(-1) != 1:
+        raise ValueError("sgl_kernel stand-in moe_sum_reduce needs a contiguous hidden dimension")
+    if tokens:
+        block = min(1024, triton.next_power_of_2(max(hidden, 16)))
+        _moe_sum_reduce_kernel[(tokens, triton.cdiv(hidden, block))](
+            input, output, topk, hidden, input.stride(0), input.stride(1), output.stride(0),
+            float(1.0 if routed_scaling_factor is None else routed_scaling_factor), BLOCK=block,
+        )
+
+
+def moe_sum_reduce_reference(input: torch.Tensor, routed_scaling_factor: float = 1.0) -> torch.Tensor:
+    return (input.double().sum(1) * routed_scaling_factor).to(input.dtype)
+
+
+# --- topk_sigmoid (sgl_kernel's destination-passing signature) ----------------------------------
+
+def topk_sigmoid(
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    gating_output: torch.Tensor,
+    renormalize: bool = False,
+    correction_bias: Optional[torch.Tensor] = None,
+    routed_scaling_factor: float = 1.0,
+    num_fused_shared_experts: int = 0,
+) -> None:
+    """Sigmoid router: the bias only chooses, weights are the unbiased sigmoid scores (torch, no host sync)."""
+    note_ran("topk_sigmoid")
+    if num_fused_shared_experts:
+        raise StandInMissing("sgl_kernel.topk_sigmoid with fused shared experts is not implemented by the stand-in")
+    weights, ids = topk_sigmoid_reference(gating_output, topk_weights.shape[-1], renormalize, correction_bias, routed_scaling_factor)
+    topk_weights.copy_(weights)
+    topk_ids.copy_(ids)
+
+
+def topk_sigmoid_reference(gating_output, topk, renormalize=False, correction_bias=None, routed_scaling_factor=1.0):
+    scores = torch.sigmoid(gating_output.float())
+    choice = scores if correction_bias is None else scores + correction_bias.float()
+    ids = torch.topk(choice, topk, dim=-1).indices
+    weights = scores.gather(1, ids)
+    if renormalize:
+        weights = weights / weights.sum(-1, keepdim=True)
+    return weights * routed_scaling_factor, ids
+
+
+# --- moe_align_block_size: delegated to SGLang's own JIT kernel ---------------------------------
+
+def moe_align_block_size(
+    topk_ids: torch.Tensor,
+    num_experts: int,
+    block_size: int,
+    sorted_token_ids: torch.Tensor,
+    experts_ids: torch.Tensor,
+    num_tokens_post_pad: torch.Tensor,
+    cumsum_buffer: torch.Tensor,
+    pad_sorted_token_ids: bool = False,
+    ignore_invalid_expert: bool = False,
+) -> None:
+    """SGLang calls its JIT ``moe_align`` with these same arguments on another branch; nvcc builds it."""
+    note_ran("moe_align_block_size (-> sglang.kernels.ops.moe.moe_align JIT)")
+    if ignore_invalid_expert:
+        raise StandInMissing("sgl_kernel.moe_align_block_size(ignore_invalid_expert=True) has no JIT equivalent")
+    from sglang.kernels.ops.moe.moe_align import moe_align_block_size as jit_moe_align_block_size
+
+    jit_moe_align_block_size(
+        topk_ids, num_experts, block_size, sorted_token_ids, experts_ids, num_tokens_post_pad,
+        cumsum_buffer, pad_sorted_token_ids,
+    )
+
+
+# --- weak_ref_tensor --------------------------------------------------------------------------
+
+def weak_ref_tensor(tensor):
+    """A tensor over ``tensor``'s memory that does not keep it alive, like sgl_kernel's.
+
+    SGLang's graph runners keep captured outputs as weak references so that the graph memory pool
+    can be reused; torch's own non-owning storage constructor (used by inductor's CUDA-graph trees)
+    gives the same without compiled code. Falls back to a plain alias where torch lacks it.
+    """
+    note_ran("weak_ref_tensor")
+    if not isinstance(tensor, torch.Tensor):
+        return tensor
+    make = getattr(torch._C, "_construct_storage_from_data_pointer", None)
+    if make is None:
+        return tensor.view(tensor.shape)
+    storage = tensor.untyped_storage()
+    weak = make(storage.data_ptr(), tensor.device, storage.nbytes())
+    return torch.empty(0, dtype=tensor.dtype, device=tensor.device).set_(weak, tensor.storage_offset(), tensor.shape, tensor.stride())
