@@ -19,14 +19,6 @@ THINKING_MODES = ("enabled", "disabled", "adaptive")
 DEFAULT_THINKING_MODE = "adaptive"
 
 
-def element_open(tag: str) -> str:
-    return f"{NAMESPACE}<{tag}>"
-
-
-def element_close(tag: str) -> str:
-    return f"{NAMESPACE}</{tag}>"
-
-
 def partial_suffix_length(text: str, marker: str) -> int:
     """Length of the longest end of `text` that is a proper prefix of `marker`.
 

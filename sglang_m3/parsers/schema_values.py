@@ -1,141 +1,144 @@
 """Turn parsed M3 argument elements into JSON values, typed by the tool's JSON schema.
 
-M3 writes every scalar as raw text, so the schema decides what the text means:
+M3 writes every scalar as raw text, so the schema decides what the text means. The schema is
+first flattened into alternatives of one kind each (`schema_alternatives`: type lists,
+`nullable`, `$ref`, `allOf` / `anyOf` / `oneOf`, at the root as anywhere else); each
+alternative then reads the element:
 - `string`: the text verbatim (whitespace included);
 - `integer` / `number` / `boolean` / `null`: JSON literals (surrounding whitespace ignored);
-- `object`: child elements by name; `array`: repeated `<item>` elements;
+- `object`: child elements by name, typed by `properties`, `patternProperties`,
+  `additionalProperties`; `array`: repeated `<item>` elements, typed by `prefixItems` /
+  `items`; either may also be inline JSON text;
 - `enum` / `const`: the member whose rendering equals the text;
-- `anyOf` / `oneOf` / type lists: the most specific alternative that accepts the value
-  (null, boolean, integer, number, object, array, then untyped, string last), so `"5"`
-  under `anyOf: [string, integer]` reads as the integer 5 whatever the listed order;
-- `$ref` into `$defs` / `definitions`, `allOf` (merged), `prefixItems`, `additionalProperties`;
-- untyped schemas (missing, `{}`, a bare `true`) by content: JSON literals become numbers,
-  booleans, null, objects or arrays; anything else stays a string; children all named `item`
-  form an array, other children an object.
+- untyped (missing, `{}`, a bare `true`): by content. JSON literals become numbers, booleans,
+  null, objects or arrays; anything else stays a string; children all named `item` form an
+  array, other children an object.
 
-A value the schema rejects (say `five` for an integer) is kept as the verbatim string rather
+Ties: when several alternatives can read an element, the reading kept is
+1. one that validates against its alternative (`schema_validation`), so discriminators,
+   `required`, `additionalProperties: false` and bounds pick the branch the model meant;
+2. then the most specific kind: null, boolean, integer, number, object, array, untyped,
+   string last, so `5` under `anyOf: [string, integer]` is the integer 5 whatever the listed
+   order, and text stays a string only where nothing more specific reads it (a parameter that
+   can only be a string always stays one);
+3. then the first in schema order.
+
+Repeated elements: children of an object that share a name become one JSON array under that
+name (`<tag>a</tag><tag>b</tag>` -> `{"tag": ["a", "b"]}`), typed as an array by the key's
+schema; `<item>` remains M3's own array form. Where the key's schema allows no array (a
+scalar or an object), the call is kept all the same and the key holds the array of its values,
+each read by that schema: like any value the schema rejects, it reaches the client as the
+model wrote it, with a debug log line.
+
+A value no alternative reads (say `five` for an integer) is kept as the verbatim string rather
 than dropped: the client sees exactly what the model wrote.
 """
 
 import json
+import logging
 import re
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 from sglang_m3.parsers.m3_format import ARRAY_ITEM_TAG
-from sglang_m3.parsers.xml_elements import Element, MalformedCall
+from sglang_m3.parsers.schema_alternatives import (
+    Alternative,
+    Parts,
+    SchemaIndex,
+    item_parts,
+    property_parts,
+    same_json,
+)
+from sglang_m3.parsers.schema_validation import SchemaValidator
+from sglang_m3.parsers.xml_elements import Element
+
+logger = logging.getLogger(__name__)
 
 _JSON_NUMBER = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?")
 _JSON_INTEGER = re.compile(r"-?(?:0|[1-9]\d*)")
-_MAX_REF_HOPS = 32
 
-# Lower rank is tried first: specific readings before the catch-all string.
-_TYPE_RANK = {"null": 0, "boolean": 1, "integer": 2, "number": 3, "object": 4, "array": 5, None: 6, "string": 7}
-_TYPE_ALIASES = {"str": "string", "int": "integer", "float": "number", "bool": "boolean"}
+# Lower rank wins a tie between valid readings: specific readings before the catch-all string.
+_KIND_RANK = {"null": 0, "boolean": 1, "integer": 2, "number": 3, "object": 4, "array": 5, None: 6, "string": 7}
 
 
 class _Mismatch(Exception):
-    """This schema alternative does not accept the value; try the next one."""
+    """This alternative cannot read the element; try the next one."""
 
 
 def arguments_from_elements(children: Sequence[Element], parameters_schema: Any) -> Dict[str, Any]:
     """JSON arguments of one invoke: its top-level elements read as an object."""
-    typer = _SchemaTyper(parameters_schema)
-    return typer.object_from_children(children, typer.resolve(parameters_schema))
+    return _SchemaTyper(parameters_schema).arguments(children)
 
 
 class _SchemaTyper:
-    def __init__(self, root_schema: Any):
-        self.root = root_schema if isinstance(root_schema, dict) else {}
+    """Types the elements of one invoke; its memo lives as long as that invoke's parse."""
 
-    # -- schema helpers -------------------------------------------------------------------
+    def __init__(self, parameters_schema: Any):
+        self._index = SchemaIndex(parameters_schema)
+        self._validator = SchemaValidator(self._index)
+        self._root: Parts = (parameters_schema,) if isinstance(parameters_schema, dict) else ()
+        # (id(element), ids of parts) -> (element, parts, value); the objects are held so
+        # their ids stay unique while the memo lives.
+        self._memo: Dict[Tuple[int, ...], Tuple[Element, Parts, Any]] = {}
 
-    def resolve(self, schema: Any) -> Optional[dict]:
-        """Follow `$ref`s and merge `allOf`; None means untyped."""
-        for _ in range(_MAX_REF_HOPS):
-            if not isinstance(schema, dict):
-                return None
-            ref = schema.get("$ref")
-            if not isinstance(ref, str):
-                break
-            target = self._lookup(ref)
-            rest = {key: val for key, val in schema.items() if key != "$ref"}
-            schema = {**target, **rest} if isinstance(target, dict) else rest
-        else:
-            return None
-        all_of = schema.get("allOf")
-        if isinstance(all_of, list):
-            merged = {key: val for key, val in schema.items() if key != "allOf"}
-            for part in all_of:
-                part = self.resolve(part) or {}
-                properties = {**part.get("properties", {}), **merged.get("properties", {})}
-                merged = {**part, **merged}
-                if properties:
-                    merged["properties"] = properties
-            schema = merged
-        return schema
+    def arguments(self, children: Sequence[Element]) -> Dict[str, Any]:
+        """The root schema's object (or untyped) alternatives read the invoke body; a root
+        that allows no object at all types nothing."""
+        readers = [alt for alt in self._index.alternatives(self._root) if alt.kind in ("object", None) and alt.members is None]
+        return self._best(
+            readers,
+            lambda alt: self._object(children, alt.parts),
+            lambda: self._object(children, ()),
+        )
 
-    def _lookup(self, ref: str) -> Any:
-        if not ref.startswith("#/"):
-            return None
-        node: Any = self.root
-        for part in ref[2:].split("/"):
-            part = part.replace("~1", "/").replace("~0", "~")
-            if not isinstance(node, dict) or part not in node:
-                return None
-            node = node[part]
-        return node
+    def value(self, element: Element, parts: Parts) -> Any:
+        key = (id(element), *map(id, parts))
+        if key not in self._memo:
+            value = self._best(
+                self._index.alternatives(parts),
+                lambda alt: self._read(element, alt),
+                lambda: element.text if element.is_leaf else self._untyped(element),
+            )
+            self._memo[key] = (element, parts, value)
+        return self._memo[key][2]
 
-    def alternatives(self, schema: Optional[dict]) -> List[Optional[dict]]:
-        """The single-type readings of a schema, most specific first."""
-        if schema is None:
-            return [None]
-        options: List[Optional[dict]] = []
-        base = {key: val for key, val in schema.items() if key not in ("anyOf", "oneOf")}
-        branches = schema.get("anyOf") or schema.get("oneOf")
-        if isinstance(branches, list) and branches:
-            for branch in branches:
-                branch = self.resolve(branch)
-                options.extend(self.alternatives(None if branch is None else {**base, **branch}))
-        else:
-            types = _schema_types(schema)
-            if len(types) > 1:
-                options.extend({**schema, "type": each} for each in types)
-            else:
-                options.append(schema if _is_typed(schema) else None)
-        return sorted(options, key=lambda option: _TYPE_RANK.get(_primary_type(option), 6))
-
-    # -- conversion -----------------------------------------------------------------------
-
-    def value(self, element: Element, schema: Any) -> Any:
-        schema = self.resolve(schema)
-        for option in self.alternatives(schema):
+    def _best(self, alternatives: List[Alternative], read: Callable[[Alternative], Any], fallback: Callable[[], Any]) -> Any:
+        """The reading the module docstring's tie rules keep; `fallback()` when none reads."""
+        best_rank, best = None, None
+        for order, alternative in enumerate(alternatives):
             try:
-                return self._value_as(element, option)
+                reading = read(alternative)
             except _Mismatch:
                 continue
-        if element.is_leaf:
-            return element.text
-        return self._untyped(element)
+            rank = (not self._validates(reading, alternative), _KIND_RANK[alternative.kind], order)
+            if best_rank is None or rank < best_rank:
+                best_rank, best = rank, reading
+        return fallback() if best_rank is None else best
 
-    def _value_as(self, element: Element, schema: Optional[dict]) -> Any:
-        if schema is None:
+    def _validates(self, reading: Any, alternative: Alternative) -> bool:
+        return all(self._validator.validates(reading, part) for part in alternative.parts)
+
+    def _read(self, element: Element, alternative: Alternative) -> Any:
+        if alternative.members is not None:
+            return self._enum_member(element, alternative.members)
+        kind = alternative.kind
+        if kind is None:
             return self._untyped(element)
-        members = _enum_members(schema)
-        if members is not None:
-            return self._enum_member(element, members)
-        kind = _primary_type(schema)
         if kind == "object":
-            return self._object(element, schema)
+            return _json_text(element.text, dict) if element.is_leaf else self._object(element.children, alternative.parts)
         if kind == "array":
-            return self._array(element, schema)
+            if element.is_leaf:
+                return _json_text(element.text, list)
+            if any(child.tag != ARRAY_ITEM_TAG for child in element.children):
+                raise _Mismatch()
+            return self._items(element.children, alternative.parts)
         if not element.is_leaf:
             raise _Mismatch()
         return _scalar(element.text, kind)
 
-    def _enum_member(self, element: Element, members: list) -> Any:
+    def _enum_member(self, element: Element, members: tuple) -> Any:
         if not element.is_leaf:
             value = self._untyped(element)
-            if value in members:
+            if any(same_json(value, member) for member in members):
                 return value
             raise _Mismatch()
         for candidate in (element.text, element.text.strip()):
@@ -144,97 +147,42 @@ class _SchemaTyper:
                     return member
         raise _Mismatch()
 
-    def _object(self, element: Element, schema: dict) -> Dict[str, Any]:
-        if element.is_leaf:
-            return _json_text(element.text, dict)
-        return self.object_from_children(element.children, schema)
-
-    def object_from_children(self, children: Sequence[Element], schema: Optional[dict]) -> Dict[str, Any]:
-        schema = schema or {}
-        properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
-        extra = schema.get("additionalProperties")
-        result: Dict[str, Any] = {}
+    def _object(self, children: Sequence[Element], parts: Parts) -> Dict[str, Any]:
+        groups: Dict[str, List[Element]] = {}
         for child in children:
-            if child.tag in result:
-                raise MalformedCall(f"argument <{child.tag}> appears twice")
-            child_schema = properties.get(child.tag, extra if isinstance(extra, dict) else None)
-            result[child.tag] = self.value(child, child_schema)
-        return result
+            groups.setdefault(child.tag, []).append(child)
+        return {
+            tag: self.value(elements[0], property_parts(parts, tag))
+            if len(elements) == 1
+            else self._repeated(tag, elements, property_parts(parts, tag))
+            for tag, elements in groups.items()
+        }
 
-    def _array(self, element: Element, schema: dict) -> List[Any]:
-        if element.is_leaf:
-            return _json_text(element.text, list)
-        if any(child.tag != ARRAY_ITEM_TAG for child in element.children):
-            raise _Mismatch()
-        prefix = schema.get("prefixItems") if isinstance(schema.get("prefixItems"), list) else []
-        items = schema.get("items")
-        return [
-            self.value(child, prefix[index] if index < len(prefix) else items)
-            for index, child in enumerate(element.children)
-        ]
+    def _repeated(self, tag: str, elements: List[Element], parts: Parts) -> List[Any]:
+        """Same-named siblings: the items of an array under their key's schema."""
+        readers = [alt for alt in self._index.alternatives(parts) if alt.kind in ("array", None) and alt.members is None]
+        return self._best(
+            readers,
+            lambda alt: self._items(elements, alt.parts),
+            lambda: self._repeated_without_array(tag, elements, parts),
+        )
+
+    def _repeated_without_array(self, tag: str, elements: List[Element], parts: Parts) -> List[Any]:
+        logger.debug("argument <%s> repeats but its schema allows no array; kept as the array of its values", tag)
+        return [self.value(element, parts) for element in elements]
+
+    def _items(self, elements: Sequence[Element], parts: Parts) -> List[Any]:
+        return [self.value(element, item_parts(parts, index)) for index, element in enumerate(elements)]
 
     def _untyped(self, element: Element) -> Any:
         if element.is_leaf:
             return _untyped_text(element.text)
         if element.children and all(child.tag == ARRAY_ITEM_TAG for child in element.children):
             return [self._untyped(child) for child in element.children]
-        return self.object_from_children(element.children, None)
+        return self._object(element.children, ())
 
 
-def _schema_types(schema: dict) -> List[str]:
-    declared = schema.get("type")
-    if isinstance(declared, str):
-        declared = [declared]
-    if not isinstance(declared, list):
-        declared = []
-    types = [_TYPE_ALIASES.get(t.lower(), t.lower()) for t in declared if isinstance(t, str)]
-    if not types:
-        if "properties" in schema or "additionalProperties" in schema:
-            types = ["object"]
-        elif "items" in schema or "prefixItems" in schema:
-            types = ["array"]
-    return types
-
-
-def _is_typed(schema: dict) -> bool:
-    return bool(_schema_types(schema)) or _enum_members(schema) is not None
-
-
-def _primary_type(schema: Optional[dict]) -> Optional[str]:
-    if schema is None:
-        return None
-    types = _schema_types(schema)
-    if types:
-        return types[0]
-    members = _enum_members(schema)
-    if members is not None:
-        kinds = {_json_kind(member) for member in members}
-        return kinds.pop() if len(kinds) == 1 else None
-    return None
-
-
-def _json_kind(value: Any) -> Optional[str]:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    return None
-
-
-def _enum_members(schema: dict) -> Optional[list]:
-    if "const" in schema:
-        return [schema["const"]]
-    members = schema.get("enum")
-    return members if isinstance(members, list) and members else None
-
-
-def _render_scalar(value: Any) -> Optional[str]:
+def _render_scalar(value: Any) -> Any:
     """How the chat template writes a scalar; None for containers."""
     if isinstance(value, str):
         return value
@@ -247,7 +195,7 @@ def _render_scalar(value: Any) -> Optional[str]:
     return None
 
 
-def _scalar(text: str, kind: Optional[str]) -> Any:
+def _scalar(text: str, kind: str) -> Any:
     stripped = text.strip()
     if kind == "string":
         return text

@@ -6,7 +6,11 @@ Differences from SGLang 0.5.23's own `MinimaxM3Detector`, all deliberate:
 - a call is streamed once its invoke is complete and parsed (name, then the whole arguments
   JSON): a malformed, truncated or unknown call is never half-sent, it comes back as content;
 - string values are kept verbatim (upstream strips trailing whitespace), untyped values are
-  typed by content, schema alternatives are ranked (see `schema_values`);
+  typed by content, the whole schema types the arguments (root and nested combinators, `$ref`)
+  and schema alternatives are chosen by validation, then specificity (see `schema_values`);
+- like upstream, repeated same-named elements become an array and the recoveries whose intent
+  is unambiguous are taken (a wrong closing tag with one element open, a function name that
+  matches one declared tool case-insensitively), each with a debug log line;
 - with no tools declared, or for an undeclared function, the markup stays content unless
   `SGLANG_FORWARD_UNKNOWN_TOOLS` is set (upstream parses calls to any name);
 - `tool_choice="required"` / a named function is constrained by an XGrammar structural tag in
@@ -25,6 +29,7 @@ from sglang.srt.function_call.core_types import (
     _GetInfoFunc,
 )
 
+from sglang_m3.parsers.declared_tools import tool_lookup
 from sglang_m3.parsers.m3_format import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 from sglang_m3.parsers.structural_tag import build_structural_tag
 from sglang_m3.parsers.tool_call_scanner import (
@@ -33,7 +38,6 @@ from sglang_m3.parsers.tool_call_scanner import (
     ScanEvent,
     ToolCallScanner,
     scan_all,
-    schema_lookup,
 )
 
 
@@ -51,7 +55,7 @@ class MiniMaxM3ToolCallDetector(BaseFormatDetector):
         self._scanner: Optional[ToolCallScanner] = None
 
     def _lookup(self, tools: Optional[List[Tool]]):
-        return schema_lookup(_functions(tools), accept_unknown=envs.SGLANG_FORWARD_UNKNOWN_TOOLS.get())
+        return tool_lookup(_functions(tools), accept_unknown=envs.SGLANG_FORWARD_UNKNOWN_TOOLS.get())
 
     def has_tool_call(self, text: str) -> bool:
         return TOOL_CALL_OPEN in text

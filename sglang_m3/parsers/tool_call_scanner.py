@@ -7,10 +7,10 @@ never on where chunks were cut.
 Rules:
 - Outside a block everything is content; `]<]minimax[>[<tool_call>` opens a block.
 - Inside a block only whitespace, invokes and the block's closing tag may appear. Each
-  complete invoke of a known function (`]<]minimax[>[<invoke name="...">` ...
-  `]<]minimax[>[</invoke>`) that parses becomes one call, emitted when its closing tag arrives:
-  a call is never sent before it is known to be good, because a streamed call cannot be
-  taken back.
+  complete invoke (`]<]minimax[>[<invoke name="...">` ... `]<]minimax[>[</invoke>`) of a
+  declared function (`declared_tools`) that parses becomes one call, emitted when its closing
+  tag arrives: a call is never sent before it is known to be good, because a streamed call
+  cannot be taken back.
 - At the first thing in a block that is not a good invoke (junk text, a broken or unknown
   invoke, a nested block marker), the block ends there: the uncommitted markup seen so far in
   the block and everything after it are scanned again as content (a later
@@ -21,7 +21,7 @@ Rules:
 
 import json
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Union
+from typing import Any, Dict, List, Union
 
 from sglang_m3.parsers.m3_format import (
     INVOKE_CLOSE,
@@ -31,6 +31,7 @@ from sglang_m3.parsers.m3_format import (
     TOOL_CALL_OPEN,
     partial_suffix_length,
 )
+from sglang_m3.parsers.declared_tools import ToolLookup
 from sglang_m3.parsers.schema_values import arguments_from_elements
 from sglang_m3.parsers.xml_elements import MalformedCall, parse_siblings
 
@@ -64,11 +65,9 @@ class ParsedCall:
 
 ScanEvent = Union[ContentText, Markup, ParsedCall]
 # Joining `text` / `raw` of all events in order gives back the input exactly.
-# Maps a function name to its parameters schema, or raises KeyError for an unknown function.
-SchemaLookup = Callable[[str], Any]
 
 
-def parse_invoke(raw: str, lookup_schema: SchemaLookup) -> ParsedCall:
+def parse_invoke(raw: str, lookup_tool: ToolLookup) -> ParsedCall:
     """Parse one complete invoke, from its opening prefix through `]<]minimax[>[</invoke>`."""
     header_end = raw.find(INVOKE_OPEN_SUFFIX, len(INVOKE_OPEN_PREFIX))
     if header_end == -1:
@@ -77,25 +76,23 @@ def parse_invoke(raw: str, lookup_schema: SchemaLookup) -> ParsedCall:
     if not name or any(char in name for char in '"<>\n'):
         raise MalformedCall(f"invalid function name {name!r}")
     try:
-        schema = lookup_schema(name)
+        tool = lookup_tool(name)
     except KeyError:
         raise MalformedCall(f"unknown function {name!r}") from None
     body = raw[header_end + len(INVOKE_OPEN_SUFFIX): len(raw) - len(INVOKE_CLOSE)]
     children = parse_siblings(body)
     try:
-        arguments = arguments_from_elements(children, schema)
-    except MalformedCall:
-        raise
+        arguments = arguments_from_elements(children, tool.parameters)
     except Exception as error:  # a tool schema of unexpected shape must not break the response
         raise MalformedCall(f"arguments of {name!r} do not fit its schema: {error}") from error
-    return ParsedCall(name=name, arguments=arguments, raw=raw)
+    return ParsedCall(name=tool.name, arguments=arguments, raw=raw)
 
 
 class ToolCallScanner:
     """Incremental splitter of M3 output into `ContentText` and `ParsedCall` events."""
 
-    def __init__(self, lookup_schema: SchemaLookup):
-        self._lookup_schema = lookup_schema
+    def __init__(self, lookup_tool: ToolLookup):
+        self._lookup_tool = lookup_tool
         self._buffer = ""
         self._in_block = False
         # Block markup read but not yet committed by a good invoke or the closing tag.
@@ -163,7 +160,7 @@ class ToolCallScanner:
             return False
         raw = self._buffer[: end + len(INVOKE_CLOSE)]
         try:
-            call = parse_invoke(raw, self._lookup_schema)
+            call = parse_invoke(raw, self._lookup_tool)
         except MalformedCall:
             self._abandon_block(events)
             return True
@@ -194,21 +191,7 @@ def _merged(events: List[ScanEvent]) -> List[ScanEvent]:
     return merged
 
 
-def scan_all(text: str, lookup_schema: SchemaLookup) -> List[ScanEvent]:
+def scan_all(text: str, lookup_tool: ToolLookup) -> List[ScanEvent]:
     """One-shot scan of a complete output."""
-    scanner = ToolCallScanner(lookup_schema)
+    scanner = ToolCallScanner(lookup_tool)
     return _merged(scanner.feed(text) + scanner.finish())
-
-
-def schema_lookup(functions: Optional[Dict[str, Any]], accept_unknown: bool = False) -> SchemaLookup:
-    """A `SchemaLookup` over name -> parameters schema; unknown names raise KeyError unless
-    `accept_unknown` (then they parse as untyped)."""
-
-    def lookup(name: str) -> Any:
-        if functions is not None and name in functions:
-            return functions[name]
-        if accept_unknown:
-            return None
-        raise KeyError(name)
-
-    return lookup

@@ -4,15 +4,22 @@ An invoke body is a run of sibling elements `]<]minimax[>[<tag>...]<]minimax[>[<
 separated by optional whitespace. An element holds either nested elements (objects, arrays of
 `<item>`) or raw text (a scalar, kept verbatim here; `schema_values` types it).
 
-Anything else (text between siblings, a closing tag that does not match, an element that never
-closes, a leaf holding a namespace marker) raises `MalformedCall`: the caller then hands the
-whole invoke back as content instead of guessing.
+One recovery is taken because its intent is unambiguous: a closing tag with the wrong name
+while exactly one element is open (a top-level argument) closes that element, with a debug
+log line. With elements nested, a wrong name could close any of them, so it stays an error.
+
+Anything else (text between siblings, a wrong closing tag inside nesting, an element that
+never closes, a leaf holding a namespace marker) raises `MalformedCall`: the caller then hands
+the whole invoke back as content instead of guessing.
 """
 
+import logging
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
-from sglang_m3.parsers.m3_format import NAMESPACE, element_close
+from sglang_m3.parsers.m3_format import NAMESPACE
+
+logger = logging.getLogger(__name__)
 
 MAX_DEPTH = 64
 _WHITESPACE = " \t\r\n"
@@ -65,10 +72,7 @@ def _parse_run(
         if text.startswith(_CLOSE, position):
             if closing_tag is None:
                 raise MalformedCall(f"closing tag without an open element at offset {position}")
-            expected = element_close(closing_tag)
-            if not text.startswith(expected, position):
-                raise MalformedCall(f"element <{closing_tag}> closed by a different tag at offset {position}")
-            return tuple(children), position + len(expected)
+            return tuple(children), _close(text, position, closing_tag, depth - 1)
         if not text.startswith(_OPEN, position):
             raise MalformedCall(f"text between elements at offset {position}: {text[position:position + 20]!r}")
         element, position = _parse_element(text, position, depth)
@@ -83,7 +87,7 @@ def _parse_element(text: str, position: int, depth: int) -> Tuple[Element, int]:
     if name_end == -1:
         raise MalformedCall(f"unterminated tag at offset {position}")
     tag = text[name_start:name_end]
-    if not tag or "<" in tag or NAMESPACE in tag or tag[0] in _WHITESPACE + "/":
+    if not _valid_name(tag):
         raise MalformedCall(f"invalid element name {tag!r} at offset {position}")
 
     body_start = name_end + 1
@@ -92,11 +96,27 @@ def _parse_element(text: str, position: int, depth: int) -> Tuple[Element, int]:
         children, end = _parse_run(text, first, closing_tag=tag, depth=depth + 1)
         return Element(tag=tag, text=None, children=children), end
 
-    closing = element_close(tag)
-    body_end = text.find(closing, body_start)
+    body_end = text.find(NAMESPACE, body_start)
     if body_end == -1:
         raise MalformedCall(f"element <{tag}> is never closed")
-    value = text[body_start:body_end]
-    if NAMESPACE in value:
+    if not text.startswith(_CLOSE, body_end):
         raise MalformedCall(f"element <{tag}> mixes text and markup")
-    return Element(tag=tag, text=value), body_end + len(closing)
+    return Element(tag=tag, text=text[body_start:body_end]), _close(text, body_end, tag, depth)
+
+
+def _valid_name(tag: str) -> bool:
+    return bool(tag) and "<" not in tag and NAMESPACE not in tag and tag[0] not in _WHITESPACE + "/"
+
+
+def _close(text: str, position: int, tag: str, depth: int) -> int:
+    """End of the closing tag at `position`, which closes element `tag` found at `depth`."""
+    name_start = position + len(_CLOSE)
+    name_end = text.find(">", name_start)
+    name = text[name_start:name_end] if name_end != -1 else ""
+    if not _valid_name(name):
+        raise MalformedCall(f"element <{tag}> has a malformed closing tag at offset {position}")
+    if name != tag:
+        if depth != 0:
+            raise MalformedCall(f"element <{tag}> closed by </{name}> at offset {position}")
+        logger.debug("argument <%s> closed by </%s>: taken as its end, no other element is open", tag, name)
+    return name_end + 1

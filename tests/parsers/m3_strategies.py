@@ -78,7 +78,7 @@ def scalar_pairs(untyped_allowed: bool = True):
     return st.one_of(*options)
 
 
-def _object_pairs(children):
+def object_pairs(children):
     def build(entries):
         properties = {name: schema for name, (schema, _) in entries}
         value = {name: child_value for name, (_, child_value) in entries}
@@ -87,7 +87,7 @@ def _object_pairs(children):
     return st.lists(st.tuples(names, children), max_size=4, unique_by=lambda entry: entry[0]).map(build)
 
 
-def _array_pairs(children):
+def array_pairs(children):
     def build(item_schema_and_values):
         item_schema, values = item_schema_and_values
         return {"type": "array", "items": item_schema}, values
@@ -102,14 +102,14 @@ def typed_pairs(untyped_allowed: bool = True):
     """(schema, value) for nested schemas (objects, arrays, scalars)."""
     return st.recursive(
         scalar_pairs(untyped_allowed),
-        lambda children: st.one_of(_object_pairs(children), _array_pairs(children)),
+        lambda children: st.one_of(object_pairs(children), array_pairs(children)),
         max_leaves=8,
     )
 
 
 def calls(untyped_allowed: bool = True, max_calls: int = 3):
     """A list of (function name, parameters schema, arguments) with distinct names."""
-    call = st.tuples(names, _object_pairs(typed_pairs(untyped_allowed)))
+    call = st.tuples(names, object_pairs(typed_pairs(untyped_allowed)))
     return st.lists(call, min_size=1, max_size=max_calls, unique_by=lambda entry: entry[0]).map(
         lambda entries: [(name, schema, value) for name, (schema, value) in entries]
     )

@@ -25,7 +25,8 @@ DIFF_SETTINGS = settings(max_examples=150, deadline=None)
 
 # The common domain: non-empty strings without trailing whitespace (differences 1 and 9),
 # numbers that are not integral floats (difference 2), typed schemas only (differences 3, 4),
-# no null under a nullable string (difference 10).
+# no null under a nullable string (difference 10), no member named like an enclosing one
+# (difference 11).
 _common_strings = m3.free_text.filter(lambda text: text and text == text.rstrip())
 _common_scalars = st.one_of(
     _common_strings.map(lambda text: ({"type": "string"}, text)),
@@ -76,7 +77,15 @@ common_calls = st.lists(
         )
         for name, arguments in entries
     ]
-)
+).filter(lambda calls: not any(_reuses_an_enclosing_name(value) for _, _, value in calls))
+
+
+def _reuses_an_enclosing_name(value, enclosing=()):
+    if isinstance(value, list):
+        return any(_reuses_an_enclosing_name(each, enclosing) for each in value)
+    if isinstance(value, dict):
+        return any(key in enclosing or _reuses_an_enclosing_name(each, (*enclosing, key)) for key, each in value.items())
+    return False
 
 
 def _one_shot(detector, text, tools):
@@ -206,7 +215,7 @@ def test_difference_6_broken_invoke_keeps_the_good_calls_before_it():
     """Upstream turns a whole message into content when one invoke is malformed, losing good
     calls; this parser keeps every complete call before the break."""
     good = f'{NS}<invoke name="f">{NS}<s>ok{NS}</s>{NS}</invoke>'
-    broken = f'{NS}<invoke name="f">{NS}<s>x{NS}</t>{NS}</invoke>'
+    broken = f'{NS}<invoke name="f">{NS}<s>{NS}<t>x{NS}</u>{NS}</s>{NS}</invoke>'
     text = f"{NS}<tool_call>{good}{broken}{NS}</tool_call>"
     assert _one_shot(MiniMaxM3ToolCallDetector(), text, [WEATHER]) == (
         broken + f"{NS}</tool_call>",
@@ -256,3 +265,45 @@ def test_difference_10_null_under_a_nullable_string_streams_as_null():
     assert _streamed(MiniMaxM3ToolCallDetector(), [text], [nullable]) == ("", [("f", {"s": None})])
     assert _streamed(UpstreamToolDetector(), [text], [nullable]) == ("", [("f", {"s": "null"})])
     assert _one_shot(UpstreamToolDetector(), text, [nullable]) == ("", [("f", {"s": None})])
+
+
+def test_difference_11_member_named_like_its_parent_streams_whole():
+    """Upstream's streaming path takes the inner closing tag of `<a><a>0</a></a>` for the outer
+    one and sends arguments that are not JSON; its one-shot path and this parser agree."""
+    nested = Tool.model_validate(
+        {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "object", "properties": {"a": {"type": "string"}}}}}}}
+    )
+    text = _call(f"{NS}<a>{NS}<a>0{NS}</a>{NS}</a>")
+    assert _streamed(MiniMaxM3ToolCallDetector(), [text], [nested]) == ("", [("f", {"a": {"a": "0"}})])
+    with pytest.raises(json.JSONDecodeError):
+        _streamed(UpstreamToolDetector(), [text], [nested])
+    assert _one_shot(UpstreamToolDetector(), text, [nested]) == ("", [("f", {"a": {"a": "0"}})])
+
+
+# ---- recoveries shared with upstream ----------------------------------------------------------
+
+
+def _tool(parameters):
+    return Tool.model_validate({"type": "function", "function": {"name": "f", "parameters": parameters}})
+
+
+@pytest.mark.parametrize(
+    "parameters, body, arguments",
+    [
+        (
+            {"type": "object", "properties": {"o": {"type": "object"}}},
+            f"{NS}<o>{NS}<tag>a{NS}</tag>{NS}<tag>b{NS}</tag>{NS}</o>",
+            {"o": {"tag": ["a", "b"]}},
+        ),
+        (
+            {"oneOf": [{"type": "object", "properties": {"ids": {"type": "array", "items": {"type": "string"}}, "flag": {"type": "string"}}}]},
+            f"{NS}<ids>{NS}<item>12{NS}</item>{NS}<item>34{NS}</item>{NS}</ids>{NS}<flag>true{NS}</flag>",
+            {"ids": ["12", "34"], "flag": "true"},
+        ),
+    ],
+)
+def test_repeated_members_and_root_unions_agree_with_upstream(parameters, body, arguments):
+    """A repeated member is an array and a root union types the arguments, as upstream does."""
+    text = _call(body)
+    for detector in (MiniMaxM3ToolCallDetector(), UpstreamToolDetector()):
+        assert _one_shot(detector, text, [_tool(parameters)]) == ("", [("f", arguments)])

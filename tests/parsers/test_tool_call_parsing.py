@@ -138,8 +138,9 @@ def test_several_invokes_and_blocks_keep_text_around():
     [
         invoke("unknown_fn", arg("city", "Paris")),
         invoke("get_weather", arg("city", "Paris") + "junk"),
-        invoke("get_weather", f"{NS}<city>Paris{NS}</town>"),
-        invoke("get_weather", arg("city", "a") + arg("city", "b")),
+        invoke("get_weather", f"{NS}<city>{NS}<name>Paris{NS}</town>{NS}</city>"),
+        invoke("get_weather", f"{NS}<city>Paris"),
+        invoke("get_weather", f"{NS}<city>Paris{NS}</city"),
         f'{NS}<invoke name="get_weather>{arg("city", "x")}{NS}</invoke>',
         "stray text",
     ],

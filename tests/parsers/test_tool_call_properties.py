@@ -7,9 +7,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sglang.srt.entrypoints.openai.protocol import Tool
 
+from sglang_m3.parsers.declared_tools import tool_lookup
 from sglang_m3.parsers.m3_format import INVOKE_CLOSE, NAMESPACE, TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 from sglang_m3.parsers.tool_call_detector import MiniMaxM3ToolCallDetector
-from sglang_m3.parsers.tool_call_scanner import ToolCallScanner, scan_all, schema_lookup
+from sglang_m3.parsers.tool_call_scanner import ToolCallScanner, scan_all
 from tests.parsers import m3_strategies as m3
 
 PROPERTY_SETTINGS = settings(max_examples=150, deadline=None)
@@ -146,7 +147,7 @@ def test_corrupted_output_never_raises_nor_loses_text(chat_tokenizer, generated,
         end = data.draw(st.integers(start, min(len(reply), start + 20)))
         reply = reply[:start] + data.draw(_corruption_pieces) + reply[end:]
     tools = sglang_tools(generated)
-    lookup = schema_lookup({name: schema for name, schema, _ in generated})
+    lookup = tool_lookup({name: schema for name, schema, _ in generated})
 
     assert scanned_text(scan_all(reply, lookup)) == reply
     normal_text, calls = parse_one_shot(reply, tools)
@@ -166,7 +167,7 @@ _markup_soup = st.lists(
 def test_arbitrary_markup_soup_is_accounted_for(text, data):
     """Random mixes of marker fragments: the scanner's events give back the input exactly and do
     not depend on chunking."""
-    lookup = schema_lookup({"f": {"type": "object", "properties": {"item": {"type": "string"}}}})
+    lookup = tool_lookup({"f": {"type": "object", "properties": {"item": {"type": "string"}}}})
     one_shot = scan_all(text, lookup)
     assert scanned_text(one_shot) == text
     scanner = ToolCallScanner(lookup)
