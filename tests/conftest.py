@@ -14,21 +14,24 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from server_harness import launch_cpu_server  # noqa: E402
+from server_harness import TINY_PREFILL_CHUNK, launch_cpu_server  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def tiny_checkpoint_factory(tmp_path_factory):
-    """Builds (once per variant) a tiny checkpoint: ``factory(vision=False, sparse_form="flat", seed=0)``."""
+    """Builds (once per variant) a tiny checkpoint:
+    ``factory(vision=False, layout="shipped", seed=0, mtp_modules=0)`` (see ``sglang_m3.tiny.checkpoint``)."""
     from sglang_m3.tiny.checkpoint import build_tiny_checkpoint
 
     built: dict[tuple, str] = {}
 
-    def factory(vision: bool = False, sparse_form: str = "flat", seed: int = 0) -> str:
-        key = (vision, sparse_form, seed)
+    def factory(vision: bool = False, layout: str = "shipped", seed: int = 0, mtp_modules: int = 0) -> str:
+        key = (vision, layout, seed, mtp_modules)
         if key not in built:
-            name = f"tiny-{'vl' if vision else 'text'}-{sparse_form}-{seed}"
-            built[key] = build_tiny_checkpoint(str(tmp_path_factory.getbasetemp() / name), seed=seed, vision=vision, sparse_form=sparse_form)
+            name = f"tiny-{'vl' if vision else 'text'}-{layout}-{seed}-mtp{mtp_modules}"
+            built[key] = build_tiny_checkpoint(
+                str(tmp_path_factory.getbasetemp() / name), seed=seed, vision=vision, layout=layout, mtp_modules=mtp_modules
+            )
         return built[key]
 
     return factory
@@ -36,7 +39,7 @@ def tiny_checkpoint_factory(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_m3_checkpoint(tiny_checkpoint_factory) -> str:
-    """Text-only tiny M3, flat sparse config."""
+    """Text-only tiny M3, config.json in the shipped checkpoint's layout."""
     return tiny_checkpoint_factory()
 
 
@@ -57,8 +60,10 @@ def tiny_m3_server(tiny_m3_checkpoint, server_log_dir):
 
     The parsers are named by their ``minimax_m3`` alias: the plugin's hooks must map it onto
     SGLang's ``minimax-m3`` request logic (SGLang only suggests parsers it detects, so without
-    these flags a server parses neither reasoning nor tool calls).
+    these flags a server parses neither reasoning nor tool calls). Prefill is chunked (see
+    ``TINY_PREFILL_CHUNK``), so the end-to-end checks against transformers cover chunking here.
     """
     parsers = ("--reasoning-parser", "minimax_m3", "--tool-call-parser", "minimax_m3")
-    with launch_cpu_server(tiny_m3_checkpoint, server_log_dir, *parsers) as server:
+    chunking = ("--chunked-prefill-size", str(TINY_PREFILL_CHUNK))
+    with launch_cpu_server(tiny_m3_checkpoint, server_log_dir, *parsers, *chunking) as server:
         yield server

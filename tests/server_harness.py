@@ -17,6 +17,9 @@ from dataclasses import dataclass
 import requests
 
 READY_TIMEOUT_S = float(os.environ.get("SGLANG_M3_TEST_SERVER_TIMEOUT", "600"))
+#: Prefill chunk of the shared tiny-M3 test servers: not a multiple of the tiny model's MSA block
+#: (16), so chunks start mid-block; prompts longer than this are prefilled in several passes.
+TINY_PREFILL_CHUNK = 100
 
 
 @dataclass

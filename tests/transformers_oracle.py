@@ -8,7 +8,7 @@ import random
 import torch
 
 
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=8)
 def load_reference_model(model_dir: str):
     from transformers.models.minimax_m3_vl import MiniMaxM3SparseForConditionalGeneration
 

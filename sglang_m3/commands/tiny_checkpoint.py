@@ -11,20 +11,32 @@ def register(subparsers) -> None:
         "tiny-checkpoint",
         help="write a tiny random-weight MiniMax M3 checkpoint (tests, demos)",
         description=(
-            "Write a deterministic random-weight MiniMax M3 in the original checkpoint layout: "
-            "safetensors with the shipped tensor names, a small BPE tokenizer with M3's special "
-            "tokens, the project's chat template, and (with --vision) the vision tower and the "
-            "processor configs. 4 layers (1 dense, 3 MSA with block size 16 and top-4 blocks)."
+            "Write a deterministic random-weight MiniMax M3 with the original tensor names: "
+            "safetensors, a small BPE tokenizer with M3's special tokens, the project's chat "
+            "template, and (with --vision) the vision tower and the processor configs. 4 layers "
+            "(1 dense, 3 MSA with block size 16 and top-4 blocks); the vision tower's sizes all "
+            "differ from the text model's."
         ),
     )
     parser.add_argument("directory", help="output directory (created; must be empty or absent)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
     parser.add_argument("--vision", action="store_true", help="include the vision tower (architecture MiniMaxM3SparseForConditionalGeneration)")
     parser.add_argument(
-        "--sparse-config",
-        choices=("flat", "nested"),
-        default="flat",
-        help="write the sparse settings as flat Hugging Face keys or as the nested sparse_attention_config (default flat)",
+        "--layout",
+        choices=("shipped", "hf"),
+        default="shipped",
+        help=(
+            "form of config.json: 'shipped' = the real checkpoint's (moe_layer_freq, nested "
+            "sparse_attention_config, top-level rope_theta/rotary_dim/partial_rotary_factor, "
+            "swigluoai); 'hf' = as transformers' save_pretrained writes it (layer_types, "
+            "mlp_layer_types, index_*, rope_parameters). Same weights either way (default shipped)"
+        ),
+    )
+    parser.add_argument(
+        "--mtp-modules",
+        type=int,
+        default=0,
+        help="add this many multi-token-prediction modules (model.mtp.layers.N.*; shipped layout only; servers skip them) (default 0)",
     )
     parser.set_defaults(handler=run)
 
@@ -33,10 +45,13 @@ def run(args: argparse.Namespace) -> int:
     from sglang_m3.tiny.checkpoint import build_tiny_checkpoint
 
     try:
-        path = build_tiny_checkpoint(args.directory, seed=args.seed, vision=args.vision, sparse_form=args.sparse_config)
-    except FileExistsError as error:
+        path = build_tiny_checkpoint(
+            args.directory, seed=args.seed, vision=args.vision, layout=args.layout, mtp_modules=args.mtp_modules
+        )
+    except (FileExistsError, ValueError) as error:
         print(f"sglang-m3 tiny-checkpoint: {error}", file=sys.stderr)
         return 1
     kind = "VL" if args.vision else "text-only"
-    print(f"wrote tiny {kind} M3 checkpoint (seed {args.seed}, {args.sparse_config} sparse config) to {path}")
+    mtp = f", {args.mtp_modules} MTP module(s)" if args.mtp_modules else ""
+    print(f"wrote tiny {kind} M3 checkpoint (seed {args.seed}, {args.layout} layout{mtp}) to {path}")
     return 0

@@ -1,11 +1,26 @@
-"""Builds the tiny random-weight M3 checkpoint (text-only or VL) in the original checkpoint layout.
+"""Builds the tiny random-weight M3 checkpoint (text-only or VL) in one of two config layouts.
 
 The weights are created by instantiating transformers' own M3 classes from a small config and
 saving them with ``save_pretrained``, so tensor names are exactly what transformers writes for a
 real checkpoint; values are then re-drawn from a seeded generator at scales that keep activations
 O(1) (transformers' 0.02 init would make every logit nearly equal and greedy decoding a coin toss).
 The geometry is chosen so MSA's selection is non-trivial on prompts of a few hundred tokens:
-block size 16 and top-4 blocks on 3 sparse layers.
+block size 16 and top-4 blocks on 3 sparse layers. The vision tower's sizes (hidden, intermediate,
+heads, layers) all differ from the text model's and from transformers' defaults, so a size read
+from the wrong sub-config fails to load instead of passing unnoticed.
+
+Layouts of ``config.json`` (both a VL wrapper with ``text_config``, M3_FACTS s.1):
+
+* ``shipped`` (default): the form of the real checkpoint's file: ``moe_layer_freq`` per layer,
+  nested ``sparse_attention_config``, top-level ``rope_theta``, ``rotary_dim`` and
+  ``partial_rotary_factor``, ``hidden_act`` "swigluoai" with its constants, the qk-norm, Gemma
+  norm, routing and MTP fields, and a ``clip_vision_model`` vision config; no ``layer_types``,
+  ``mlp_layer_types``, ``index_*`` or ``rope_parameters``.
+* ``hf``: the file exactly as transformers' ``save_pretrained`` writes it (flat ``layer_types``,
+  ``mlp_layer_types``, ``index_*``, ``rope_parameters``, ``hidden_act`` rewritten to "silu").
+
+transformers reads both layouts into the same model (it maps the shipped spellings onto its flat
+fields), so its ``from_pretrained`` of either checkpoint is the reference for the same weights.
 """
 
 from __future__ import annotations
@@ -25,6 +40,13 @@ from sglang_m3.tiny.tokenizer import BOS, EOS, IMAGE_TOKEN, VIDEO_TOKEN, build_t
 TEXT_ARCH = "MiniMaxM3SparseForCausalLM"
 VL_ARCH = "MiniMaxM3SparseForConditionalGeneration"
 MAX_POSITIONS = 4096
+LAYOUTS = ("shipped", "hf")
+#: ``text_config.model_type`` of the shipped file (SGLang's VL config code names M3's text model
+#: type ``minimax_m2``; transformers ignores the sub-config's model_type when it loads a VL config).
+SHIPPED_TEXT_MODEL_TYPE = "minimax_m2"
+SHIPPED_VISION_MODEL_TYPE = "clip_vision_model"
+ROPE_THETA = 5_000_000.0
+VISION_ROPE_THETA = 10_000.0
 
 
 @dataclass(frozen=True)
@@ -48,8 +70,23 @@ class TinyGeometry:
     dense_layers: int = 1
 
 
-def text_config_flat(g: TinyGeometry, special_ids: dict[str, int]) -> dict:
-    sparse = [i >= g.dense_layers for i in range(g.num_layers)]
+@dataclass(frozen=True)
+class TinyVisionGeometry:
+    """Every size unlike the text model's (128 hidden, 8 heads, 4 layers, 64/64/128 MLPs) and
+    unlike transformers' vision defaults (1280, 16, 32, 5120)."""
+
+    hidden_size: int = 48
+    intermediate_size: int = 80
+    num_layers: int = 3
+    num_heads: int = 3
+
+
+def _sparse_flags(g: TinyGeometry) -> list[bool]:
+    return [i >= g.dense_layers for i in range(g.num_layers)]
+
+
+def _sizes(g: TinyGeometry) -> dict:
+    """The size fields both layouts spell alike."""
     return {
         "vocab_size": g.vocab_size,
         "hidden_size": g.hidden_size,
@@ -60,8 +97,16 @@ def text_config_flat(g: TinyGeometry, special_ids: dict[str, int]) -> dict:
         "num_attention_heads": g.num_heads,
         "num_key_value_heads": g.num_kv_heads,
         "head_dim": g.head_dim,
+    }
+
+
+def text_config_flat(g: TinyGeometry, special_ids: dict[str, int]) -> dict:
+    """The text settings in transformers' flat form (what its config class takes)."""
+    sparse = _sparse_flags(g)
+    return {
+        **_sizes(g),
         "rotary_dim": g.rotary_dim,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 5_000_000.0, "partial_rotary_factor": g.rotary_dim / g.head_dim},
+        "rope_parameters": {"rope_type": "default", "rope_theta": ROPE_THETA, "partial_rotary_factor": g.rotary_dim / g.head_dim},
         "max_position_embeddings": MAX_POSITIONS,
         "rms_norm_eps": 1e-6,
         "num_local_experts": g.num_experts,
@@ -81,7 +126,7 @@ def text_config_flat(g: TinyGeometry, special_ids: dict[str, int]) -> dict:
 
 
 def to_nested_sparse_form(text: dict) -> dict:
-    """The same settings in the ``sparse_attention_config`` form of the shipped checkpoint."""
+    """The same settings with the sparse ones moved into ``sparse_attention_config``."""
     text = dict(text)
     freq = [1 if t == "minimax_m3_sparse" else 0 for t in text.pop("layer_types")]
     text["sparse_attention_config"] = {
@@ -99,7 +144,81 @@ def to_nested_sparse_form(text: dict) -> dict:
     return text
 
 
-def _redraw(model: torch.nn.Module, seed: int) -> None:
+def text_config_shipped(g: TinyGeometry, special_ids: dict[str, int], mtp_modules: int = 0) -> dict:
+    """The text settings in the form of the real checkpoint's ``text_config`` (M3_FACTS s.1)."""
+    freq = [int(s) for s in _sparse_flags(g)]
+    if g.shared_intermediate != g.moe_intermediate:
+        raise ValueError("the shipped form has one shared expert as wide as a routed one (n_shared_experts 1)")
+    return {
+        "model_type": SHIPPED_TEXT_MODEL_TYPE,
+        **_sizes(g),
+        "max_position_embeddings": MAX_POSITIONS,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": ROPE_THETA,
+        "rotary_dim": g.rotary_dim,
+        "partial_rotary_factor": g.rotary_dim / g.head_dim,
+        "use_qk_norm": True,
+        "qk_norm_type": "per_head",
+        "use_gemma_norm": True,
+        "tie_word_embeddings": False,
+        "num_local_experts": g.num_experts,
+        "num_experts_per_tok": g.experts_per_token,
+        "n_shared_experts": 1,
+        "scoring_func": "sigmoid",
+        "use_routing_bias": True,
+        "routed_scaling_factor": 2.0,
+        "moe_layer_freq": freq,
+        "hidden_act": "swigluoai",
+        "swiglu_alpha": 1.702,
+        "swiglu_limit": 7.0,
+        "swiglu_beta": 1.0,
+        "num_mtp_modules": mtp_modules,
+        "num_nextn_predict_layers": 1 if mtp_modules else 0,
+        "sparse_attention_config": {
+            "use_sparse_attention": True,
+            "sparse_index_dim": g.index_head_dim,
+            "sparse_num_index_heads": g.num_kv_heads,
+            "sparse_topk_blocks": g.topk_blocks,
+            "sparse_block_size": g.block_size,
+            "sparse_score_type": "max",
+            "sparse_init_block": 0,
+            "sparse_local_block": g.local_blocks,
+            "sparse_attention_freq": freq,
+            "sparse_disable_index_value": freq,
+        },
+        "bos_token_id": special_ids[BOS],
+        "eos_token_id": special_ids[EOS],
+    }
+
+
+def vision_config(v: TinyVisionGeometry) -> dict:
+    """The vision settings transformers' config class takes."""
+    return {
+        "hidden_size": v.hidden_size,
+        "intermediate_size": v.intermediate_size,
+        "num_hidden_layers": v.num_layers,
+        "num_attention_heads": v.num_heads,
+        "rope_parameters": {"rope_type": "axial", "rope_theta": VISION_ROPE_THETA},
+    }
+
+
+def vision_config_shipped(v: TinyVisionGeometry, text_hidden: int) -> dict:
+    """The vision settings in the shipped file's form (``clip_vision_model``, top-level RoPE theta)."""
+    sizes = {k: val for k, val in vision_config(v).items() if k != "rope_parameters"}
+    return {
+        "model_type": SHIPPED_VISION_MODEL_TYPE,
+        **sizes,
+        "num_channels": 3,
+        "patch_size": 14,
+        "image_size": 2016,
+        "projection_dim": text_hidden,
+        "rope_theta": VISION_ROPE_THETA,
+        "hidden_act": "gelu",
+        "layer_norm_eps": 1e-5,
+    }
+
+
+def redraw_weights(model: torch.nn.Module, seed: int) -> None:
     """Seeded values for every tensor, at scales that keep activations and logits spread."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -123,45 +242,47 @@ def _redraw(model: torch.nn.Module, seed: int) -> None:
             tensor.copy_(values.to(tensor.dtype))
 
 
-def _vision_config() -> dict:
-    return {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2}
-
-
-def build_tiny_checkpoint(directory: str, seed: int = 0, vision: bool = False, sparse_form: str = "flat") -> str:
+def build_tiny_checkpoint(
+    directory: str, seed: int = 0, vision: bool = False, layout: str = "shipped", mtp_modules: int = 0
+) -> str:
     """Write the checkpoint into ``directory`` (created; must be empty or absent). Returns it.
 
-    Built in a temporary sibling and renamed into place, so an interrupted build leaves nothing
-    half-written under ``directory``.
+    ``layout`` picks the config.json form ("shipped" or "hf", see the module docstring); the
+    tensors are the same for both. ``mtp_modules`` > 0 (shipped layout only) adds that many
+    multi-token-prediction modules under ``model.mtp.layers.{i}.`` (tensors no reference model
+    reads; a server must skip them). Built in a temporary sibling and renamed into place, so an
+    interrupted build leaves nothing half-written under ``directory``.
     """
     from transformers.models.minimax_m3_vl import MiniMaxM3SparseForConditionalGeneration, MiniMaxM3VLConfig
 
-    if sparse_form not in ("flat", "nested"):
-        raise ValueError(f"sparse_form must be 'flat' or 'nested', got {sparse_form!r}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    if mtp_modules and layout != "shipped":
+        raise ValueError("MTP modules are part of the shipped layout only (transformers writes none)")
     if os.path.exists(directory) and os.listdir(directory):
         raise FileExistsError(f"{directory} exists and is not empty")
     parent = os.path.dirname(os.path.abspath(directory))
     os.makedirs(parent, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=".tiny-m3-", dir=parent)
     try:
-        geometry = TinyGeometry()
+        geometry, vision_geometry = TinyGeometry(), TinyVisionGeometry()
         tokenizer = build_tokenizer(geometry.vocab_size)
         with open(chat_template_path(), encoding="utf-8") as handle:
             template = handle.read()
         special_ids = save_tokenizer(staging, tokenizer, template, MAX_POSITIONS)
-        text = text_config_flat(geometry, special_ids)
         torch.manual_seed(seed)
         config = MiniMaxM3VLConfig(
-            text_config=text, vision_config=_vision_config(), projector_hidden_size=geometry.hidden_size,
+            text_config=text_config_flat(geometry, special_ids), vision_config=vision_config(vision_geometry),
+            projector_hidden_size=geometry.hidden_size,
             image_token_index=special_ids[IMAGE_TOKEN], video_token_index=special_ids[VIDEO_TOKEN],
         )
         model = MiniMaxM3SparseForConditionalGeneration(config)
-        _redraw(model, seed)
+        redraw_weights(model, seed)
         model.save_pretrained(staging)
-        if not vision:
-            _drop_vision_tensors(staging)
-        _write_config(staging, text, vision, sparse_form, special_ids)
+        _rewrite_tensors(staging, vision, geometry, mtp_modules, seed)
+        _write_config(staging, layout, vision, geometry, vision_geometry, special_ids, mtp_modules)
         if vision:
-            _save_processor(staging)
+            save_processor(staging)
         if os.path.exists(directory):
             _move_into(staging, directory)  # an empty directory the caller made
         else:
@@ -172,31 +293,64 @@ def build_tiny_checkpoint(directory: str, seed: int = 0, vision: bool = False, s
     return directory
 
 
-def _drop_vision_tensors(directory: str) -> None:
-    """Text-only checkpoint: the VL layout (``language_model.`` names) without the vision tensors."""
+def _rewrite_tensors(directory: str, vision: bool, g: TinyGeometry, mtp_modules: int, seed: int) -> None:
+    """Text-only: the VL layout (``language_model.`` names) without the vision tensors. MTP
+    modules, when asked for, are appended under the shipped checkpoint's ``model.mtp.`` names."""
+    if vision and not mtp_modules:
+        return
     from safetensors.torch import load_file, save_file
 
     path = os.path.join(directory, "model.safetensors")
     tensors = load_file(path)
-    text_only = {name: t for name, t in tensors.items() if name.startswith("language_model.")}
-    save_file(text_only, path, metadata={"format": "pt"})
+    if not vision:
+        tensors = {name: t for name, t in tensors.items() if name.startswith("language_model.")}
+    tensors.update(mtp_tensors(g, mtp_modules, seed))
+    save_file(tensors, path, metadata={"format": "pt"})
 
 
-def _write_config(directory: str, text: dict, vision: bool, sparse_form: str, special_ids: dict[str, int]) -> None:
-    """Rewrite config.json in the layout of the shipped checkpoint (VL wrapper with ``text_config``).
+def mtp_tensors(g: TinyGeometry, count: int, seed: int) -> dict[str, torch.Tensor]:
+    """``count`` MTP modules (an embedding/hidden merge and one attention block each), seeded.
 
-    A text-only checkpoint keeps that layout and names the text-only architecture, which is how
+    Only the ``model.mtp.layers.{i}.`` prefix is the shipped one (M3_FACTS s.1); the names under
+    it are illustrative: no model here reads them, the point is that loaders skip them.
+    """
+    generator = torch.Generator().manual_seed(seed + 7919)
+    q, kv = g.num_heads * g.head_dim, g.num_kv_heads * g.head_dim
+    shapes = {
+        "enorm.weight": (g.hidden_size,),
+        "hnorm.weight": (g.hidden_size,),
+        "eh_proj.weight": (g.hidden_size, 2 * g.hidden_size),
+        "self_attn.q_proj.weight": (q, g.hidden_size),
+        "self_attn.k_proj.weight": (kv, g.hidden_size),
+        "self_attn.v_proj.weight": (kv, g.hidden_size),
+        "self_attn.o_proj.weight": (g.hidden_size, q),
+        "final_layernorm.weight": (g.hidden_size,),
+    }
+    return {
+        f"language_model.model.mtp.layers.{i}.{name}": torch.randn(shape, generator=generator) * 0.02
+        for i in range(count)
+        for name, shape in shapes.items()
+    }
+
+
+def _write_config(
+    directory: str, layout: str, vision: bool, g: TinyGeometry, v: TinyVisionGeometry,
+    special_ids: dict[str, int], mtp_modules: int,
+) -> None:
+    """Rewrite config.json into ``layout`` (both keep the VL wrapper with ``text_config``).
+
+    A text-only checkpoint keeps that wrapper and names the text-only architecture, which is how
     the shipped checkpoint is served without its vision tower.
     """
     path = os.path.join(directory, "config.json")
     with open(path, encoding="utf-8") as handle:
         saved = json.load(handle)
-    text_out = to_nested_sparse_form(text) if sparse_form == "nested" else dict(text)
-    text_out["model_type"] = "minimax_m3_vl_text"
-    saved["text_config"] = text_out
+    if layout == "shipped":
+        saved["text_config"] = text_config_shipped(g, special_ids, mtp_modules)
+        saved["vision_config"] = vision_config_shipped(v, g.hidden_size)
+        saved.pop("merged_hidden_size", None)  # transformers' derived value, not in the shipped file
     saved["architectures"] = [VL_ARCH if vision else TEXT_ARCH]
     saved["bos_token_id"], saved["eos_token_id"] = special_ids[BOS], special_ids[EOS]
-    saved.pop("merged_hidden_size", None)
     if not vision:
         # SGLang's switch for multimodal-family checkpoints served as text only.
         saved["language_model_only"] = True
@@ -204,7 +358,7 @@ def _write_config(directory: str, text: dict, vision: bool, sparse_form: str, sp
         json.dump(saved, handle, indent=2)
 
 
-def _save_processor(directory: str) -> None:
+def save_processor(directory: str) -> None:
     """The image/video processor configs a real VL checkpoint ships (saved by transformers)."""
     from transformers import AutoTokenizer
     from transformers.models.minimax_m3_vl import MiniMaxM3VLImageProcessor, MiniMaxM3VLProcessor, MiniMaxM3VLVideoProcessor

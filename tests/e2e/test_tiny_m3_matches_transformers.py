@@ -1,4 +1,14 @@
-"""The real SGLang server (CPU platform) against transformers' M3 on the same tiny checkpoint.
+"""The real SGLang server (CPU platform) against transformers' M3 on the same tiny checkpoints.
+
+Four checkpoints, one server each (the text-only shipped one is the session's shared server):
+text-only and VL, with config.json in the shipped layout and in the layout transformers writes
+(``sglang_m3.tiny.checkpoint``). The shipped VL one also carries an MTP module the server must
+skip, and every VL one has a vision tower whose sizes differ from the text model's. Each server
+runs with a prefill chunk of 100 tokens (not a multiple of the block size 16, so chunks start
+mid-block) and the radix cache on, and serves the same checks: prompts of one and of several
+chunks, a radix-cache hit, and 8 concurrent requests. Every check compares greedy tokens
+(identical) and prompt logprobs (within 2e-3, float32) with transformers. Long prompts prefilled
+in one pass are checked in test_transformers_saved_checkpoint.py.
 
 The tiny model has block size 16, top-4 blocks and 3 sparse layers, so prompts of several
 hundred tokens (20+ blocks) make the sparse selection drop most of the context: these are MSA
@@ -8,96 +18,103 @@ outputs, not dense attention in disguise.
 from __future__ import annotations
 
 import concurrent.futures
+from dataclasses import dataclass
 
 import pytest
 import requests
-import torch
-from server_harness import launch_cpu_server
-from transformers_oracle import greedy_tokens, prompt_logprobs, random_prompt
+from server_harness import TINY_PREFILL_CHUNK, launch_cpu_server
+from transformers_oracle import random_prompt
+
+from tests.e2e.served_vs_reference import assert_matches_reference, generate, output_ids
 
 pytestmark = pytest.mark.server
 
-PROMPTS = {"p310": random_prompt(1, 310), "p457": random_prompt(2, 457), "p233": random_prompt(3, 233)}
-NEW_TOKENS = 12
-LOGPROB_TOLERANCE = 2e-3
+PROMPTS = {"p61": random_prompt(4, 61), "p233": random_prompt(3, 233), "p310": random_prompt(1, 310), "p457": random_prompt(2, 457)}
+CHUNK = TINY_PREFILL_CHUNK
+CONCURRENT_LENGTHS = (37, 97, 130, 166, 250, 301, 350, 412)
 
 
-def generate(server, prompt_ids, max_new_tokens=NEW_TOKENS, logprobs=False):
-    body = {"input_ids": prompt_ids, "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True}}
-    if logprobs:
-        body.update(return_logprob=True, logprob_start_len=0)
-    response = requests.post(f"{server.base_url}/generate", json=body, timeout=600)
-    response.raise_for_status()
-    return response.json()
+@dataclass
+class Served:
+    server: object
+    model_dir: str
+    label: str
 
 
-def output_ids(result) -> list[int]:
-    return result["output_ids"] if "output_ids" in result else [t[1] for t in result["meta_info"]["output_token_logprobs"]]
+CASES = [
+    pytest.param(("shipped", False, 0), id="text-shipped"),
+    pytest.param(("hf", False, 0), id="text-hf"),
+    pytest.param(("shipped", True, 1), id="vl-shipped-mtp"),
+    pytest.param(("hf", True, 0), id="vl-hf"),
+]
 
 
-def assert_matches_reference(server, model_dir, name):
-    prompt = PROMPTS[name]
-    result = generate(server, prompt, logprobs=True)
-    served = [t[1] for t in result["meta_info"]["output_token_logprobs"]]
-    assert served == greedy_tokens(model_dir, prompt, NEW_TOKENS), f"greedy continuation of {name} differs"
-    served_lp = torch.tensor([t[0] for t in result["meta_info"]["input_token_logprobs"][1:]])
-    diff = (served_lp - prompt_logprobs(model_dir, prompt)).abs().max().item()
-    assert diff < LOGPROB_TOLERANCE, f"prompt logprobs of {name} differ by {diff}"
+@pytest.fixture(scope="module", params=CASES)
+def served(request, tiny_checkpoint_factory, server_log_dir):
+    """A server with prefill chunks of CHUNK tokens and the radix cache, per checkpoint, in turn.
 
-
-@pytest.mark.parametrize("name", sorted(PROMPTS))
-def test_flat_config_matches_transformers(tiny_m3_server, tiny_m3_checkpoint, name):
-    assert_matches_reference(tiny_m3_server, tiny_m3_checkpoint, name)
-
-
-@pytest.fixture(scope="module")
-def nested_checkpoint(tiny_checkpoint_factory):
-    return tiny_checkpoint_factory(sparse_form="nested")
-
-
-@pytest.fixture(scope="module")
-def nested_server(nested_checkpoint, server_log_dir):
-    with launch_cpu_server(nested_checkpoint, server_log_dir) as server:
-        yield server
+    The text-only shipped checkpoint is the session's shared server (started with the same
+    chunk size), so it costs no extra start.
+    """
+    layout, vision, mtp = request.param
+    label = f"{'vl' if vision else 'text'}-{layout}{'-mtp' if mtp else ''}"
+    model_dir = tiny_checkpoint_factory(vision=vision, layout=layout, mtp_modules=mtp)
+    if (layout, vision, mtp) == ("shipped", False, 0):
+        yield Served(request.getfixturevalue("tiny_m3_server"), model_dir, label)
+        return
+    with launch_cpu_server(model_dir, server_log_dir, "--chunked-prefill-size", str(CHUNK)) as server:
+        yield Served(server, model_dir, label)
 
 
 @pytest.mark.parametrize("name", sorted(PROMPTS))
-def test_nested_sparse_config_matches_transformers(nested_server, nested_checkpoint, name):
-    assert_matches_reference(nested_server, nested_checkpoint, name)
+def test_chunked_prefill_matches_transformers(served, name):
+    assert_matches_reference(served.server, served.model_dir, PROMPTS[name], f"{served.label} {name}")
 
 
-@pytest.fixture(scope="module")
-def chunked_server(tiny_m3_checkpoint, server_log_dir):
-    # 100 is not a multiple of the block size (16): chunks start mid-block.
-    with launch_cpu_server(tiny_m3_checkpoint, server_log_dir, "--chunked-prefill-size", "100", "--disable-radix-cache") as server:
-        yield server
-
-
-@pytest.mark.parametrize("name", sorted(PROMPTS))
-def test_chunked_prefill_unaligned_to_blocks_matches(chunked_server, tiny_m3_checkpoint, name):
-    assert_matches_reference(chunked_server, tiny_m3_checkpoint, name)
-
-
-def test_radix_cache_prefix_reuse_matches(tiny_m3_server, tiny_m3_checkpoint):
+def test_radix_cache_hit_matches_transformers(served):
     shared = random_prompt(11, 203)  # 203 = 12 blocks + 11 tokens: the cached prefix ends mid-block
     first = shared + random_prompt(12, 40)
-    second = shared + random_prompt(13, 57)
-    generate(tiny_m3_server, first)
-    result = generate(tiny_m3_server, second)
+    second = shared + random_prompt(13, 157)  # the extension spans two chunks
+    generate(served.server, first)
+    # Logprobs from the end of the shared prefix on: the server may then reuse the whole prefix.
+    result = generate(served.server, second, logprob_start=len(shared))
     assert result["meta_info"]["cached_tokens"] >= len(shared)
-    assert output_ids(result) == greedy_tokens(tiny_m3_checkpoint, second, NEW_TOKENS)
-    again = generate(tiny_m3_server, second)
+    assert_matches_reference(served.server, served.model_dir, second, f"{served.label} radix", result=result)
+    again = generate(served.server, second)
     # Everything but the last prompt token, whose logits must be computed again.
     assert again["meta_info"]["cached_tokens"] == len(second) - 1
     assert output_ids(again) == output_ids(result)
 
 
-def test_concurrent_requests_of_different_lengths_match(tiny_m3_server, tiny_m3_checkpoint):
-    prompts = [random_prompt(20 + i, n) for i, n in enumerate((97, 166, 301, 412))]
-    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
-        results = list(pool.map(lambda p: generate(tiny_m3_server, p), prompts))
+def test_eight_concurrent_requests_match_transformers(served):
+    prompts = [random_prompt(20 + i, n) for i, n in enumerate(CONCURRENT_LENGTHS)]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+        results = list(pool.map(lambda p: generate(served.server, p, logprob_start=0), prompts))
     for prompt, result in zip(prompts, results):
-        assert output_ids(result) == greedy_tokens(tiny_m3_checkpoint, prompt, NEW_TOKENS)
+        assert_matches_reference(served.server, served.model_dir, prompt, f"{served.label} concurrent len {len(prompt)}", result=result)
+
+
+def test_mtp_module_was_skipped_at_load(served):
+    if "mtp" not in served.label:
+        pytest.skip("checkpoint without MTP modules")
+    with open(served.server.log_path, encoding="utf-8", errors="replace") as handle:
+        log = handle.read()
+    assert "skipped 8 multi-token-prediction tensor(s)" in log
+
+
+def test_vl_server_image_request_matches_transformers(served):
+    """An image through the VL server (vision tower sized unlike the text model)."""
+    if not served.label.startswith("vl"):
+        pytest.skip("text-only checkpoint")
+    from tests.multimodal.media_factory import encode_image, random_image
+    from tests.multimodal.test_e2e_vision_server import generate as generate_media
+    from tests.multimodal.test_e2e_vision_server import oracle_tokens, processed, served_tokens
+
+    prompt, image = "Describe ]<]image[>[ briefly.", encode_image(random_image(120, 90, seed=5), "PNG")
+    inputs = processed(served.model_dir, prompt, [image])
+    result = generate_media(served.server, prompt, [image])
+    assert result["meta_info"]["prompt_tokens"] == inputs["input_ids"].shape[1]
+    assert served_tokens(result) == oracle_tokens(served.model_dir, inputs)
 
 
 def test_over_long_request_is_refused_and_server_keeps_serving(tiny_m3_server):
