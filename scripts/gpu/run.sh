@@ -72,7 +72,7 @@ PYEOF
         ;;
     tests)
         set -o pipefail
-        python3 -m pytest tests/gpu -x -v -s -p no:cacheprovider --junitxml="$OUT/gpu_tests.xml" "$@" 2>&1 | tee "$OUT/gpu_tests.log"
+        python3 -m pytest tests/gpu -v -s -p no:cacheprovider --junitxml="$OUT/gpu_tests.xml" "$@" 2>&1 | tee "$OUT/gpu_tests.log"
         ;;
     bench)
         python3 benchmarks/e2e_gpu.py --out "$OUT" "$@"

@@ -1,8 +1,7 @@
 """M3's MoE block on CUDA: the routed experts run through SGLang's fused MoE layer.
 
-Same routing and weights as the torch path in :mod:`sglang_m3.models.moe` (sigmoid router in
-fp32, the correction bias only chooses, the chosen raw sigmoid weights are renormalised), and the
-routed scaling factor is folded into those weights, so the layer's output is already scaled.
+Same router as the torch blocks (:mod:`sglang_m3.models.moe_routing`), with the routed scaling
+factor folded into the weights, so the layer's output is already scaled.
 The experts are SGLang's ``FusedMoE`` (``get_moe_impl_class``: the Triton fused MoE unquantized,
 expert parallel under ``--ep-size``) with M3's activation handed to it the way upstream's M3 does:
 gated ``silu`` plus ``gemm1_alpha`` / ``gemm1_clamp_limit`` selects the clamped swiglu-oai form on
@@ -10,10 +9,18 @@ non-interleaved ``[gate; up]`` halves. Checkpoint tensors ``experts.{e}.w1/w2/w3
 layer's own weight loader (it slices for tensor and expert parallelism).
 
 Nothing here reads a device tensor on the host, so decode can be captured in a CUDA graph.
+
+Which block serves (:func:`make_moe_block`): on a CUDA platform, bf16/fp16 models take this fused
+block; fp32 models take the torch block's ``static`` path, because SGLang's Triton fused MoE
+computes in fp16 whenever the activations are not bf16 (``compute_type`` in its
+``fused_moe.py``), and M3's MSA block selection turns such rounding into different attended
+blocks on longer prompts. Other platforms (the CPU) take the torch block's ``loop`` path.
+``SGLANG_M3_MOE_IMPL=loop|static|fused`` forces one (``torch`` is an alias of ``loop``).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 
 import torch
@@ -23,9 +30,12 @@ from torch import nn
 
 from sglang_m3.config import M3TextSpec
 from sglang_m3.models.moe import GatedMLP, M3SparseMoeBlock
+from sglang_m3.models.moe_routing import add_router_parameters, sigmoid_topk_route
 
-# "torch" forces the per-expert torch path on any device (the GPU test compares both paths).
+logger = logging.getLogger(__name__)
+
 MOE_IMPL_ENV = "SGLANG_M3_MOE_IMPL"
+MOE_IMPLS = ("auto", "loop", "static", "fused", "torch")
 
 
 class M3FusedMoeBlock(nn.Module):
@@ -37,11 +47,7 @@ class M3FusedMoeBlock(nn.Module):
         self.top_k = spec.experts_per_token
         self.scaling = spec.routed_scaling_factor
         e, h = spec.num_experts, spec.hidden_size
-        self.gate = nn.Linear(h, e, bias=False, dtype=torch.float32)
-        if spec.use_routing_bias:
-            self.e_score_correction_bias = nn.Parameter(torch.zeros(e, dtype=torch.float32), requires_grad=False)
-        else:
-            self.register_parameter("e_score_correction_bias", None)
+        add_router_parameters(self, spec)
         swiglu = spec.hidden_act != "silu"
         self.experts = get_moe_impl_class(quant_config)(
             num_experts=e,
@@ -70,13 +76,8 @@ class M3FusedMoeBlock(nn.Module):
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(weights [T, k] fp32 times the routed scale, expert ids [T, k] int32, router logits)."""
-        logits = self.gate(x.float())
-        probs = torch.sigmoid(logits)
-        scores = probs if self.e_score_correction_bias is None else probs + self.e_score_correction_bias
-        _, chosen = torch.topk(scores, self.top_k, dim=-1, sorted=False)
-        weights = probs.gather(1, chosen)
-        weights = weights / weights.sum(dim=-1, keepdim=True) * self.scaling
-        return weights, chosen.to(torch.int32), logits
+        weights, chosen, logits = sigmoid_topk_route(self.gate, self.e_score_correction_bias, x, self.top_k)
+        return weights * self.scaling, chosen.to(torch.int32), logits
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from sglang.srt.layers.moe.topk import StandardTopKOutput
@@ -92,19 +93,28 @@ class M3FusedMoeBlock(nn.Module):
         return out
 
 
-def fused_moe_wanted() -> bool:
-    """The fused layer on a CUDA platform (unless ``SGLANG_M3_MOE_IMPL=torch``); the torch loop elsewhere."""
+def moe_impl(dtype: torch.dtype | None = None) -> str:
+    """``loop``, ``static`` or ``fused`` for a model of ``dtype`` (default: torch's default dtype,
+    which SGLang's model loader sets to the model's dtype while it builds the model)."""
     choice = os.environ.get(MOE_IMPL_ENV, "auto")
-    if choice not in ("auto", "torch", "fused"):
-        raise ValueError(f"{MOE_IMPL_ENV} must be auto, torch or fused, got {choice!r}")
+    if choice not in MOE_IMPLS:
+        raise ValueError(f"{MOE_IMPL_ENV} must be one of {', '.join(MOE_IMPLS)}, got {choice!r}")
+    if choice == "torch":
+        return "loop"
     if choice != "auto":
-        return choice == "fused"
+        return choice
     from sglang.srt.platforms import current_platform
 
-    return current_platform.device_type == "cuda" and torch.cuda.is_available()
+    if not (current_platform.device_type == "cuda" and torch.cuda.is_available()):
+        return "loop"
+    dtype = dtype or torch.get_default_dtype()
+    return "fused" if dtype in (torch.bfloat16, torch.float16) else "static"
 
 
 def make_moe_block(spec: M3TextSpec, layer_id: int, quant_config=None, prefix: str = "") -> nn.Module:
-    if fused_moe_wanted():
+    impl = moe_impl()
+    if layer_id == min(i for i, moe in enumerate(spec.moe_layers) if moe):
+        logger.info("M3 MoE experts: %s path (model dtype %s)", impl, torch.get_default_dtype())
+    if impl == "fused":
         return M3FusedMoeBlock(spec, layer_id, quant_config, prefix)
-    return M3SparseMoeBlock(spec, quant_config, prefix)
+    return M3SparseMoeBlock(spec, quant_config, prefix, experts_path=impl)

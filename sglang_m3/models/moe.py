@@ -1,10 +1,19 @@
-"""M3's MoE block: sigmoid router (with a choice-only correction bias where the config has one),
-routed experts, shared expert.
+"""M3's MoE block in torch: sigmoid router (:mod:`sglang_m3.models.moe_routing`), routed
+experts, shared expert.
 
-The routed experts are plain tensors looped over per hit expert. That is the torch-native path
-the CPU platform needs (SGLang's fused MoE kernels need Triton or sgl_kernel); under tensor
-parallelism each rank holds a slice of every expert's intermediate dimension and the block's
-output is all-reduced once.
+The routed experts are plain tensors, evaluated one of two ways (the same arithmetic per token):
+
+- ``loop`` (the CPU platform's path): only the experts some token chose, each on the rows that
+  chose it. Fast on the CPU, but ``torch.unique(...).tolist()`` reads the choice on the host, so
+  it cannot be captured in a CUDA graph.
+- ``static`` (the GPU path for fp32 models): every expert on every row, each row's output kept
+  only where that row chose the expert (``torch.where``, weight from the chosen slot). Fixed
+  shapes, no host sync: capturable by CUDA graphs, and exact in fp32, unlike SGLang's Triton
+  fused MoE, which computes in fp16 for fp32 activations. It costs ``num_experts / top_k`` times
+  the expert FLOPs: meant for fp32 exactness runs, not for serving at real widths.
+
+Both accumulate the experts in ascending id order. Under tensor parallelism each rank holds a
+slice of every expert's intermediate dimension and the block's output is all-reduced once.
 """
 
 from __future__ import annotations
@@ -17,6 +26,9 @@ from torch import nn
 
 from sglang_m3.config import M3TextSpec
 from sglang_m3.models.layers import gated_activation
+from sglang_m3.models.moe_routing import add_router_parameters, sigmoid_topk_route
+
+EXPERT_PATHS = ("loop", "static")
 
 
 class GatedMLP(nn.Module):
@@ -42,8 +54,11 @@ class GatedMLP(nn.Module):
 
 
 class M3SparseMoeBlock(nn.Module):
-    def __init__(self, spec: M3TextSpec, quant_config=None, prefix: str = ""):
+    def __init__(self, spec: M3TextSpec, quant_config=None, prefix: str = "", experts_path: str = "loop"):
         super().__init__()
+        if experts_path not in EXPERT_PATHS:
+            raise ValueError(f"experts_path must be one of {EXPERT_PATHS}, got {experts_path!r}")
+        self.experts_path = experts_path
         self.tp_size = get_tensor_model_parallel_world_size()
         self.tp_rank = get_tensor_model_parallel_rank()
         if spec.moe_intermediate_size % self.tp_size:
@@ -55,12 +70,7 @@ class M3SparseMoeBlock(nn.Module):
         self.act = gated_activation(spec.hidden_act, spec.swiglu_alpha, spec.swiglu_limit)
         self.local_inter = spec.moe_intermediate_size // self.tp_size
         e, h = spec.num_experts, spec.hidden_size
-        # Router: replicated, evaluated in fp32 so the expert choice does not depend on the dtype.
-        self.gate = nn.Linear(h, e, bias=False, dtype=torch.float32)
-        if spec.use_routing_bias:
-            self.e_score_correction_bias = nn.Parameter(torch.zeros(e, dtype=torch.float32), requires_grad=False)
-        else:
-            self.register_parameter("e_score_correction_bias", None)
+        add_router_parameters(self, spec)
         # Experts: rows [0, I) of w13 are the gate (w1) slice of this rank, rows [I, 2I) the up (w3) slice.
         self.w13 = nn.Parameter(torch.empty(e, 2 * self.local_inter, h), requires_grad=False)
         self.w2 = nn.Parameter(torch.empty(e, h, self.local_inter), requires_grad=False)
@@ -80,22 +90,38 @@ class M3SparseMoeBlock(nn.Module):
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [T, k] fp32, expert ids [T, k]): bias (if any) picks the experts, raw sigmoid weighs them."""
-        probs = torch.sigmoid(self.gate(x.float()))
-        scores = probs if self.e_score_correction_bias is None else probs + self.e_score_correction_bias
-        _, chosen = torch.topk(scores, self.top_k, dim=-1, sorted=False)
-        weights = probs.gather(1, chosen)
-        return weights / weights.sum(dim=-1, keepdim=True), chosen
+        weights, chosen, _ = sigmoid_topk_route(self.gate, self.e_score_correction_bias, x, self.top_k)
+        return weights, chosen
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, chosen = self.route(x)
+    def _expert(self, expert: int, x: torch.Tensor) -> torch.Tensor:
+        gate_up = x @ self.w13[expert].t()
+        gate, up = gate_up.split(self.local_inter, dim=-1)
+        return self.act(gate, up) @ self.w2[expert].t()
+
+    def routed_loop(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        """Weighted sum of the chosen experts' outputs, per hit expert on its rows (host sync)."""
         routed = torch.zeros_like(x)
         for expert in torch.unique(chosen).tolist():
             token_idx, slot = torch.where(chosen == expert)
-            gate_up = x[token_idx] @ self.w13[expert].t()
-            gate, up = gate_up.split(self.local_inter, dim=-1)
-            out = self.act(gate, up) @ self.w2[expert].t()
+            out = self._expert(expert, x[token_idx])
             routed.index_add_(0, token_idx, (out * weights[token_idx, slot, None]).to(x.dtype))
-        out = routed * self.scaling + self.shared_experts(x)
+        return routed
+
+    def routed_static(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        """The same sum with fixed shapes: every expert on every row, kept where the row chose it."""
+        routed = torch.zeros_like(x)
+        for expert in range(self.w13.shape[0]):
+            hit = chosen == expert
+            # A row chooses an expert at most once: the sum is that slot's weight or exactly 0.
+            weight = torch.where(hit, weights, 0.0).sum(dim=-1, keepdim=True)
+            out = (self._expert(expert, x) * weight).to(x.dtype)
+            routed = routed + torch.where(hit.any(dim=-1, keepdim=True), out, 0.0)
+        return routed
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, chosen = self.route(x)
+        experts = self.routed_static if self.experts_path == "static" else self.routed_loop
+        out = experts(x, weights, chosen) * self.scaling + self.shared_experts(x)
         if self.tp_size > 1:
             out = tensor_model_parallel_all_reduce(out)
         return out

@@ -76,6 +76,13 @@ class MSATorchBackend(AttentionBackend):
         return attend_paged(self.plan, q, k_cache, v_cache, index_q, index_k_cache, self.params, scale)
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, index_q=None, index_k=None, **kwargs):
+        # SGLang's breakable prefill graphs run attention eagerly on the real tokens of a padded
+        # batch: q, k, v and out_cache_loc arrive narrowed to them, keyword operands it does not
+        # know (the index branch's) at the padded length. Narrow those the same way.
+        if index_q is not None:
+            index_q = index_q[: q.shape[0]]
+        if index_k is not None and k is not None:
+            index_k = index_k[: k.shape[0]]
         if save_kv_cache:
             self._store(layer, forward_batch, k, v, index_k)
         return self._attend(q, layer, index_q)

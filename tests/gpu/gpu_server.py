@@ -20,28 +20,31 @@ from server_harness import RunningServer, _stop, _wait_ready, free_port
 EXACT_ENV = {"TRITON_F32_DEFAULT": "ieee"}
 
 
-def gpu_server_args(model_path: str, port: int, *extra: str) -> list[str]:
+def gpu_server_args(model_path: str, port: int, *extra: str, dtype: str = "float32", prefill_graphs: bool = True) -> list[str]:
+    """Decode CUDA graphs always; SGLang's breakable prefill graphs (padded extend batches) when
+    ``prefill_graphs``, else eager prefill (faster start-up: no prefill capture)."""
     return [
         "--model-path", model_path, "--host", "127.0.0.1", "--port", str(port),
-        "--dtype", "float32", "--page-size", "16", "--context-length", "4096",
+        "--dtype", dtype, "--page-size", "16", "--context-length", "4096",
         "--max-total-tokens", "65536", "--mem-fraction-static", "0.4",
         "--max-running-requests", "32", "--cuda-graph-max-bs-decode", "16", "--enable-cache-report",
-        # Decode graphs on; SGLang's breakable prefill graphs pad extend batches, which the MSA
-        # backend's extend path (index-key store, per-token plans) does not take yet.
-        "--cuda-graph-backend-prefill", "disabled",
+        *(() if prefill_graphs else ("--cuda-graph-backend-prefill", "disabled")),
         *extra,
     ]
 
 
 @contextlib.contextmanager
-def launch_gpu_server(model_path: str, log_dir: str, *extra: str, env: dict[str, str] | None = None, name: str = ""):
+def launch_gpu_server(
+    model_path: str, log_dir: str, *extra: str, env: dict[str, str] | None = None, name: str = "",
+    dtype: str = "float32", prefill_graphs: bool = True,
+):
     port = free_port()
     log_dir = os.environ.get("OUT") or log_dir
     log_path = os.path.join(log_dir, f"server-{name or port}.log")
     env = {**os.environ, "SGLANG_EXTERNAL_MODEL_PACKAGE": "sglang_m3.models", **EXACT_ENV, **(env or {})}
     with open(log_path, "w", encoding="utf-8") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "sglang.launch_server", *gpu_server_args(model_path, port, *extra)],
+            [sys.executable, "-m", "sglang.launch_server", *gpu_server_args(model_path, port, *extra, dtype=dtype, prefill_graphs=prefill_graphs)],
             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
         )
     server = RunningServer(f"http://127.0.0.1:{port}", model_path, log_path, process)

@@ -1,11 +1,24 @@
-"""The project's tiny M3 served by real SGLang on a CUDA GPU, against transformers (fp32).
+"""The project's tiny M3 served by real SGLang on a CUDA GPU, against transformers (fp32, CPU).
 
-Text-only tiny checkpoints in both config layouts, each served with decode CUDA graphs, the MoE
-through SGLang's fused (Triton) MoE layer, the MSA Triton backend (page size = MSA block = 16), a
-prefill chunk of 100 tokens (chunks start mid-block) and the radix cache: greedy tokens must be
-identical to transformers' and prompt logprobs close (fp32 with IEEE Triton dots; the fused MoE
-rounds its GEMM outputs to fp16 for fp32 models, hence the looser bound than the CPU tests').
-A second server runs the per-expert torch MoE eagerly, and both paths must agree.
+fp32: text-only tiny checkpoints in both config layouts, each served with decode CUDA graphs
+(the shipped layout with SGLang's breakable prefill graphs too), the MoE on the graph-safe static
+torch path (SGLang's Triton fused MoE computes in fp16 for fp32 activations), the MSA Triton
+backend (page size = MSA block = 16), a prefill chunk of 112 tokens (prompts end mid-block) and
+the radix cache: greedy tokens must be identical to transformers' and prompt logprobs within
+2e-3 (IEEE fp32 Triton dots).
+
+bf16: the fused MoE (SGLang's Triton FusedMoE) and the static torch MoE, both with decode graphs,
+against the fp32 reference. bf16 cannot be held to fp32's tokens or logprobs: the tiny model's
+random weights give sharp logits, and bf16 (8-bit mantissa) moves single prompt logprobs by up to
+1.5 nats on the H100 (measured, both MoE paths alike; the greedy choice then flips where the
+reference's top two tokens are close). The criterion, per prompt, with ``delta`` = max
+|bf16 - fp32| prompt logprob of a path:
+- every served token is a near-argmax of the fp32 reference along the served sequence: its fp32
+  logprob within ``2 * delta`` of the fp32 maximum at that position (the served and the best
+  token's logprobs each carry up to ``delta`` of error);
+- the fused MoE adds no error of its own: its ``delta`` is at most 1.25x the static torch MoE's
+  plus 0.05 (measured ratios 0.99-1.01);
+- ``delta`` under 2 nats: only a gross error (wrong activation, routing or weights) exceeds it.
 
 Skipped without CUDA. Run on the lent GPU with ``scripts/gpu/run.sh tests``.
 """
@@ -28,14 +41,17 @@ if not torch.cuda.is_available():
 
 sys.path.insert(0, os.path.dirname(__file__))
 from gpu_server import launch_gpu_server, log_text  # noqa: E402
-from transformers_oracle import greedy_tokens, prompt_logprobs, random_prompt  # noqa: E402
+from transformers_oracle import greedy_tokens, load_reference_model, prompt_logprobs, random_prompt  # noqa: E402
 
 PROMPTS = {"p61": random_prompt(4, 61), "p233": random_prompt(3, 233), "p310": random_prompt(1, 310), "p457": random_prompt(2, 457)}
 NEW_TOKENS = 12
-LOGPROB_TOLERANCE = 1e-2
-FUSED_VS_TORCH_TOLERANCE = 1e-2
+LOGPROB_TOLERANCE = 2e-3
+# bf16 (see the module docstring): measured prompt-logprob noise 0.69-1.48 nats on the H100.
+BF16_NOISE_CEILING = 2.0
+FUSED_NOISE_RATIO, FUSED_NOISE_SLACK = 1.25, 0.05
 CHUNK = 112  # SGLang needs a multiple of the page size (16); prompts still end mid-block
 CONCURRENT = 16
+PAGE = 16
 
 
 def generate(server, prompt_ids, max_new_tokens=NEW_TOKENS, logprob_start=None):
@@ -70,57 +86,105 @@ def check(server, model_dir, prompt, label, result=None, logprob_start=0):
     return result
 
 
-@pytest.fixture(scope="module", params=["shipped", "hf"])
+# (layout, prefill graphs): the shipped layout also replays SGLang's padded prefill graphs.
+SERVED = [("shipped", True), ("hf", False)]
+
+
+@pytest.fixture(scope="module", params=SERVED, ids=[layout for layout, _ in SERVED])
 def served(request, tiny_checkpoint_factory, server_log_dir):
-    model_dir = tiny_checkpoint_factory(layout=request.param)
-    with launch_gpu_server(model_dir, server_log_dir, "--chunked-prefill-size", str(CHUNK), name=f"graphs-{request.param}") as server:
-        yield server, model_dir, request.param
+    layout, prefill_graphs = request.param
+    model_dir = tiny_checkpoint_factory(layout=layout)
+    with launch_gpu_server(
+        model_dir, server_log_dir, "--chunked-prefill-size", str(CHUNK), name=f"fp32-{layout}", prefill_graphs=prefill_graphs
+    ) as server:
+        yield server, model_dir, layout, prefill_graphs
 
 
-def test_decode_cuda_graphs_captured_and_fused_moe_used(served):
-    server, _, _ = served
+def test_cuda_graphs_captured_and_static_moe_used(served):
+    server, _, _, prefill_graphs = served
     log = log_text(server)
     assert re.search(r"Capture .*decode.* end", log), "no decode CUDA graph capture in the server log"
+    if prefill_graphs:
+        assert re.search(r"Capture .*prefill.* end", log), "no prefill CUDA graph capture in the server log"
+    assert "M3 MoE experts: static path" in log
     info = requests.get(f"{server.base_url}/get_server_info", timeout=30).json()
     assert not info.get("disable_cuda_graph", False)
 
 
 @pytest.mark.parametrize("name", sorted(PROMPTS))
 def test_chunked_prefill_and_graphed_decode_match_transformers(served, name):
-    server, model_dir, layout = served
+    server, model_dir, layout, _ = served
     check(server, model_dir, PROMPTS[name], f"{layout} {name}")
 
 
 def test_radix_cache_hit_matches_transformers(served):
-    server, model_dir, layout = served
+    server, model_dir, layout, _ = served
     shared = random_prompt(11, 203)
     generate(server, shared + random_prompt(12, 40))
     second = shared + random_prompt(13, 157)
     result = generate(server, second, logprob_start=len(shared))
-    assert result["meta_info"]["cached_tokens"] >= len(shared)
+    # The radix cache holds whole pages: the shared prefix's full pages are hit.
+    assert result["meta_info"]["cached_tokens"] >= len(shared) // PAGE * PAGE
     check(server, model_dir, second, f"{layout} radix", result=result)
 
 
 def test_sixteen_concurrent_requests_match_transformers(served):
-    server, model_dir, layout = served
+    server, model_dir, layout, _ = served
     prompts = [random_prompt(40 + i, 30 + 23 * i) for i in range(CONCURRENT)]
     with concurrent.futures.ThreadPoolExecutor(max_workers=CONCURRENT) as pool:
         results = list(pool.map(lambda p: generate(server, p, logprob_start=0), prompts))
+    failures = []
     for prompt, result in zip(prompts, results):
-        check(server, model_dir, prompt, f"{layout} concurrent len {len(prompt)}", result=result)
+        try:
+            check(server, model_dir, prompt, f"{layout} concurrent len {len(prompt)}", result=result)
+        except AssertionError as error:
+            failures.append(str(error))
+    assert not failures, failures
 
 
-def test_fused_moe_agrees_with_torch_moe(tiny_checkpoint_factory, server_log_dir):
-    """The same checkpoint with the per-expert torch MoE (eager) and with the fused layer (graphs)."""
+@torch.no_grad()
+def reference_gaps(model_dir, prompt, served) -> list[float]:
+    """For each served token: fp32 max logprob minus the served token's, given the served prefix."""
+    sequence = torch.tensor([prompt + served])
+    logprobs = load_reference_model(model_dir)(input_ids=sequence).logits[0].float().log_softmax(-1)
+    rows = logprobs[len(prompt) - 1 : len(prompt) - 1 + len(served)]
+    picked = rows.gather(1, torch.tensor(served)[:, None])[:, 0]
+    return (rows.max(-1).values - picked).tolist()
+
+
+def test_bf16_fused_and_static_moe_within_bf16_noise(tiny_checkpoint_factory, server_log_dir):
     model_dir = tiny_checkpoint_factory()
-    prompts = [PROMPTS["p233"], PROMPTS["p457"]]
+    prompts = {name: PROMPTS[name] for name in ("p61", "p233", "p457")}
     results = {}
-    for impl, extra in (("torch", ("--disable-cuda-graph",)), ("fused", ())):
-        with launch_gpu_server(model_dir, server_log_dir, *extra, env={"SGLANG_M3_MOE_IMPL": impl}, name=f"moe-{impl}") as server:
-            results[impl] = [generate(server, p, logprob_start=0) for p in prompts]
-    for prompt, a, b in zip(prompts, results["torch"], results["fused"]):
-        la, lb = served_logprobs(a, prompt), served_logprobs(b, prompt)
-        diff = max(abs(la[p] - lb[p]) for p in la)
-        print(f"[fused vs torch MoE] len {len(prompt)}: tokens {'identical' if output_ids(a) == output_ids(b) else 'DIFFER'}, max |logprob diff| {diff:.2e}")
-        assert output_ids(a) == output_ids(b)
-        assert diff < FUSED_VS_TORCH_TOLERANCE
+    for impl in ("fused", "static"):
+        with launch_gpu_server(
+            model_dir, server_log_dir, "--chunked-prefill-size", str(CHUNK), env={"SGLANG_M3_MOE_IMPL": impl},
+            name=f"bf16-{impl}", dtype="bfloat16", prefill_graphs=False,
+        ) as server:
+            assert f"M3 MoE experts: {impl} path" in log_text(server)
+            results[impl] = {name: generate(server, p, logprob_start=0) for name, p in prompts.items()}
+    failures = []
+    for name, prompt in prompts.items():
+        reference = prompt_logprobs(model_dir, prompt)
+        want = greedy_tokens(model_dir, prompt, NEW_TOKENS)
+        delta = {}
+        for impl in ("fused", "static"):
+            result = results[impl][name]
+            got = output_ids(result)
+            diffs = [abs(v - reference[p - 1].item()) for p, v in served_logprobs(result, prompt).items()]
+            delta[impl] = max(diffs)
+            gaps = reference_gaps(model_dir, prompt, got)
+            same = sum(a == b for a, b in zip(got, want))
+            first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
+            print(f"[gpu bf16] {impl} {name}: prompt logprob delta max {delta[impl]:.3e} mean {sum(diffs) / len(diffs):.3e}, "
+                  f"served-token gaps max {max(gaps):.3e}, tokens equal to fp32 greedy {same}/{NEW_TOKENS}"
+                  f"{'' if first is None else f' (first differ at {first})'}")
+            if delta[impl] > BF16_NOISE_CEILING:
+                failures.append(f"{impl} {name}: prompt logprob noise {delta[impl]} over {BF16_NOISE_CEILING}")
+            if max(gaps) > 2 * delta[impl]:
+                failures.append(f"{impl} {name}: a served token is {max(gaps)} below the fp32 argmax (noise {delta[impl]})")
+        if delta["fused"] > FUSED_NOISE_RATIO * delta["static"] + FUSED_NOISE_SLACK:
+            failures.append(f"fused {name}: noise {delta['fused']} vs static torch {delta['static']}")
+        lf, ls = served_logprobs(results["fused"][name], prompt), served_logprobs(results["static"][name], prompt)
+        print(f"[gpu bf16] fused vs static {name}: max |prompt logprob diff| {max(abs(lf[p] - ls[p]) for p in lf):.3e}")
+    assert not failures, failures
