@@ -26,10 +26,10 @@ def cache_dir() -> str:
 
 
 def ensure_tiny_checkpoint(seed: int = 0, log=print) -> str:
-    """Build the tiny checkpoint once per seed and reuse it afterwards."""
-    from sglang_m3.tiny.checkpoint import build_tiny_checkpoint
+    """Build the tiny checkpoint once per seed and builder format, and reuse it afterwards."""
+    from sglang_m3.tiny.checkpoint import BUILD_FORMAT, build_tiny_checkpoint
 
-    path = os.path.join(cache_dir(), f"tiny-m3-seed{seed}")
+    path = os.path.join(cache_dir(), f"tiny-m3-v{BUILD_FORMAT}-seed{seed}")
     if os.path.isfile(os.path.join(path, "config.json")):
         return path
     log(f"building the tiny M3 checkpoint in {path} (once; a few seconds) ...")

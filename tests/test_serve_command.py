@@ -14,6 +14,8 @@ import openai
 import pytest
 from server_harness import free_port
 
+from sglang_m3.tiny.checkpoint import BUILD_FORMAT
+
 pytestmark = pytest.mark.server
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -68,7 +70,7 @@ def test_default_serve_builds_and_serves_the_tiny_model(tmp_path):
     try:
         assert base_url == f"http://127.0.0.1:{port}"
         assert any("curl" in line and "/v1/chat/completions" in line for line in lines), "prints how to query it"
-        model_dir = os.path.join(str(tmp_path), "tiny-m3-seed0")
+        model_dir = os.path.join(str(tmp_path), f"tiny-m3-v{BUILD_FORMAT}-seed0")
         assert os.path.isfile(os.path.join(model_dir, "model.safetensors"))
         reply = chat(base_url, model_dir)
         assert reply.usage.completion_tokens >= 1

@@ -40,6 +40,9 @@ from sglang_m3.tiny.tokenizer import BOS, EOS, IMAGE_TOKEN, VIDEO_TOKEN, build_t
 TEXT_ARCH = "MiniMaxM3SparseForCausalLM"
 VL_ARCH = "MiniMaxM3SparseForConditionalGeneration"
 MAX_POSITIONS = 4096
+#: Bumped whenever the builder writes a different checkpoint for the same seed (layout, sizes,
+#: weights), so caches keyed on it (``sglang-m3 serve``'s) never reuse an older build.
+BUILD_FORMAT = 2
 LAYOUTS = ("shipped", "hf")
 #: ``text_config.model_type`` of the shipped file (SGLang's VL config code names M3's text model
 #: type ``minimax_m2``; transformers ignores the sub-config's model_type when it loads a VL config).

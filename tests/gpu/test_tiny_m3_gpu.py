@@ -40,31 +40,18 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device", allow_module_level=True)
 
 sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "e2e"))
 from gpu_server import launch_gpu_server, log_text  # noqa: E402
+from served_vs_reference import LOGPROB_TOLERANCE, NEW_TOKENS, generate, output_ids  # noqa: E402
 from transformers_oracle import greedy_tokens, load_reference_model, prompt_logprobs, random_prompt  # noqa: E402
 
 PROMPTS = {"p61": random_prompt(4, 61), "p233": random_prompt(3, 233), "p310": random_prompt(1, 310), "p457": random_prompt(2, 457)}
-NEW_TOKENS = 12
-LOGPROB_TOLERANCE = 2e-3
 # bf16 (see the module docstring): measured prompt-logprob noise 0.69-1.48 nats on the H100.
 BF16_NOISE_CEILING = 2.0
 FUSED_NOISE_RATIO, FUSED_NOISE_SLACK = 1.25, 0.05
 CHUNK = 112  # SGLang needs a multiple of the page size (16); prompts still end mid-block
 CONCURRENT = 16
 PAGE = 16
-
-
-def generate(server, prompt_ids, max_new_tokens=NEW_TOKENS, logprob_start=None):
-    body = {"input_ids": prompt_ids, "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True}}
-    if logprob_start is not None:
-        body.update(return_logprob=True, logprob_start_len=logprob_start)
-    response = requests.post(f"{server.base_url}/generate", json=body, timeout=600)
-    response.raise_for_status()
-    return response.json()
-
-
-def output_ids(result) -> list[int]:
-    return result["output_ids"] if "output_ids" in result else [t[1] for t in result["meta_info"]["output_token_logprobs"]]
 
 
 def served_logprobs(result, prompt) -> dict[int, float]:
