@@ -11,6 +11,14 @@ import os
 import sys
 
 import pytest
+import torch
+
+# Triton reads TRITON_INTERPRET when ``triton.language`` is first imported, and test modules of
+# any directory may import it (through SGLang) while being collected: without CUDA the whole
+# session must be in interpreter mode before the first of them, or the interpreted MSA kernels
+# call compiled ``tl`` helpers. Set here, in the conftest pytest loads first.
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
 
 sys.path.insert(0, os.path.dirname(__file__))
 

@@ -1,8 +1,8 @@
 """Kernel tests: on a machine without CUDA the Triton kernels run under the interpreter.
 
-``TRITON_INTERPRET`` is read when a kernel is decorated, so it is set here, before any test module
-imports the kernels; the ``interpreted_api`` fixture re-imports them in interpreter mode if
-something imported them earlier in the session in compiled mode.
+``TRITON_INTERPRET`` is set by the root ``tests/conftest.py`` before any test module imports
+Triton; the ``interpreted_api`` fixture re-imports the kernels in interpreter mode if something
+imported them earlier in the session in compiled mode.
 """
 
 import importlib
@@ -10,9 +10,6 @@ import os
 
 import pytest
 import torch
-
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
 
 
 @pytest.fixture(scope="session")
