@@ -9,13 +9,32 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglang_m3.config import M3ConfigError, M3TextSpec
-from sglang_m3.tiny.checkpoint import TinyGeometry, text_config_flat, to_nested_sparse_form
+from sglang_m3.tiny.checkpoint import TinyGeometry, text_config_flat
 
 SPECIAL = {"]~!b[": 1, "[e~[": 3}
 
 
 def flat() -> dict:
     return text_config_flat(TinyGeometry(), SPECIAL)
+
+
+def to_nested_sparse_form(text: dict) -> dict:
+    """The same settings with the sparse ones moved into ``sparse_attention_config``."""
+    text = dict(text)
+    freq = [1 if t == "minimax_m3_sparse" else 0 for t in text.pop("layer_types")]
+    text["sparse_attention_config"] = {
+        "use_sparse_attention": True,
+        "sparse_index_dim": text.pop("index_head_dim"),
+        "sparse_num_index_heads": text.pop("index_n_heads"),
+        "sparse_topk_blocks": text.pop("index_topk_blocks"),
+        "sparse_block_size": text.pop("index_block_size"),
+        "sparse_score_type": "max",
+        "sparse_init_block": 0,
+        "sparse_local_block": text.pop("index_local_blocks"),
+        "sparse_attention_freq": freq,
+        "sparse_disable_index_value": freq,
+    }
+    return text
 
 
 def test_flat_and_nested_forms_give_the_same_spec():

@@ -128,25 +128,6 @@ def text_config_flat(g: TinyGeometry, special_ids: dict[str, int]) -> dict:
     }
 
 
-def to_nested_sparse_form(text: dict) -> dict:
-    """The same settings with the sparse ones moved into ``sparse_attention_config``."""
-    text = dict(text)
-    freq = [1 if t == "minimax_m3_sparse" else 0 for t in text.pop("layer_types")]
-    text["sparse_attention_config"] = {
-        "use_sparse_attention": True,
-        "sparse_index_dim": text.pop("index_head_dim"),
-        "sparse_num_index_heads": text.pop("index_n_heads"),
-        "sparse_topk_blocks": text.pop("index_topk_blocks"),
-        "sparse_block_size": text.pop("index_block_size"),
-        "sparse_score_type": "max",
-        "sparse_init_block": 0,
-        "sparse_local_block": text.pop("index_local_blocks"),
-        "sparse_attention_freq": freq,
-        "sparse_disable_index_value": freq,
-    }
-    return text
-
-
 def text_config_shipped(g: TinyGeometry, special_ids: dict[str, int], mtp_modules: int = 0) -> dict:
     """The text settings in the form of the real checkpoint's ``text_config`` (M3_FACTS s.1)."""
     freq = [int(s) for s in _sparse_flags(g)]
