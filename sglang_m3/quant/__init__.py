@@ -1,0 +1,1 @@
+"""Quantized M3 checkpoints: MXFP8 numerics, the checkpoint format, dequantize-at-load (see README.md)."""

@@ -1,0 +1,90 @@
+"""MXFP8 (OCP microscaling FP8) numerics: e4m3 elements with one e8m0 scale per 32 elements.
+
+The layout is the one SGLang 0.5.23 reads (see ``sglang_m3/quant/README.md`` for the sources):
+a weight ``[..., N, K]`` is stored as ``float8_e4m3fn`` of the same shape plus ``uint8`` scales
+``[..., N, K // 32]``; scale byte ``b`` means the factor ``2 ** (b - 127)`` for the 32 consecutive
+elements along the input dimension K. Decoding follows SGLang's ``_ue8m0_to_fp32`` (the byte
+shifted into the fp32 exponent field), so byte 0 decodes to 0.0 and is never written for a block
+with a non-zero element; byte 255 (NaN in e8m0) is refused.
+
+Quantization picks, per block, the smallest power of two ``2 ** e`` with ``amax / 2 ** e <= 448``
+(the e4m3 maximum): the round-up rule of SGLang's MXFP8 quantizers (``ceil_to_ue8m0`` in
+``fp8_utils``, triton_kernels' ``downcast_to_mxfp``), so nothing saturates. Elements then round
+to nearest-even e4m3 (torch's cast). ``e`` is found from the exact binary exponent of ``amax``
+(``frexp``), not from a rounded ``log2``, so a block whose maximum is ``448 * 2 ** k`` gets
+exactly ``e = k``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+BLOCK = 32
+E4M3_MAX = 448.0
+#: exponent bias of e8m0; byte b <-> 2 ** (b - BIAS)
+BIAS = 127
+#: smallest exponent written: byte 1 (byte 0 decodes to 0.0 in SGLang)
+MIN_EXPONENT = 1 - BIAS
+MAX_EXPONENT = 254 - BIAS
+WEIGHT_DTYPE = torch.float8_e4m3fn
+SCALE_DTYPE = torch.uint8
+
+
+class MXFP8FormatError(ValueError):
+    """A tensor cannot be quantized, or a weight/scale pair is not valid MXFP8; names the fault."""
+
+
+def scale_shape(weight_shape: tuple[int, ...], what: str = "weight") -> tuple[int, ...]:
+    """The scale shape of a weight shape; refuses an input dimension that is not a multiple of 32."""
+    if len(weight_shape) < 1 or weight_shape[-1] % BLOCK:
+        raise MXFP8FormatError(
+            f"{what} of shape {tuple(weight_shape)}: MXFP8 needs the last (input) dimension to be a "
+            f"multiple of {BLOCK}"
+        )
+    return (*weight_shape[:-1], weight_shape[-1] // BLOCK)
+
+
+def quantize(x: torch.Tensor, what: str = "tensor") -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` (fp32/bf16/fp16) -> (e4m3 elements of ``x``'s shape, uint8 e8m0 scales ``[..., K/32]``)."""
+    if not x.is_floating_point() or x.dtype in (WEIGHT_DTYPE, torch.float8_e5m2):
+        raise MXFP8FormatError(f"{what}: only fp32/bf16/fp16 tensors are quantized, got {x.dtype}")
+    blocks_shape = scale_shape(tuple(x.shape), what)
+    values = x.detach().to(torch.float32).reshape(*blocks_shape, BLOCK)
+    if not torch.isfinite(values).all():
+        raise MXFP8FormatError(f"{what}: has non-finite values, which MXFP8 cannot represent")
+    amax = values.abs().amax(dim=-1)
+    mantissa, exponent = torch.frexp(amax)  # amax = mantissa * 2**exponent, mantissa in [0.5, 1)
+    # 448 = 0.875 * 2**9: amax <= 448 * 2**e  <=>  e >= exponent - 9 (mantissa <= 0.875) else exponent - 8
+    needed = exponent - 9 + (mantissa > 0.875).to(exponent.dtype)
+    needed = torch.where(amax > 0, needed, torch.full_like(needed, MIN_EXPONENT))
+    scale_exp = needed.clamp(MIN_EXPONENT, MAX_EXPONENT)
+    scaled = torch.ldexp(values, -scale_exp.unsqueeze(-1).to(torch.float32))
+    elements = scaled.to(WEIGHT_DTYPE).reshape(x.shape)
+    return elements, (scale_exp + BIAS).to(SCALE_DTYPE)
+
+
+def decode_scales(scales: torch.Tensor) -> torch.Tensor:
+    """uint8 e8m0 bytes -> fp32 factors (byte << 23 read as fp32, as SGLang decodes them)."""
+    if scales.dtype != SCALE_DTYPE:
+        raise MXFP8FormatError(f"MXFP8 scales must be uint8 (e8m0 bytes), got {scales.dtype}")
+    if (scales == 255).any():
+        raise MXFP8FormatError("MXFP8 scale byte 255 is NaN in e8m0")
+    return (scales.to(torch.int32) << 23).view(torch.float32)
+
+
+def dequantize(
+    elements: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.float32, what: str = "weight"
+) -> torch.Tensor:
+    """(e4m3 elements, e8m0 scales) -> ``dtype``. Exact in fp32 and bf16: an e4m3 value times a
+    power of two needs at most 4 significant bits, inside both formats' exponent range."""
+    if elements.dtype != WEIGHT_DTYPE:
+        raise MXFP8FormatError(f"{what}: MXFP8 elements must be float8_e4m3fn, got {elements.dtype}")
+    expected = scale_shape(tuple(elements.shape), what)
+    if tuple(scales.shape) != expected:
+        raise MXFP8FormatError(
+            f"{what}: scale shape {tuple(scales.shape)} does not match weight shape "
+            f"{tuple(elements.shape)} (expected {expected}: one scale per {BLOCK} input elements)"
+        )
+    factors = decode_scales(scales).unsqueeze(-1)
+    values = elements.to(torch.float32).reshape(*expected, BLOCK) * factors
+    return values.reshape(elements.shape).to(dtype)
