@@ -44,6 +44,7 @@ PYEOF
 # The stand-ins from the working tree come first (edits need no archive rebuild); the archive
 # holds the same packages and the platform's dist-info (its entry point).
 export PYTHONPATH="$ROOT/scripts/gpu/standins:$SITE:$ROOT:$ROOT/kernels:$PLUGIN${PYTHONPATH:+:$PYTHONPATH}"
+export M3_GPU_PLUGIN_DIR="$PLUGIN"
 export SGLANG_PLATFORM="${SGLANG_PLATFORM:-m3_gpu_harness}"
 export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1
 export SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python

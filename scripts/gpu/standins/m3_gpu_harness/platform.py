@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 from sglang.srt.platforms.cuda import CudaDeviceMixin
@@ -66,3 +67,32 @@ class HarnessCudaPlatform(CudaDeviceMixin, SRTPlatform):
             DualGemm._select_mode = lambda self, gate_up_proj, hidden_size: None
         except ImportError:
             pass
+        if os.environ.get(UPSTREAM_M3_ENV) == "1":
+            allow_upstream_m3_kv_pool()
+
+
+#: Set by ``benchmarks/e2e_gpu.py`` for the server that runs upstream SGLang's own M3 classes.
+UPSTREAM_M3_ENV = "M3_HARNESS_UPSTREAM_M3"
+_UPSTREAM_M3_POOL = "the MiniMax sparse-index KV pool"
+
+
+def allow_upstream_m3_kv_pool() -> None:
+    """Let upstream's M3 build its KV pool on this platform (the comparison's anchor).
+
+    SGLang refuses its MiniMax sparse-index pool on any out-of-tree platform because the pool's
+    classes assume CUDA; this platform is CUDA in all but name, so only that one refusal is lifted
+    and every other out-of-tree refusal stays.
+    """
+    from sglang.srt.mem_cache import kv_cache_configurator
+
+    refuse = kv_cache_configurator.reject_out_of_tree_path
+    if getattr(refuse, "__m3_harness_lifted__", False):
+        return
+
+    def reject_except_upstream_m3_pool(platform, *, subsystem: str) -> None:
+        if subsystem != _UPSTREAM_M3_POOL:
+            refuse(platform, subsystem=subsystem)
+
+    reject_except_upstream_m3_pool.__m3_harness_lifted__ = True
+    kv_cache_configurator.reject_out_of_tree_path = reject_except_upstream_m3_pool
+    logger.info("harness platform: upstream M3's sparse-index KV pool allowed (benchmark anchor)")

@@ -1,0 +1,244 @@
+"""End-to-end GPU serving benchmark: the project's M3 against upstream SGLang's own M3, same run.
+
+A mid-size M3 at real widths (``midsize_m3.py``: 1 dense + 3 MoE/MSA layers by default, random
+weights from ``--load-format dummy``) is served by the real ``sglang.launch_server`` twice, with
+identical flags: once with the sglang-m3 plugin (its model classes, MSA Triton backend, fused
+MoE) and once with upstream SGLang 0.5.23's own M3 classes and MiniMax sparse backend (the plugin
+taken off the Python path). Measured per server: start-up time, KV tokens available, peak GPU
+memory, TTFT of 8K/32K/128K-token prompts, output tok/s and TPOT at concurrency 1/16/64 with 2K
+prompts and 256 output tokens, and TPOT at concurrency 16 with 32K-token contexts.
+
+Run on the lent GPU through the harness (``scripts/gpu/run.sh bench [ARGS]``), which provides
+SGLang, the stand-ins and the platform; each server's partial result is written as soon as it is
+done (``e2e_gpu_<impl>.json`` under ``--out``), and the merged result, markdown table and plot
+come from ``benchmarks/e2e_gpu_report.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import requests
+
+sys.path.insert(0, os.path.dirname(__file__))
+from midsize_m3 import midsize_text_config, write_midsize_checkpoint  # noqa: E402
+from serving_client import random_prompt, run_group, stream_generate  # noqa: E402
+
+IMPLS = ("ours", "upstream")
+TTFT_PROMPTS = (8192, 32768, 131072)
+THROUGHPUT_PROMPT, THROUGHPUT_OUTPUT, THROUGHPUT_CONCURRENCY = 2048, 256, (1, 16, 64)
+LONG_CONTEXT_PROMPT, LONG_CONTEXT_CONCURRENCY = 32768, 16
+READY_TIMEOUT_S = 900
+
+
+def server_args(model_dir: str, port: int, tp: int, ep: int) -> list[str]:
+    """The flags both servers get (nothing implementation-specific)."""
+    context = max(TTFT_PROMPTS) + THROUGHPUT_OUTPUT + 128
+    return [
+        "--model-path", model_dir, "--load-format", "dummy", "--skip-tokenizer-init",
+        "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16",
+        "--page-size", "128", "--context-length", str(context),
+        "--mem-fraction-static", "0.85", "--max-running-requests", "64",
+        "--cuda-graph-max-bs-decode", "64", "--tp-size", str(tp), "--ep-size", str(ep),
+    ]
+
+
+def server_env(impl: str, out_dir: str) -> dict[str, str]:
+    """The harness environment for one implementation.
+
+    ``ours``: the plugin's entry points (``M3_GPU_PLUGIN_DIR``, set by ``scripts/gpu/run.sh``)
+    and its model package. ``upstream``: both removed, so SGLang's own classes serve the same
+    architecture name, and the harness platform lets upstream's M3 KV pool be built.
+    """
+    env = dict(os.environ)
+    env["M3_GPU_STANDIN_LOG"] = os.path.join(out_dir, f"standin_ops_{impl}.txt")
+    plugin_dir = env.get("M3_GPU_PLUGIN_DIR", "")
+    if impl == "ours":
+        env["SGLANG_EXTERNAL_MODEL_PACKAGE"] = "sglang_m3.models"
+        return env
+    env.pop("SGLANG_EXTERNAL_MODEL_PACKAGE", None)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != plugin_dir)
+    env["M3_HARNESS_UPSTREAM_M3"] = "1"
+    return env
+
+
+class PeakGpuMemory:
+    """Largest ``memory.used`` nvidia-smi reports while the server lives (sampled every 0.5 s)."""
+
+    def __init__(self):
+        self.peak_mib = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self):
+        while not self._stop.is_set():
+            try:
+                used = subprocess.run(
+                    ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                    capture_output=True, text=True, timeout=10,
+                ).stdout.split()
+                self.peak_mib = max([self.peak_mib, *(int(u) for u in used)])
+            except (OSError, ValueError, subprocess.TimeoutExpired):
+                pass
+            self._stop.wait(0.5)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_server(impl: str, model_dir: str, out_dir: str, tp: int, ep: int):
+    port = free_port()
+    log_path = os.path.join(out_dir, f"server-{impl}-tp{tp}-ep{ep}.log")
+    log = open(log_path, "w", encoding="utf-8")
+    started = time.perf_counter()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sglang.launch_server", *server_args(model_dir, port, tp, ep)],
+        stdout=log, stderr=subprocess.STDOUT, env=server_env(impl, out_dir), start_new_session=True,
+    )
+    base_url = f"http://127.0.0.1:{port}"
+    while time.perf_counter() - started < READY_TIMEOUT_S:
+        if process.poll() is not None:
+            raise RuntimeError(f"{impl} server exited with {process.returncode}; log: {log_path}\n{tail(log_path)}")
+        try:
+            if requests.get(f"{base_url}/health_generate", timeout=30).status_code == 200:
+                return process, base_url, time.perf_counter() - started, log_path
+        except requests.RequestException:
+            pass
+        time.sleep(2)
+    stop_server(process)
+    raise TimeoutError(f"{impl} server not ready in {READY_TIMEOUT_S} s; log: {log_path}\n{tail(log_path)}")
+
+
+def stop_server(process) -> None:
+    import signal
+
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=60)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def tail(path: str, lines: int = 40) -> str:
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        return "".join(handle.readlines()[-lines:])
+
+
+def graphs_captured(log_path: str) -> bool:
+    with open(log_path, encoding="utf-8", errors="replace") as handle:
+        return "CUDA graph end" in handle.read()
+
+
+def measure(base_url: str, quick: bool) -> list[dict]:
+    """Every workload of the benchmark against one running server, as result rows."""
+    rows = []
+    seed = iter(range(10**6))
+    # Warm-up: kernel compilation and autotuning happen here, not in a measured request.
+    for length in (256, 2048, 8192):
+        stream_generate(base_url, random_prompt(length, next(seed)), 8)
+    ttft_prompts = TTFT_PROMPTS[:1] if quick else TTFT_PROMPTS
+    for length in ttft_prompts:
+        stream_generate(base_url, random_prompt(length, next(seed)), 1)  # this length's first run
+        runs = [stream_generate(base_url, random_prompt(length, next(seed)), 1).ttft_s for _ in range(2)]
+        rows.append({"metric": "ttft_ms", "prompt_tokens": length, "concurrency": 1, "value": 1e3 * sum(runs) / len(runs)})
+        print(f"  ttft {length}: {rows[-1]['value']:.1f} ms", flush=True)
+    output = 64 if quick else THROUGHPUT_OUTPUT
+    for concurrency in THROUGHPUT_CONCURRENCY[:2] if quick else THROUGHPUT_CONCURRENCY:
+        group = run_group(base_url, [random_prompt(THROUGHPUT_PROMPT, next(seed)) for _ in range(concurrency)], output)
+        common = {"prompt_tokens": THROUGHPUT_PROMPT, "concurrency": concurrency}
+        rows.append({"metric": "tpot_ms", **common, "value": group.mean_tpot_ms})
+        rows.append({"metric": "output_tok_s", **common, "value": group.output_tok_s})
+        print(f"  c{concurrency} 2K: tpot {group.mean_tpot_ms:.2f} ms, {group.output_tok_s:.0f} tok/s", flush=True)
+    if not quick:
+        prompts = [random_prompt(LONG_CONTEXT_PROMPT, next(seed)) for _ in range(LONG_CONTEXT_CONCURRENCY)]
+        group = run_group(base_url, prompts, THROUGHPUT_OUTPUT)
+        rows.append({"metric": "tpot_ms", "prompt_tokens": LONG_CONTEXT_PROMPT, "concurrency": LONG_CONTEXT_CONCURRENCY, "value": group.mean_tpot_ms})
+        print(f"  c16 32K: tpot {group.mean_tpot_ms:.2f} ms", flush=True)
+    return rows
+
+
+def bench_one(impl: str, model_dir: str, out_dir: str, tp: int, ep: int, quick: bool) -> dict:
+    print(f"[{impl}] tp{tp} ep{ep}: starting the server", flush=True)
+    with PeakGpuMemory() as memory:
+        process, base_url, startup_s, log_path = start_server(impl, model_dir, out_dir, tp, ep)
+        try:
+            info = requests.get(f"{base_url}/get_server_info", timeout=30).json()
+            print(f"[{impl}] ready in {startup_s:.0f} s", flush=True)
+            rows = measure(base_url, quick)
+        finally:
+            stop_server(process)
+    return {
+        "impl": impl, "tp": tp, "ep": ep, "startup_s": startup_s,
+        "kv_tokens": info.get("max_total_num_tokens"),
+        "peak_gpu_memory_gb": memory.peak_mib * 2**20 / 1e9,
+        "cuda_graphs": graphs_captured(log_path),
+        "rows": [{**row, "tp": tp, "ep": ep} for row in rows],
+    }
+
+
+def gpu_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name(0)
+
+
+def commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return os.environ.get("M3_COMMIT", "unknown")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, help="folder for the partial results and server logs")
+    parser.add_argument("--impl", choices=IMPLS, action="append", help="which servers to run (default: both, ours first)")
+    parser.add_argument("--dense-layers", type=int, default=1)
+    parser.add_argument("--sparse-layers", type=int, default=3)
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
+    parser.add_argument("--ep", type=int, default=1, help="expert-parallel size (inside the TP group)")
+    parser.add_argument("--quick", action="store_true", help="8K TTFT and concurrency 1/16 with 64 output tokens only (smoke run)")
+    args = parser.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    model_dir = write_midsize_checkpoint(tempfile.mkdtemp(prefix="m3-midsize-"), args.dense_layers, args.sparse_layers)
+    failures = 0
+    for impl in args.impl or IMPLS:
+        try:
+            result = bench_one(impl, model_dir, args.out, args.tp, args.ep, args.quick)
+        except Exception as error:  # one server failing must not lose the other's numbers
+            print(f"[{impl}] FAILED: {error}", flush=True)
+            failures += 1
+            continue
+        result.update(gpu=gpu_name(), commit=commit(), quick=args.quick, model=midsize_text_config(args.dense_layers, args.sparse_layers))
+        path = os.path.join(args.out, f"e2e_gpu_{impl}_tp{args.tp}_ep{args.ep}.json")
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump(result, handle, indent=2)
+        print(f"[{impl}] wrote {path}", flush=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""Merges the per-server results of ``e2e_gpu.py`` into the committed JSON, markdown and plot.
+
+    python benchmarks/e2e_gpu_report.py RESULT_DIR [--results benchmarks/results]
+
+``RESULT_DIR`` holds ``e2e_gpu_<impl>_tp<T>_ep<E>.json`` files (one per server) and the
+``standin_ops_<impl>.txt`` lists the harness wrote. The merged file
+``e2e_gpu_<gpu>.json`` has one row per measurement with ``ours`` and ``upstream`` side by side;
+a measurement only one server produced keeps ``null`` for the other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import re
+import sys
+
+
+def gpu_key(name: str) -> str:
+    match = re.search(r"(H100|H200|B200|A100)", name, re.IGNORECASE)
+    return match.group(1).lower() if match else re.sub(r"\W+", "_", name).lower()
+
+
+def load_servers(result_dir: str) -> list[dict]:
+    servers = []
+    for path in sorted(glob.glob(os.path.join(result_dir, "e2e_gpu_*_tp*_ep*.json"))):
+        with open(path, encoding="utf-8") as handle:
+            servers.append(json.load(handle))
+    if not servers:
+        raise SystemExit(f"no e2e_gpu_<impl>_tp<T>_ep<E>.json under {result_dir}")
+    return servers
+
+
+def standin_ops(result_dir: str) -> dict[str, list[str]]:
+    ops = {}
+    for path in sorted(glob.glob(os.path.join(result_dir, "standin_ops_*.txt"))):
+        impl = os.path.basename(path)[len("standin_ops_"):-len(".txt")]
+        with open(path, encoding="utf-8") as handle:
+            # each line: "<pid> <op>" (one line per op and process)
+            ops[impl] = sorted({line.strip().split(" ", 1)[-1] for line in handle if line.strip()})
+    return ops
+
+
+def merge(servers: list[dict], ops: dict[str, list[str]]) -> dict:
+    key = lambda row: (row["metric"], row["prompt_tokens"], row["concurrency"], row["tp"], row["ep"])  # noqa: E731
+    rows: dict[tuple, dict] = {}
+    for server in servers:
+        for row in server["rows"]:
+            merged = rows.setdefault(key(row), {**{k: row[k] for k in ("metric", "prompt_tokens", "concurrency", "tp", "ep")}, "ours": None, "upstream": None})
+            merged[server["impl"]] = row["value"]
+    first = servers[0]
+    return {
+        "gpu": first["gpu"],
+        "commit": first["commit"],
+        "cuda_graphs": all(s["cuda_graphs"] for s in servers) and {s["impl"] for s in servers} == {"ours", "upstream"},
+        "model": first["model"],
+        "servers": [
+            {k: s[k] for k in ("impl", "tp", "ep", "startup_s", "kv_tokens", "peak_gpu_memory_gb", "cuda_graphs", "quick", "commit")}
+            for s in servers
+        ],
+        "standin_ops": ops,
+        "rows": sorted(rows.values(), key=lambda r: (r["tp"], r["ep"], r["metric"], r["prompt_tokens"], r["concurrency"])),
+    }
+
+
+def ratio(row: dict) -> float | None:
+    """How many times better ours is (lower is better for times, higher for throughput)."""
+    ours, upstream = row["ours"], row["upstream"]
+    if not ours or not upstream:
+        return None
+    return ours / upstream if row["metric"] == "output_tok_s" else upstream / ours
+
+
+def markdown(result: dict) -> str:
+    fmt = lambda v: "-" if v is None else f"{v:,.2f}"  # noqa: E731
+    lines = [
+        f"# End-to-end serving on {result['gpu']} (commit {result['commit']})",
+        "",
+        "Mid-size M3 at real widths (`benchmarks/midsize_m3.py`, random weights), served by SGLang 0.5.23 "
+        "in the GPU harness with the same flags: **ours** = the sglang-m3 plugin, **upstream** = SGLang's own M3. "
+        "Speed-up > 1 means ours is better (times: upstream/ours; throughput: ours/upstream).",
+        "",
+        "| metric | prompt tokens | concurrency | tp | ep | ours | upstream | speed-up |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in result["rows"]:
+        r = ratio(row)
+        lines.append(
+            f"| {row['metric']} | {row['prompt_tokens']} | {row['concurrency']} | {row['tp']} | {row['ep']} | "
+            f"{fmt(row['ours'])} | {fmt(row['upstream'])} | {'-' if r is None else f'{r:.2f}x'} |"
+        )
+    lines += ["", "| server | tp | ep | start-up s | KV tokens | peak GPU GB | CUDA graphs |", "|---|---|---|---|---|---|---|"]
+    for s in result["servers"]:
+        lines.append(f"| {s['impl']} | {s['tp']} | {s['ep']} | {s['startup_s']:.0f} | {s['kv_tokens']:,} | {s['peak_gpu_memory_gb']:.1f} | {s['cuda_graphs']} |")
+    lines += ["", "Ops that ran through the harness's `sgl_kernel` stand-ins (not SGLang's compiled kernels):", ""]
+    for impl, names in result["standin_ops"].items():
+        lines.append(f"- {impl}: {', '.join(names) if names else 'none'}")
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in result["rows"] if ratio(r) is not None]
+    labels = [f"{r['metric']}\n{r['prompt_tokens'] // 1024}K c{r['concurrency']}" + (f" tp{r['tp']}ep{r['ep']}" if r["tp"] > 1 else "") for r in rows]
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(rows)), 4))
+    ax.bar(range(len(rows)), [ratio(r) for r in rows], color="tab:blue")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(rows)), labels, fontsize=7)
+    ax.set_ylabel("speed-up of sglang-m3 over upstream M3")
+    ax.set_title(f"{result['gpu']}, commit {result['commit']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("result_dir")
+    parser.add_argument("--results", default=os.path.join(os.path.dirname(__file__), "results"))
+    args = parser.parse_args(argv)
+    result = merge(load_servers(args.result_dir), standin_ops(args.result_dir))
+    stem = os.path.join(args.results, f"e2e_gpu_{gpu_key(result['gpu'])}")
+    with open(stem + ".json", "w", encoding="utf-8") as handle:
+        json.dump(result, handle, indent=2)
+    with open(stem + ".md", "w", encoding="utf-8") as handle:
+        handle.write(markdown(result))
+    plot(result, stem + ".png")
+    print(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
