@@ -13,6 +13,7 @@ from typing import Callable
 
 from sglang_m3.integration import hooks
 from sglang_m3.parsers import register_parsers, serving_hooks
+from sglang_m3.quant.serving import dequantize_mxfp8_at_load
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,13 @@ class Hook:
 
 
 HOOKS: tuple[Hook, ...] = (
+    Hook(
+        "sglang.srt.model_loader.loader._get_quantization_config",
+        "AROUND",
+        dequantize_mxfp8_at_load,
+        "An MXFP8 M3 checkpoint would make SGLang build MX-scaled FP8 linears (Blackwell-only "
+        "GEMMs, none on the CPU); M3 builds plain layers and dequantizes each weight at load.",
+    ),
     Hook(
         "sglang.srt.configs.model_config.get_config",
         "AROUND",
@@ -82,6 +90,7 @@ def register() -> None:
     from sglang.srt.models.registry import ModelRegistry, import_model_classes
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    from sglang_m3.cache.host_pool import register_m3_host_stack
     from sglang_m3.multimodal.sglang_processor import register_multimodal_processor
 
     # Added to whatever the registry holds, replacing upstream's M3 classes. Not
@@ -90,6 +99,9 @@ def register() -> None:
     ModelRegistry.models.update(import_model_classes("sglang_m3.models", strict=True))
     register_parsers()
     register_multimodal_processor()
+    # SGLang's public extension point for host (hierarchical) cache stacks, not a hook: the M3
+    # pool needs a host pool that also carries its index keys (sglang_m3/cache/host_pool.py).
+    register_m3_host_stack()
     for hook in HOOKS:
         HookRegistry.register(hook.target, hook.function, HookType[hook.kind])
 

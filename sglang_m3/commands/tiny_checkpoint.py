@@ -38,7 +38,26 @@ def register(subparsers) -> None:
         default=0,
         help="add this many multi-token-prediction modules (model.mtp.layers.N.*; shipped layout only; servers skip them) (default 0)",
     )
-    parser.set_defaults(handler=run)
+    weights = parser.add_mutually_exclusive_group()
+    weights.add_argument(
+        "--mxfp8",
+        dest="quantization",
+        action="store_const",
+        const="mxfp8",
+        help=(
+            "write the linears in the published MXFP8 format (float8_e4m3fn weights + uint8 e8m0 "
+            "weight_scale_inv per 32 inputs, quantization_config in config.json), quantized from "
+            "the same BF16 weights"
+        ),
+    )
+    weights.add_argument(
+        "--mxfp8-dequantized",
+        dest="quantization",
+        action="store_const",
+        const="mxfp8-dequantized",
+        help="write the plain twin of --mxfp8: the same weights after quantize -> dequantize, unquantized",
+    )
+    parser.set_defaults(handler=run, quantization=None)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,12 +65,14 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         path = build_tiny_checkpoint(
-            args.directory, seed=args.seed, vision=args.vision, layout=args.layout, mtp_modules=args.mtp_modules
+            args.directory, seed=args.seed, vision=args.vision, layout=args.layout, mtp_modules=args.mtp_modules,
+            quantization=args.quantization,
         )
     except (FileExistsError, ValueError) as error:
         print(f"sglang-m3 tiny-checkpoint: {error}", file=sys.stderr)
         return 1
     kind = "VL" if args.vision else "text-only"
     mtp = f", {args.mtp_modules} MTP module(s)" if args.mtp_modules else ""
-    print(f"wrote tiny {kind} M3 checkpoint (seed {args.seed}, {args.layout} layout{mtp}) to {path}")
+    weights = f", {args.quantization} weights" if args.quantization else ""
+    print(f"wrote tiny {kind} M3 checkpoint (seed {args.seed}, {args.layout} layout{mtp}{weights}) to {path}")
     return 0

@@ -8,6 +8,7 @@ place there; values the project does not implement are refused with the accepted
 
 from sglang_m3.config.errors import M3ConfigError
 from sglang_m3.config.source import checkpoint_config, text_part, vision_part
+from sglang_m3.config.quantization import MXFP8Config
 from sglang_m3.config.text_spec import DENSE_LAYER, SPARSE_LAYER, M3TextSpec
 
 __all__ = [
@@ -15,6 +16,7 @@ __all__ = [
     "SPARSE_LAYER",
     "M3ConfigError",
     "M3TextSpec",
+    "MXFP8Config",
     "checkpoint_config",
     "text_part",
     "vision_part",

@@ -23,6 +23,7 @@ from typing import Any, Mapping
 
 from sglang_m3.config import fields
 from sglang_m3.config.errors import M3ConfigError
+from sglang_m3.config.quantization import read_quantization
 
 logger = logging.getLogger(__name__)
 
@@ -40,8 +41,8 @@ def checkpoint_config(config: Any, config_dir: str | None = None, overrides: Map
 
     Read from ``config_dir/config.json`` (or the directory the object was loaded from) when it
     exists, with ``overrides`` (default: the serving process's ``--json-model-override-args``)
-    applied; otherwise from the object with SGLang's padding undone. A quantized checkpoint is
-    refused here, before any tensor is read.
+    applied; otherwise from the object with SGLang's padding undone. Its ``quantization_config``
+    is checked here, before any tensor is read: MXFP8 passes, any other scheme is refused.
     """
     directory = config_dir or _loaded_from(config)
     path = os.path.join(directory, "config.json") if directory else None
@@ -50,7 +51,7 @@ def checkpoint_config(config: Any, config_dir: str | None = None, overrides: Map
             top = _with_overrides(json.load(handle), _server_overrides() if overrides is None else overrides)
     else:
         top = _object_dict(config)
-    _refuse_quantized(top)
+    read_quantization(text_part(top))
     return top
 
 
@@ -146,18 +147,3 @@ def _object_dict(config: Any) -> dict:
                     sub[name] = sub[original]
             raw[key] = sub
     return raw
-
-
-def _refuse_quantized(top: Mapping) -> None:
-    text = top.get("text_config") if isinstance(top.get("text_config"), Mapping) else {}
-    quant = top.get("quantization_config") or text.get("quantization_config")
-    if not quant:
-        return
-    if isinstance(quant, Mapping):
-        fmt = quant.get("quant_method") or quant.get("fmt") or quant.get("format") or "unknown"
-    else:
-        fmt = getattr(quant, "quant_method", "unknown")
-    raise M3ConfigError(
-        f"config field 'quantization_config' declares a quantized checkpoint (quant_method {fmt!r}); "
-        "quantized M3 checkpoints are not supported yet by sglang-m3: serve the BF16 checkpoint"
-    )

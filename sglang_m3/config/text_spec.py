@@ -16,6 +16,7 @@ from typing import Any, Mapping
 
 from sglang_m3.config import fields
 from sglang_m3.config.errors import M3ConfigError
+from sglang_m3.config.quantization import MXFP8Config, read_quantization
 from sglang_m3.config.source import checkpoint_config, text_part
 
 logger = logging.getLogger(__name__)
@@ -97,6 +98,8 @@ class M3TextSpec:
     #: multi-token-prediction modules in the checkpoint (skipped at load; for speculative decoding)
     num_mtp_modules: int = 0
     num_nextn_predict_layers: int = 0
+    #: the checkpoint's weight quantization (MXFP8), None for a BF16 checkpoint
+    quantization: MXFP8Config | None = None
 
     @property
     def sparse_layer_ids(self) -> list[int]:
@@ -163,6 +166,7 @@ def _build_spec(text: Mapping) -> M3TextSpec:
         tie_word_embeddings=fields.boolean(text, "tie_word_embeddings", False),
         num_mtp_modules=fields.non_negative_int(text, "num_mtp_modules", 0),
         num_nextn_predict_layers=fields.non_negative_int(text, "num_nextn_predict_layers", 0),
+        quantization=read_quantization(text),
         **sparse,
     )
     _check_consistency(spec)

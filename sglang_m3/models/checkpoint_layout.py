@@ -8,8 +8,10 @@ Checkpoint names are the original ones (as ``transformers`` saves them): VL chec
 text model with ``language_model.``; text-only ones do not. A dense MLP layer may appear under
 ``mlp.`` (original checkpoints) or ``block_sparse_moe.`` (transformers' save of a dense layer), so
 both spellings are accepted. ``mtp.*`` modules (multi-token prediction) are skipped, as
-upstream SGLang does, until speculative decoding uses them. Scale tensors of a quantized
-checkpoint are refused by name rather than failing later on a shape.
+upstream SGLang does, until speculative decoding uses them. An MXFP8 checkpoint's weight/scale
+pairs are turned into plain weights by ``sglang_m3.quant.loading`` before these checks; in a
+checkpoint whose config declares no quantization, scale tensors and FP8 weights are refused by name
+rather than failing later on a shape or being cast silently.
 """
 
 from __future__ import annotations
@@ -35,14 +37,23 @@ class CheckpointError(ValueError):
     """A checkpoint tensor is missing, misshapen or not part of M3; the message names it."""
 
 
-def refuse_quantized_tensor(name: str) -> None:
-    """Raise for a tensor that only a quantized checkpoint carries, naming the format."""
-    for suffix, fmt in _QUANTIZED_SUFFIXES.items():
-        if name.endswith(suffix):
-            raise CheckpointError(
-                f"checkpoint tensor '{name}' belongs to a quantized checkpoint ({fmt}); quantized M3 "
-                "checkpoints are not supported yet by sglang-m3: serve the BF16 checkpoint"
-            )
+def quantized_format(name: str) -> str | None:
+    """The quantization format a tensor name ending indicates, None for a plain tensor name."""
+    return next((fmt for suffix, fmt in _QUANTIZED_SUFFIXES.items() if name.endswith(suffix)), None)
+
+
+def refuse_quantized_tensor(name: str, tensor=None) -> None:
+    """Raise for a quantized tensor (by name ending or 8-bit float dtype) in a checkpoint whose
+    config declares no quantization, naming the tensor and the format."""
+    fmt = quantized_format(name)
+    if fmt is None and tensor is not None and tensor.dtype.is_floating_point and tensor.element_size() == 1:
+        fmt = f"{tensor.dtype} weights"
+    if fmt is not None:
+        raise CheckpointError(
+            f"checkpoint tensor '{name}' belongs to a quantized checkpoint ({fmt}), but config.json "
+            "declares no quantization_config: sglang-m3 serves BF16 checkpoints and MXFP8 ones "
+            "declared as such"
+        )
 
 
 def text_tensor_name(name: str) -> str | None:

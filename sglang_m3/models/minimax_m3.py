@@ -34,9 +34,12 @@ from sglang_m3.models.checkpoint_layout import (
     refuse_quantized_tensor,
     text_tensor_name,
 )
+from sglang_m3.models.fused_attn_ops import fused_attn_ops_on, norm_rope_fused
 from sglang_m3.models.layers import M3RMSNorm, PartialNeoxRotary
 from sglang_m3.models.fused_moe import make_moe_block
 from sglang_m3.models.moe import GatedMLP
+from sglang_m3.speculative.aux_layers import resolve_aux_layer_ids
+from sglang_m3.quant.loading import MXFP8Dequantizer
 
 logger = logging.getLogger(__name__)
 
@@ -108,19 +111,46 @@ class M3Attention(nn.Module):
         iq, ik = self.rotary(positions, iq, ik)
         return iq.contiguous(), ik.view(tokens, self.index_head_dim)
 
+    def fused_norm_rope(self, positions: torch.Tensor, hidden: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        """The GPU form of the q/k norms, RoPE and index branch: one Triton launch for every head
+        group, reading q/k (and the local index heads) as views of the projections' outputs.
+
+        Returns ``(q [T, H, D], k [T, Hkv, D], extra)``, ``extra`` holding the index operands on
+        sparse layers, equal to the torch path's (``forward``'s else branch and ``index_branch``).
+        """
+        tokens = hidden.shape[0]
+        heads = [
+            (q.view(tokens, self.num_heads, self.head_dim), self.q_norm),
+            (k.view(tokens, self.num_kv_heads, self.head_dim), self.k_norm),
+        ]
+        if self.is_sparse:
+            iq, _ = self.index_q_proj(hidden)
+            ik, _ = self.index_k_proj(hidden)
+            heads.append((iq.view(tokens, self.index_heads, self.index_head_dim)[:, self.local_index_heads], self.index_q_norm))
+            heads.append((ik.view(tokens, 1, self.index_head_dim), self.index_k_norm))
+        q, k, *index = norm_rope_fused(positions, self.rotary, heads)
+        extra = {"index_q": index[0], "index_k": index[1].view(tokens, self.index_head_dim)} if self.is_sparse else {}
+        return q, k, extra
+
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, forward_batch: ForwardBatch) -> torch.Tensor:
         tokens = hidden.shape[0]
         qkv, _ = self.qkv_proj(hidden)
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-        q = self.q_norm(q.reshape(tokens, self.num_heads, self.head_dim))
-        k = self.k_norm(k.reshape(tokens, self.num_kv_heads, self.head_dim))
-        q, k = self.rotary(positions, q, k)
-        extra = {}
-        if self.is_sparse:
-            index_q, index_k = self.index_branch(positions, hidden)
-            extra = {"index_q": index_q, "index_k": index_k}
-        out = self.attn(q.reshape(tokens, q_size), k.reshape(tokens, kv_size), v.contiguous(), forward_batch, **extra)
+        if fused_attn_ops_on(qkv):
+            q, k, extra = self.fused_norm_rope(positions, hidden, q, k)
+            # The MSA backend's store reads v through its strides; dense backends get it packed.
+            v = v if self.is_sparse else v.contiguous()
+        else:
+            q = self.q_norm(q.reshape(tokens, self.num_heads, self.head_dim))
+            k = self.k_norm(k.reshape(tokens, self.num_kv_heads, self.head_dim))
+            q, k = self.rotary(positions, q, k)
+            v = v.contiguous()
+            extra = {}
+            if self.is_sparse:
+                index_q, index_k = self.index_branch(positions, hidden)
+                extra = {"index_q": index_q, "index_k": index_k}
+        out = self.attn(q.reshape(tokens, q_size), k.reshape(tokens, kv_size), v, forward_batch, **extra)
         out, _ = self.o_proj(out)
         return out
 
@@ -149,15 +179,24 @@ class M3TextModel(nn.Module):
             M3DecoderLayer(spec, i, quant_config, prefix=f"{prefix}.layers.{i}") for i in range(spec.num_layers)
         )
         self.norm = M3RMSNorm(spec.hidden_size, spec.rms_norm_eps, spec.use_gemma_norm)
+        #: Layers whose outputs an EAGLE3 draft reads, in the draft's order (empty: none captured).
+        self.aux_layer_ids: tuple[int, ...] = ()
 
     def get_input_embeddings(self) -> nn.Module:
         return self.embed_tokens
 
-    def forward(self, input_ids, positions, forward_batch: ForwardBatch, input_embeds=None) -> torch.Tensor:
+    def forward(self, input_ids, positions, forward_batch: ForwardBatch, input_embeds=None):
+        """The final-normed hidden states; with ``aux_layer_ids`` set, also the listed layers' outputs
+        (pre-norm residual stream) as ``(hidden, [aux per id])``, the form SGLang's models return."""
         hidden = self.embed_tokens(input_ids) if input_embeds is None else input_embeds
-        for layer in self.layers:
+        captured: dict[int, torch.Tensor] = {}
+        for layer_id, layer in enumerate(self.layers):
             hidden = layer(positions, hidden, forward_batch)
-        return self.norm(hidden)
+            if layer_id in self.aux_layer_ids:
+                captured[layer_id] = hidden
+        if not self.aux_layer_ids:
+            return self.norm(hidden)
+        return self.norm(hidden), [captured[i] for i in self.aux_layer_ids]
 
 
 class MiniMaxM3SparseForCausalLM(nn.Module):
@@ -174,16 +213,33 @@ class MiniMaxM3SparseForCausalLM(nn.Module):
         else:
             self.lm_head = ParallelLMHead(self.spec.vocab_size, self.spec.hidden_size, prefix="lm_head")
         self.logits_processor = LogitsProcessor(self.text_config)
+        # SGLang's EAGLE3 worker reads this flag; set_eagle3_layers_to_capture turns it on.
+        self.capture_aux_hidden_states = False
         if get_tensor_model_parallel_rank() == 0:
             announce_implementation(type(self))
 
     def get_input_embeddings(self) -> nn.Module:
         return self.model.embed_tokens
 
+    def get_embed_and_head(self):
+        """EAGLE3 target interface: the draft shares the target's embedding (and lm head where
+        its config asks for it)."""
+        return self.model.embed_tokens.weight, self.lm_head.weight
+
+    def set_eagle3_layers_to_capture(self, layer_ids=None) -> None:
+        """EAGLE3 target interface: capture the outputs of ``layer_ids`` (the draft's
+        ``eagle_aux_hidden_state_layer_ids``; None = M3's default, see ``sglang_m3.speculative.aux_layers``)."""
+        self.model.aux_layer_ids = resolve_aux_layer_ids(layer_ids, self.spec.num_layers)
+        self.capture_aux_hidden_states = True
+
     @torch.no_grad()
     def forward(self, input_ids, positions, forward_batch: ForwardBatch, input_embeds=None, **kwargs):
-        hidden = self.model(input_ids, positions, forward_batch, input_embeds)
-        return self.logits_processor(input_ids, hidden, self.lm_head, forward_batch)
+        return self.logits(input_ids, self.model(input_ids, positions, forward_batch, input_embeds), forward_batch)
+
+    def logits(self, input_ids, model_output, forward_batch: ForwardBatch):
+        """Logits from the text model's output, handing its aux hidden states (EAGLE3) to SGLang."""
+        hidden, aux = model_output if self.capture_aux_hidden_states else (model_output, None)
+        return self.logits_processor(input_ids, hidden, self.lm_head, forward_batch, aux)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load the text model from original checkpoint names; see ``checkpoint_layout``."""
@@ -210,6 +266,8 @@ class TextWeightLoader:
         self.params = dict(model.named_parameters())
         self.seen: set[str] = set()
         self.skipped_mtp = 0
+        # An MXFP8 checkpoint's weight/scale pairs become plain weights here (dequantize at load).
+        self.dequantizer = MXFP8Dequantizer(self.spec.quantization) if self.spec.quantization else None
 
     def load(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         for name, tensor in weights:
@@ -220,7 +278,13 @@ class TextWeightLoader:
         if checkpoint_name.startswith(IGNORED_PREFIXES):
             self.skipped_mtp += 1
             return
-        refuse_quantized_tensor(checkpoint_name)
+        if self.dequantizer is None:
+            refuse_quantized_tensor(checkpoint_name, tensor)
+        else:
+            plain = self.dequantizer.push(checkpoint_name, tensor)
+            if plain is None:
+                return  # the other half of an MXFP8 pair is still due
+            checkpoint_name, tensor = plain
         name = text_tensor_name(checkpoint_name)
         if name is None:
             raise CheckpointError(f"checkpoint tensor '{checkpoint_name}' is not part of the M3 text model")
@@ -253,6 +317,9 @@ class TextWeightLoader:
         getattr(param, "weight_loader", default_weight_loader)(param, tensor)
 
     def finish(self) -> None:
+        if self.dequantizer is not None:
+            self.dequantizer.finish()
+            logger.info("dequantized %d MXFP8 weight(s) at load", self.dequantizer.dequantized)
         if self.skipped_mtp:
             logger.info(
                 "skipped %d multi-token-prediction tensor(s) (mtp.*): not used until speculative decoding reads them",

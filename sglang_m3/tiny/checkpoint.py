@@ -227,7 +227,8 @@ def redraw_weights(model: torch.nn.Module, seed: int) -> None:
 
 
 def build_tiny_checkpoint(
-    directory: str, seed: int = 0, vision: bool = False, layout: str = "shipped", mtp_modules: int = 0
+    directory: str, seed: int = 0, vision: bool = False, layout: str = "shipped", mtp_modules: int = 0,
+    quantization: str | None = None,
 ) -> str:
     """Write the checkpoint into ``directory`` (created; must be empty or absent). Returns it.
 
@@ -235,7 +236,11 @@ def build_tiny_checkpoint(
     tensors are the same for both. ``mtp_modules`` > 0 (shipped layout only) adds that many
     multi-token-prediction modules under ``model.mtp.layers.{i}.`` (tensors no reference model
     reads; a server must skip them). Built in a temporary sibling and renamed into place, so an
-    interrupted build leaves nothing half-written under ``directory``.
+    interrupted build leaves nothing half-written under ``directory``. ``quantization``
+    "mxfp8" writes the same weights in the published MXFP8 format, "mxfp8-dequantized" its plain
+    twin (the weights after quantize -> dequantize); see ``sglang_m3.quant.checkpoint_writer``.
+    Every quantized input width of the tiny geometry (128 hidden, 256 attention, 128/64/64 MLPs)
+    is a multiple of the MXFP8 block (32).
     """
     from transformers.models.minimax_m3_vl import MiniMaxM3SparseForConditionalGeneration, MiniMaxM3VLConfig
 
@@ -265,6 +270,10 @@ def build_tiny_checkpoint(
         model.save_pretrained(staging)
         _rewrite_tensors(staging, vision, geometry, mtp_modules, seed)
         _write_config(staging, layout, vision, geometry, vision_geometry, special_ids, mtp_modules)
+        if quantization is not None:
+            from sglang_m3.quant.checkpoint_writer import rewrite_as_mxfp8
+
+            rewrite_as_mxfp8(staging, quantization)
         if vision:
             save_processor(staging)
         if os.path.exists(directory):

@@ -271,7 +271,7 @@ CORPUS: tuple[Broken, ...] = (
     Broken("index heads != KV heads", _index_heads, ("sparse_num_index_heads", "num_key_value_heads")),
     Broken("local blocks exceed top-k", _local_blocks_exceed_topk, ("sparse_local_block", "sparse_topk_blocks")),
     Broken("heads not a multiple of KV heads", _heads_not_multiple, ("num_attention_heads", "num_key_value_heads")),
-    Broken("quantization_config present", _quantized, ("quantization_config", "'fp8'", "not supported yet")),
+    Broken("quantization_config not MXFP8", _quantized, ("quantization_config.quant_method", "'fp8'", "MXFP8")),
     Broken("intermediate_size missing", _drop("intermediate_size"), ("intermediate_size",)),
     Broken("head_dim missing", _drop("head_dim"), ("head_dim",)),
     Broken("hidden_size only in vision_config", _hidden_only_in_vision, ("hidden_size",)),

@@ -1,4 +1,5 @@
-"""Checkpoint names as shipped: MTP modules skipped with one info line, quantized tensors refused."""
+"""Checkpoint names as shipped: MTP modules skipped with one info line, quantized tensors refused
+when config.json declares no quantization (MXFP8 checkpoints: tests/quant)."""
 
 from __future__ import annotations
 
@@ -65,7 +66,7 @@ def test_quantized_scale_tensor_is_refused_by_name(tiny_spec, stem, suffix, fmt)
     with pytest.raises(CheckpointError) as refused:
         _NamesOnly(tiny_spec).load_one(name, torch.ones(2, 2))
     message = str(refused.value)
-    assert f"'{name}'" in message and fmt in message and "not supported yet" in message
+    assert f"'{name}'" in message and fmt in message and "declares no quantization_config" in message
     assert "shape" not in message
 
 
@@ -74,5 +75,11 @@ def test_quantized_weights_before_their_scales_are_refused_by_the_scale(tiny_spe
     loader = _NamesOnly(tiny_spec)
     name, tensor = next((n, t) for n, t in checkpoint_tensors if n.endswith("q_proj.weight"))
     loader.load_one(name, tensor)
-    with pytest.raises(CheckpointError, match="block-wise FP8.*not supported yet"):
+    with pytest.raises(CheckpointError, match="block-wise FP8.*declares no quantization_config"):
         loader.load_one(name + "_scale_inv", torch.ones(1, 1))
+
+
+def test_fp8_weight_in_an_unquantized_checkpoint_is_refused_not_cast(tiny_spec, checkpoint_tensors):
+    name, tensor = next((n, t) for n, t in checkpoint_tensors if n.endswith("q_proj.weight"))
+    with pytest.raises(CheckpointError, match=rf"'{name}'.*float8_e4m3fn.*declares no quantization_config"):
+        _NamesOnly(tiny_spec).load_one(name, tensor.to(torch.float8_e4m3fn))

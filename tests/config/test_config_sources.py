@@ -111,8 +111,14 @@ def test_override_that_breaks_a_field_is_refused_naming_it(monkeypatch, shipped_
         M3TextSpec.from_config(None, str(tmp_path))
 
 
-def test_quantization_config_in_text_config_is_refused(shipped_top):
+def test_mxfp8_quantization_config_in_text_config_is_read(shipped_top):
     top = copy.deepcopy(shipped_top)
-    top["text_config"]["quantization_config"] = {"quant_method": "mxfp8"}
-    with pytest.raises(M3ConfigError, match=r"quantization_config.*'mxfp8'.*not supported yet"):
+    top["text_config"]["quantization_config"] = {"quant_method": "mxfp8", "modules_to_not_convert": ["lm_head"]}
+    assert M3TextSpec.from_config(top).quantization.ignored_modules == ("lm_head",)
+
+
+def test_other_quantization_config_in_text_config_is_refused(shipped_top):
+    top = copy.deepcopy(shipped_top)
+    top["text_config"]["quantization_config"] = {"quant_method": "awq"}
+    with pytest.raises(M3ConfigError, match=r"quantization_config\.quant_method' is 'awq'"):
         M3TextSpec.from_config(top)

@@ -1,0 +1,121 @@
+"""Dequantize-at-load of an MXFP8 checkpoint: each weight/scale pair becomes one plain weight.
+
+The loader sees the checkpoint as a stream of ``(name, tensor)``; an MXFP8 linear arrives as
+``X.weight`` (float8_e4m3fn) and ``X.weight_scale_inv`` (uint8 e8m0; ``X.weight_scale`` is
+accepted too: SGLang's loader renames it to ``_inv`` for MXFP8). Safetensors files list tensors
+sorted by name, so a pair is adjacent; whichever half comes first is held until its partner
+arrives, so at most the unpaired halves are ever buffered, never the checkpoint. The pair leaves
+as ``(X.weight, fp32 values)``, and the ordinary name/shape checks and parameter copy follow.
+
+Which modules may be quantized follows SGLang 0.5.23's M3 model (``srt/models/minimax_m3.py``):
+the linears it builds with the quantization config (attention q/k/v/o, the index q/k
+projections, dense MLP, shared and routed experts), minus the config's ignore list. The router
+gate (built with ``quant_config=None``), norms, routing bias, embeddings, lm_head and the vision
+tower stay BF16: a scale or FP8 weight for them is refused by name, as are pairs with one half
+missing, wrong scale shapes and scale formats MXFP8 does not have.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from sglang_m3.config import MXFP8Config
+from sglang_m3.models.checkpoint_layout import CheckpointError, quantized_format
+from sglang_m3.quant.mxfp8 import WEIGHT_DTYPE, MXFP8FormatError, dequantize
+
+SCALE_SUFFIXES = (".weight_scale_inv", ".weight_scale")
+#: module names (checkpoint spelling, any prefix) that SGLang's M3 builds as quantizable linears
+QUANTIZABLE = re.compile(
+    r"(?:^|\.)layers\.\d+\.(?:"
+    r"self_attn\.(?:q|k|v|o|index_q|index_k)_proj"
+    r"|mlp\.(?:gate|up|down)_proj"
+    r"|block_sparse_moe\.(?:(?:shared_experts\.)?(?:gate|up|down)_proj|experts\.\d+\.w[123])"
+    r")$"
+)
+
+
+class MXFP8Dequantizer:
+    """Pairs an MXFP8 checkpoint's weights with their scales and hands out plain fp32 weights."""
+
+    def __init__(self, config: MXFP8Config):
+        self.config = config
+        self.waiting_weights: dict[str, tuple[str, torch.Tensor]] = {}
+        self.waiting_scales: dict[str, tuple[str, torch.Tensor]] = {}
+        self.dequantized = 0
+
+    def push(self, name: str, tensor: torch.Tensor) -> tuple[str, torch.Tensor] | None:
+        """The plain ``(name, tensor)`` to load now, or None while a pair's other half is due."""
+        scale_suffix = next((s for s in SCALE_SUFFIXES if name.endswith(s)), None)
+        if scale_suffix is not None:
+            module = name[: -len(scale_suffix)]
+            self._check_quantizable(module, name)
+            if module in self.waiting_weights:
+                return self._pair(module, *self.waiting_weights.pop(module), name, tensor)
+            self._check_unique(module, name, self.waiting_scales)
+            self.waiting_scales[module] = (name, tensor)
+            return None
+        fmt = quantized_format(name)
+        if fmt is not None:
+            raise CheckpointError(f"checkpoint tensor '{name}' ({fmt}) is not part of an MXFP8 checkpoint")
+        module = name[: -len(".weight")] if name.endswith(".weight") else None
+        if tensor.dtype == WEIGHT_DTYPE and module is not None:
+            self._check_quantizable(module, name)
+            if module in self.waiting_scales:
+                return self._pair(module, name, tensor, *self.waiting_scales.pop(module))
+            self._check_unique(module, name, self.waiting_weights)
+            self.waiting_weights[module] = (name, tensor)
+            return None
+        if tensor.dtype.is_floating_point and tensor.element_size() == 1:
+            raise CheckpointError(
+                f"checkpoint tensor '{name}' is {tensor.dtype}: only MXFP8 linear weights "
+                "(float8_e4m3fn with a scale) are 8-bit in an MXFP8 checkpoint"
+            )
+        if module is not None and module in self.waiting_scales:
+            raise CheckpointError(
+                f"checkpoint tensor '{name}' is {tensor.dtype}, but its module has the MXFP8 scale "
+                f"'{self.waiting_scales[module][0]}': a quantized weight must be float8_e4m3fn"
+            )
+        return name, tensor
+
+    def finish(self) -> None:
+        """Refuse the halves whose partner never came."""
+        if self.waiting_weights:
+            module, (name, _) = sorted(self.waiting_weights.items())[0]
+            raise CheckpointError(
+                f"checkpoint tensor '{name}' is float8_e4m3fn but its scale '{module}.weight_scale_inv' "
+                f"is missing ({len(self.waiting_weights)} FP8 weight(s) without a scale)"
+            )
+        if self.waiting_scales:
+            module, (name, _) = sorted(self.waiting_scales.items())[0]
+            raise CheckpointError(
+                f"checkpoint tensor '{name}' is an MXFP8 scale but its weight '{module}.weight' is "
+                f"missing ({len(self.waiting_scales)} scale(s) without a weight)"
+            )
+
+    def _check_quantizable(self, module: str, name: str) -> None:
+        if not QUANTIZABLE.search(module):
+            raise CheckpointError(
+                f"checkpoint tensor '{name}' quantizes '{module}', which stays BF16 in an MXFP8 M3 "
+                "checkpoint (SGLang builds it unquantized: router gate, norms, routing bias, "
+                "embeddings, lm_head, vision tower)"
+            )
+        if self.config.ignores(module):
+            raise CheckpointError(
+                f"checkpoint tensor '{name}' quantizes '{module}', which config field "
+                "'quantization_config.modules_to_not_convert' lists as unquantized"
+            )
+
+    @staticmethod
+    def _check_unique(module: str, name: str, waiting: dict) -> None:
+        if module in waiting:
+            raise CheckpointError(f"checkpoint tensor '{name}' arrives twice for module '{module}' ({waiting[module][0]})")
+
+    def _pair(self, module: str, weight_name: str, weight: torch.Tensor, scale_name: str, scale: torch.Tensor):
+        try:
+            values = dequantize(weight, scale, torch.float32, what=f"checkpoint tensor '{weight_name}'")
+        except MXFP8FormatError as error:
+            raise CheckpointError(f"{error} (scale tensor '{scale_name}')") from None
+        self.dequantized += 1
+        return weight_name, values
