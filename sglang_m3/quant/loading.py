@@ -43,6 +43,8 @@ class MXFP8Dequantizer:
         self.config = config
         self.waiting_weights: dict[str, tuple[str, torch.Tensor]] = {}
         self.waiting_scales: dict[str, tuple[str, torch.Tensor]] = {}
+        #: modules whose weight already went through unquantized, with its dtype (names only)
+        self.plain: dict[str, torch.dtype] = {}
         self.dequantized = 0
 
     def push(self, name: str, tensor: torch.Tensor) -> tuple[str, torch.Tensor] | None:
@@ -53,6 +55,8 @@ class MXFP8Dequantizer:
             self._check_quantizable(module, name)
             if module in self.waiting_weights:
                 return self._pair(module, *self.waiting_weights.pop(module), name, tensor)
+            if module in self.plain:
+                self._refuse_plain(f"{module}.weight", self.plain[module], name)
             self._check_unique(module, name, self.waiting_scales)
             self.waiting_scales[module] = (name, tensor)
             return None
@@ -73,11 +77,17 @@ class MXFP8Dequantizer:
                 "(float8_e4m3fn with a scale) are 8-bit in an MXFP8 checkpoint"
             )
         if module is not None and module in self.waiting_scales:
-            raise CheckpointError(
-                f"checkpoint tensor '{name}' is {tensor.dtype}, but its module has the MXFP8 scale "
-                f"'{self.waiting_scales[module][0]}': a quantized weight must be float8_e4m3fn"
-            )
+            self._refuse_plain(name, tensor.dtype, self.waiting_scales[module][0])
+        if module is not None and QUANTIZABLE.search(module):
+            self.plain[module] = tensor.dtype
         return name, tensor
+
+    @staticmethod
+    def _refuse_plain(name: str, dtype: torch.dtype, scale_name: str) -> None:
+        raise CheckpointError(
+            f"checkpoint tensor '{name}' is {dtype}, but its module has the MXFP8 scale "
+            f"'{scale_name}': a quantized weight must be float8_e4m3fn"
+        )
 
     def finish(self) -> None:
         """Refuse the halves whose partner never came."""

@@ -1,0 +1,119 @@
+"""Dequantize-at-load without a server: the MXFP8 tiny checkpoint through TextWeightLoader.
+
+The loader's name/shape checks and the pairing run for real; only the final parameter copy is
+replaced by a record of what would be copied, so the values can be compared with the twin.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from sglang_m3.config import M3TextSpec, MXFP8Config
+from sglang_m3.models.checkpoint_layout import CheckpointError
+from sglang_m3.models.minimax_m3 import TextWeightLoader
+from sglang_m3.quant.mxfp8 import quantize
+from sglang_m3.tiny.checkpoint import build_tiny_checkpoint
+
+GATE = "language_model.model.layers.1.block_sparse_moe.gate.weight"
+INDEX_Q = "language_model.model.layers.2.self_attn.index_q_proj.weight"
+W2 = "language_model.model.layers.3.block_sparse_moe.experts.1.w2.weight"
+
+
+class _Recording(TextWeightLoader):
+    def __init__(self, spec):
+        holder = nn.Module()
+        holder.spec = spec
+        super().__init__(holder)
+        self.copied: dict[str, torch.Tensor] = {}
+
+    def _copy(self, name, tensor):
+        self.copied[name] = tensor
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    base = tmp_path_factory.mktemp("mxfp8-loading")
+    paths = {mode: build_tiny_checkpoint(str(base / mode), quantization=mode) for mode in ("mxfp8", "mxfp8-dequantized")}
+    tensors = {}
+    for mode, path in paths.items():
+        with safe_open(f"{path}/model.safetensors", "pt") as handle:
+            tensors[mode] = [(name, handle.get_tensor(name)) for name in handle.keys()]
+    return M3TextSpec.from_config(None, paths["mxfp8"]), tensors
+
+
+def _load(spec, weights):
+    loader = _Recording(spec)
+    loader.load(weights)
+    return loader
+
+
+def test_every_pair_loads_as_the_twins_weight(built):
+    spec, tensors = built
+    loaded = _load(spec, tensors["mxfp8"])
+    twin = _load(dataclasses.replace(spec, quantization=None), tensors["mxfp8-dequantized"])
+    assert loaded.dequantizer.dequantized == sum(n.endswith("_scale_inv") for n, _ in tensors["mxfp8"]) == 100
+    assert loaded.copied.keys() == twin.copied.keys()
+    for name, value in twin.copied.items():
+        assert torch.equal(loaded.copied[name].to(value.dtype), value), name
+
+
+def test_scale_before_weight_and_the_weight_scale_spelling_load_too(built):
+    spec, tensors = built
+    renamed = [(n.replace("_scale_inv", "_scale"), t) for n, t in reversed(tensors["mxfp8"])]
+    assert _load(spec, renamed).dequantizer.dequantized == 100
+
+
+def _edited(tensors, drop=(), replace=None, add=None):
+    out = [(n, replace[n] if replace and n in replace else t) for n, t in tensors if n not in drop]
+    return out + list((add or {}).items())
+
+
+def test_missing_scale_is_refused_naming_the_weight(built):
+    spec, tensors = built
+    with pytest.raises(CheckpointError, match=rf"'{W2}' is float8_e4m3fn but its scale '{W2}_scale_inv' is missing"):
+        _load(spec, _edited(tensors["mxfp8"], drop={W2 + "_scale_inv"}))
+
+
+def test_missing_weight_of_a_scale_is_refused(built):
+    spec, tensors = built
+    with pytest.raises(CheckpointError, match=rf"'{W2}_scale_inv' is an MXFP8 scale but its weight '{W2}' is missing"):
+        _load(spec, _edited(tensors["mxfp8"], drop={W2}))
+
+
+def test_wrong_scale_shape_is_refused_naming_both_tensors(built):
+    spec, tensors = built
+    bad = {W2 + "_scale_inv": torch.zeros(128, 4, dtype=torch.uint8)}  # w2's input is 64 wide: 2 scales
+    with pytest.raises(CheckpointError, match=rf"'{W2}': scale shape \(128, 4\).*expected \(128, 2\).*'{W2}_scale_inv'"):
+        _load(spec, _edited(tensors["mxfp8"], replace=bad))
+
+
+def test_scale_for_the_router_gate_is_refused(built):
+    spec, tensors = built
+    gate = dict(tensors["mxfp8"])[GATE]
+    elements, scales = quantize(gate)
+    with pytest.raises(CheckpointError, match=rf"'{GATE}(_scale_inv)?' quantizes .*block_sparse_moe.gate', which stays BF16"):
+        _load(spec, _edited(tensors["mxfp8"], replace={GATE: elements}, add={GATE + "_scale_inv": scales}))
+
+
+def test_scale_for_an_ignored_module_is_refused_and_accepted_when_not_ignored(built):
+    spec, tensors = built
+    index_q = dict(tensors["mxfp8"])[INDEX_Q]
+    elements, scales = quantize(index_q)
+    weights = _edited(tensors["mxfp8"], replace={INDEX_Q: elements}, add={INDEX_Q + "_scale_inv": scales})
+    with pytest.raises(CheckpointError, match="modules_to_not_convert"):
+        _load(spec, weights)
+    # SGLang builds the index projections quantizable: without the ignore entry they load
+    not_ignored = MXFP8Config(tuple(m for m in spec.quantization.ignored_modules if "index_q_proj" not in m))
+    assert _load(dataclasses.replace(spec, quantization=not_ignored), weights).dequantizer.dequantized == 101
+
+
+def test_plain_weight_with_a_scale_is_refused(built):
+    spec, tensors = built
+    plain = dict(tensors["mxfp8-dequantized"])[W2]
+    with pytest.raises(CheckpointError, match=rf"'{W2}' is torch.float32, but its module has the MXFP8 scale"):
+        _load(spec, _edited(tensors["mxfp8"], replace={W2: plain}))
