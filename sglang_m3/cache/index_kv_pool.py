@@ -9,6 +9,7 @@ offload) need to copy the index keys too, and they are overridden here.
 from __future__ import annotations
 
 import torch
+from msa_kernels.triton_cache_insert import insert_kv_and_index
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
 from sglang_m3.config import M3TextSpec
@@ -40,6 +41,20 @@ class M3IndexedKVPool(MHATokenToKVPool):
 
     def set_index_k(self, layer_id: int, loc: torch.Tensor, index_k: torch.Tensor) -> None:
         self.index_k_buffer[layer_id][loc] = index_k.to(self.index_dtype)
+
+    def store_fused(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor, index_k: torch.Tensor | None) -> bool:
+        """K, V and the index key of one layer written in one Triton launch (CUDA tensors).
+
+        Only plain row buffers take it; returns False, having written nothing, where SGLang's own
+        ``set_kv_buffer`` must run instead: quantized caches (scales), fp8 caches stored as bytes,
+        and non-NHD layouts (HND pages).
+        """
+        if self.is_quantized_kv_cache or self.store_dtype != self.dtype or self.kv_cache_layout != "nhd":
+            return False
+        local = layer_id - self.start_layer
+        index_buffer = None if index_k is None else self.index_k_buffer[layer_id]
+        insert_kv_and_index(loc, k, v, index_k, self.k_buffer[local], self.v_buffer[local], index_buffer)
+        return True
 
     def get_index_k_buffer(self, layer_id: int) -> torch.Tensor:
         return self.index_k_buffer[layer_id]

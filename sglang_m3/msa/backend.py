@@ -12,7 +12,9 @@ from msa_kernels.reference import MSAParams, msa_attention
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
+from sglang_m3.cache.index_kv_pool import M3IndexedKVPool
 from sglang_m3.config import M3TextSpec
+from sglang_m3.models.fused_attn_ops import fused_attn_ops_on
 from sglang_m3.msa.plan import MSABatchPlan, plan_forward_batch
 
 
@@ -56,8 +58,12 @@ class MSATorchBackend(AttentionBackend):
 
     def _store(self, layer, forward_batch, k, v, index_k) -> None:
         loc = forward_batch.out_cache_loc
-        self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc(loc, None), k, v)
-        self.token_to_kv_pool.set_index_k(layer.layer_id, loc, index_k)
+        pool = self.token_to_kv_pool
+        # On CUDA one Triton launch writes K, V and the index key (sglang_m3.models.fused_attn_ops).
+        if fused_attn_ops_on(k) and isinstance(pool, M3IndexedKVPool) and pool.store_fused(layer.layer_id, loc, k, v, index_k):
+            return
+        pool.set_kv_buffer(layer, KVWriteLoc(loc, None), k, v)
+        pool.set_index_k(layer.layer_id, loc, index_k)
 
     def _attend(self, q, layer, index_q) -> torch.Tensor:
         pool = self.token_to_kv_pool
