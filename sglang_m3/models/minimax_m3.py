@@ -35,7 +35,6 @@ from sglang_m3.models.checkpoint_layout import (
     text_tensor_name,
 )
 from sglang_m3.models.fused_attn_ops import fused_attn_ops_on, norm_rope_fused
-from sglang_m3.models.fused_attn_ops import fused_attn_ops_on, norm_rope_fused
 from sglang_m3.models.layers import M3RMSNorm, PartialNeoxRotary
 from sglang_m3.models.fused_moe import make_moe_block
 from sglang_m3.models.moe import GatedMLP
@@ -111,27 +110,6 @@ class M3Attention(nn.Module):
         ik = self.index_k_norm(ik.view(tokens, 1, self.index_head_dim))
         iq, ik = self.rotary(positions, iq, ik)
         return iq.contiguous(), ik.view(tokens, self.index_head_dim)
-
-    def fused_norm_rope(self, positions: torch.Tensor, hidden: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        """The GPU form of the q/k norms, RoPE and index branch: one Triton launch for every head
-        group, reading q/k (and the local index heads) as views of the projections' outputs.
-
-        Returns ``(q [T, H, D], k [T, Hkv, D], extra)``, ``extra`` holding the index operands on
-        sparse layers, equal to the torch path's (``forward``'s else branch and ``index_branch``).
-        """
-        tokens = hidden.shape[0]
-        heads = [
-            (q.view(tokens, self.num_heads, self.head_dim), self.q_norm),
-            (k.view(tokens, self.num_kv_heads, self.head_dim), self.k_norm),
-        ]
-        if self.is_sparse:
-            iq, _ = self.index_q_proj(hidden)
-            ik, _ = self.index_k_proj(hidden)
-            heads.append((iq.view(tokens, self.index_heads, self.index_head_dim)[:, self.local_index_heads], self.index_q_norm))
-            heads.append((ik.view(tokens, 1, self.index_head_dim), self.index_k_norm))
-        q, k, *index = norm_rope_fused(positions, self.rotary, heads)
-        extra = {"index_q": index[0], "index_k": index[1].view(tokens, self.index_head_dim)} if self.is_sparse else {}
-        return q, k, extra
 
     def fused_norm_rope(self, positions: torch.Tensor, hidden: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """The GPU form of the q/k norms, RoPE and index branch: one Triton launch for every head
