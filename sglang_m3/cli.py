@@ -14,6 +14,7 @@ import sys
 
 COMMAND_MODULES = (
     "sglang_m3.commands.tiny_checkpoint",
+    "sglang_m3.commands.tiny_draft",
     "sglang_m3.commands.serve",
     "sglang_m3.commands.recipe",
     "sglang_m3.commands.operator",

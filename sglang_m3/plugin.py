@@ -13,6 +13,7 @@ from typing import Callable
 
 from sglang_m3.integration import hooks
 from sglang_m3.parsers import register_parsers, serving_hooks
+from sglang_m3.speculative import hooks as speculative_hooks
 from sglang_m3.quant.serving import dequantize_mxfp8_at_load
 
 
@@ -81,6 +82,47 @@ HOOKS: tuple[Hook, ...] = (
         serving_hooks.keep_m3_markers_in_output,
         "M3's think tags and tool-call namespace must survive detokenization for the parsers, "
         "also when the tokenizer marks them special and the request skips special tokens.",
+    ),
+    Hook(
+        "sglang.srt.arg_groups.speculative_hook._handle_eagle_family",
+        "AFTER",
+        speculative_hooks.check_m3_eagle_args,
+        "An EAGLE3 draft of the wrong width or with aux layers past the target's depth, and draft "
+        "trees (M3's sparse attention verifies chains), are refused at start-up naming the field.",
+    ),
+    Hook(
+        "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend.forward_extend",
+        "AROUND",
+        speculative_hooks.torch_native_extend_with_verify,
+        "SGLang's torch-native attention (the CPU platform's) cannot run a TARGET_VERIFY batch; "
+        "EAGLE chains are verified there with the drafts attended causally after the prefix.",
+    ),
+    Hook(
+        "sglang.srt.speculative.draft_utils.DraftBackendFactory.create_decode_backend",
+        "AROUND",
+        speculative_hooks.torch_native_draft_decode_backend,
+        "SGLang has no multi-step draft backend for torch-native attention; EAGLE drafts on the "
+        "CPU platform decode with this project's (chains).",
+    ),
+    Hook(
+        "sglang.srt.speculative.draft_utils.DraftBackendFactory.create_draft_extend_backend",
+        "AROUND",
+        speculative_hooks.torch_native_draft_extend_backend,
+        "SGLang's draft-extend factory lists no torch-native entry although that backend serves "
+        "draft extends as they are; the CPU platform's drafts extend through it.",
+    ),
+    Hook(
+        "sglang.kernels.ops.speculative.spec_tree.build_tree_kernel_efficient_func",
+        "AROUND",
+        speculative_hooks.build_tree_with_triton_on_cpu,
+        "SGLang refuses out-of-tree platforms at EAGLE tree construction; the CPU platform runs "
+        "SGLang's own Triton builder (its XPU path) in Triton's interpreter.",
+    ),
+    Hook(
+        "sglang.kernels.ops.speculative.spec_tree.verify_tree_greedy_func",
+        "AROUND",
+        speculative_hooks.verify_greedy_with_triton_on_cpu,
+        "Likewise for greedy verification of the drafts: SGLang's Triton verifier on the CPU platform.",
     ),
 )
 

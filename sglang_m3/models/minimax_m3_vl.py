@@ -35,14 +35,15 @@ class MiniMaxM3SparseForConditionalGeneration(MiniMaxM3SparseForCausalLM):
 
     @torch.no_grad()
     def forward(self, input_ids, positions, forward_batch: ForwardBatch, input_embeds=None, **kwargs):
-        hidden = general_mm_embed_routine(
+        # The text model's output: hidden states, with the EAGLE3 aux states when they are captured.
+        output = general_mm_embed_routine(
             input_ids=input_ids,
             forward_batch=forward_batch,
             language_model=self.model,
             multimodal_model=self,
             positions=positions,
         )
-        return self.logits_processor(input_ids, hidden, self.lm_head, forward_batch)
+        return self.logits(input_ids, output, forward_batch)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Vision tensors go to the encoder, everything else to the text model; both check completeness."""

@@ -15,6 +15,10 @@ from sglang.srt.platforms.device_mixin import DeviceMixin, PlatformEnum
 from sglang.srt.platforms.interface import PlatformCapabilities, SRTPlatform
 
 
+#: The speculative algorithms this platform serves (draft models through torch-native attention).
+SPECULATIVE_ALGORITHMS = frozenset({"EAGLE", "EAGLE3"})
+
+
 class TorchNativeCpuDeviceMixin(DeviceMixin):
     """Device queries answered by the host: one device, the process's RAM."""
 
@@ -72,6 +76,11 @@ class TorchNativeCpuPlatform(TorchNativeCpuDeviceMixin, SRTPlatform):
 
     def get_dispatch_key_name(self) -> str:
         return "native"
+
+    def supports_speculative_algorithm(self, algorithm: str) -> bool:
+        # EAGLE drafts run on the torch-native attention (see sglang_m3.speculative.torch_native);
+        # M3's MSA backend verifies them as a chain.
+        return algorithm in SPECULATIVE_ALGORITHMS
 
     def apply_server_args_defaults(self, server_args) -> None:
         # SGLang's own CPU rules pick "intel_amx" (sgl_kernel's CPU engine) for device "cpu";

@@ -1,0 +1,73 @@
+"""``sglang-m3 tiny-draft TARGET DIR``: write a tiny EAGLE3 draft for a tiny M3 checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _layer_ids(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--aux-layer-ids takes comma-separated layer numbers, got {text!r}") from None
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "tiny-draft",
+        help="write a tiny EAGLE3 draft model for a tiny M3 checkpoint (speculative decoding tests)",
+        description=(
+            "Write an EAGLE3 draft in the format SGLang loads for --speculative-algorithm EAGLE3 "
+            "(LlamaForCausalLMEagle3: one decoder layer fed with the target's aux hidden states, "
+            "fc, norm, lm_head over a draft vocabulary, d2t/t2d maps). Serve it with "
+            "--speculative-draft-model-path DIR. By default the weights are random (seeded) and "
+            "most drafts are rejected; --copy-target-lm-head builds the draft whose logits equal "
+            "the target's at the position it reads, which proposes the last token again."
+        ),
+    )
+    parser.add_argument("target", help="the target M3 checkpoint directory (e.g. from sglang-m3 tiny-checkpoint)")
+    parser.add_argument("directory", help="output directory (created; must be empty or absent)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
+    parser.add_argument(
+        "--draft-vocab-size",
+        type=int,
+        default=None,
+        help="draft vocabulary size N: the draft proposes only the first N target token ids (d2t/t2d map them); default the full vocabulary",
+    )
+    parser.add_argument(
+        "--copy-target-lm-head",
+        action="store_true",
+        help="full vocabulary, lm_head and final norm copied from the target, fc passing the last target layer through, midlayer adding nothing",
+    )
+    parser.add_argument(
+        "--aux-layer-ids",
+        type=_layer_ids,
+        default=None,
+        help=(
+            "comma-separated target layers whose outputs the draft reads, written to "
+            "eagle_config.eagle_aux_hidden_state_layer_ids (default: none written, so M3's default "
+            "2,n//2,n-3 applies as for the published draft; with --copy-target-lm-head 2,n//2,n-1)"
+        ),
+    )
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from sglang_m3.speculative.tiny_draft import build_tiny_draft
+
+    try:
+        path = build_tiny_draft(
+            args.target,
+            args.directory,
+            seed=args.seed,
+            draft_vocab_size=args.draft_vocab_size,
+            copy_target_lm_head=args.copy_target_lm_head,
+            aux_layer_ids=args.aux_layer_ids,
+        )
+    except (FileExistsError, ValueError) as error:
+        print(f"sglang-m3 tiny-draft: {error}", file=sys.stderr)
+        return 1
+    kind = "lm-head-copy" if args.copy_target_lm_head else f"random (seed {args.seed})"
+    print(f"wrote tiny EAGLE3 draft ({kind}) for {args.target} to {path}")
+    return 0
