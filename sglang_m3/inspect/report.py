@@ -16,7 +16,7 @@ from sglang_m3.inspect.sharding import GROUP_RULES, GROUPS, ShardedParam
 from sglang_m3.inspect.source import read_config
 
 #: report keys that make up the geometry record (everything independent of --tp / --ep)
-GEOMETRY_KEYS = ("dtype", "geometry", "parameters", "bytes", "weights", "kv_cache")
+GEOMETRY_KEYS = ("dtype", "geometry", "parameters", "bytes", "weights", "weights_mxfp8", "kv_cache")
 VISION_PREFIX = "vision."
 GENERATED_BY = "sglang-m3 inspect CONFIG --write-geometry PATH (do not edit by hand; tests/test_inspect.py checks it)"
 
@@ -40,8 +40,10 @@ def inspect_config(path: str, tp: int = 1, ep: int = 1, tensors: bool = False) -
         "bytes": {
             "bf16": sum(p.numel for p in full.params) * 2,
             "as_built": sum(p.nbytes for p in full.params),
+            "mxfp8": sum(mxfp8_bytes(p) for p in full.params),
         },
         "weights": _weights(full, spec),
+        "weights_mxfp8": _weights(full, spec, mxfp8_bytes),
         "kv_cache": _kv_cache(full),
         "per_rank": _per_rank(full, ranks, spec, tp, ep),
     }
@@ -92,28 +94,39 @@ def _parameters(full: RankBuild, spec: M3TextSpec) -> dict:
     }
 
 
-def _group_bytes(params: list[ShardedParam]) -> dict[str, int]:
+def mxfp8_bytes(param: ShardedParam) -> int:
+    """Bytes of ``param`` in the MXFP8 checkpoint. Quantized (1 byte per element plus one e8m0
+    byte per 32): the sharded linears inside the layers, i.e. attention q/k/v/o, dense MLPs,
+    shared and routed experts (see ``sglang_m3/quant/README.md``). As built: embeddings,
+    lm_head, norms, index projections, routers (fp32) and the vision tower."""
+    if isinstance(param.place, int) and param.group != "replicated" and len(param.shape) >= 2:
+        return param.numel + param.numel // 32
+    return param.nbytes
+
+
+def _group_bytes(params: list[ShardedParam], size=lambda param: param.nbytes) -> dict[str, int]:
     totals = dict.fromkeys(GROUPS, 0)
     for param in params:
-        totals[param.group] += param.nbytes
+        totals[param.group] += size(param)
     return totals
 
 
-def _weights(full: RankBuild, spec: M3TextSpec) -> dict:
-    """Bytes by sharding group: outside the layers (first / last pipeline stage) and per layer kind."""
+def _weights(full: RankBuild, spec: M3TextSpec, size=lambda param: param.nbytes) -> dict:
+    """Bytes by sharding group (``size`` per parameter: as built, or as MXFP8 stores it): outside
+    the layers (first / last pipeline stage) and per layer kind."""
     by_place: dict[int | str, list[ShardedParam]] = defaultdict(list)
     for param in full.params:
         by_place[param.place].append(param)
     kinds = [layer_kind(spec, layer) for layer in range(spec.num_layers)]
     layer_groups = {}
     for layer, kind in enumerate(kinds):
-        groups = _group_bytes(by_place[layer])
+        groups = _group_bytes(by_place[layer], size)
         if layer_groups.setdefault(kind, groups) != groups:
             raise AssertionError(f"layer {layer} differs from the other {kind} layers")
     return {
         "rules": GROUP_RULES,
-        "first_stage": _group_bytes(by_place["first"]),
-        "last_stage": _group_bytes(by_place["last"]),
+        "first_stage": _group_bytes(by_place["first"], size),
+        "last_stage": _group_bytes(by_place["last"], size),
         "layer_kinds": kinds,
         "layer_groups": layer_groups,
     }

@@ -9,7 +9,8 @@ Per GPU rank of one replica:
   inside the TP group leaves 1/tp of them per rank too), the rest (norms, index projections,
   router, vision tower) whole on every rank; pipeline stages hold their layers, the first also
   the embedding and vision tower, the last the final norm and lm_head; the fullest stage counts.
-  MXFP8 is a published total, laid out in the measured bf16 proportions;
+  MXFP8 uses inspect's MXFP8 layout of the same groups (quantized linears 1 byte per element
+  plus a scale byte per 32, the rest as built);
 * KV bytes per token = worst pipeline stage's layers x (2 x KV heads per rank x 128 x KV dtype)
   + its sparse layers x 128 x index dtype for the index key. KV heads per rank = 4 /
   attention-TP, at least 1: beyond attention-TP 4 each KV head (and the single index-key head
@@ -17,6 +18,11 @@ Per GPU rank of one replica:
   sizes its M3 pool with (``pool_configurator``, ``MiniMaxSparseKVPool``), including its rule
   that the index key stays in bf16 under an fp8 KV cache except with fp8_e4m3 on Hopper and
   Blackwell (fp8 attention GEMMs);
+* the host tier (``hostOffload.mode: hierarchical-cache``) holds sizeGbPerRank GB per rank
+  (--hicache-size) of evicted radix prefixes, each token with its K/V *and* its index keys (the
+  project's host pool mirrors both, so a prefix comes back whole): host tokens = that budget /
+  the same bytes per token, page-rounded the way SGLang sizes its host pool. It extends what
+  prefixes stay cached, not what one request may hold: every running token is on the GPU;
 * the static budget is GPU memory x memFractionStatic; the KV pool is what the weights leave
   of it; the rest of the GPU must hold the runtime reserve (activations of one prefill chunk,
   logits, CUDA graphs), which is a stated heuristic, not a measurement.
@@ -31,7 +37,7 @@ from dataclasses import dataclass
 
 from .catalog import HardwareProfile, get_profile
 from .findings import Finding
-from .model_geometry import GB, M3, MAX_CONTEXT_LENGTH, WEIGHT_BYTES, M3Geometry
+from .model_geometry import GB, M3, MAX_CONTEXT_LENGTH, M3Geometry
 from .schema import Recipe
 
 #: KV element size per ``kvCache.dtype`` ("auto" serves the model dtype, bf16).
@@ -47,6 +53,9 @@ CUDA_GRAPH_RESERVE_BYTES = 2 * GB
 #: Draft weights counted for speculative decoding: Inferact/MiniMax-M3-EAGLE3's model card
 #: gives ~3.3 B parameters, stored in bf16; sharded over tp like the target.
 DRAFT_WEIGHT_BYTES = int(3.3e9 * 2)
+
+#: SGLang's default host/device pool ratio (--hicache-ratio) when no size is given.
+HOST_TO_DEVICE_RATIO = 2
 
 #: A fit is "tight" when the KV pool leaves less than this share of the static budget.
 TIGHT_KV_SHARE = 0.10
@@ -73,6 +82,9 @@ class FitReport:
     context_length: int
     max_context_at_concurrency: int
     max_concurrency_at_context: int
+    #: hierarchical-cache host tier per rank (0: no host tier)
+    host_pool_bytes: int = 0
+    host_pool_tokens: int = 0
 
     @property
     def static_budget_bytes(self) -> int:
@@ -109,7 +121,9 @@ class FitReport:
              f"{self.requests_per_group} x {self.context_length:,}"),
             ("largest context at requested concurrency", f"{self.max_context_at_concurrency:,}"),
             ("largest concurrency at requested context", f"{self.max_concurrency_at_context:,}"),
-        ]
+        ] + ([("host tier tokens (KV + index keys)",
+               f"{self.host_pool_tokens:,} ({gb(self.host_pool_bytes)} sizeGbPerRank)")]
+             if self.host_pool_bytes else [])
 
 
 def fit_applies(recipe: Recipe) -> bool:
@@ -144,6 +158,7 @@ def estimate_fit(recipe: Recipe, geometry: M3Geometry = M3) -> FitReport:
     # SGLang gives each attention-DP worker max_running_requests // attentionDp (at least 1)
     requests = max(1, spec.serving.max_running_requests // parallel.attention_dp)
     max_context = min(MAX_CONTEXT_LENGTH, (pool_tokens // requests) // page * page)
+    host_bytes = host_tier_bytes(recipe)
     return FitReport(
         profile=profile.name,
         memory_bytes=profile.memory_bytes,
@@ -161,13 +176,30 @@ def estimate_fit(recipe: Recipe, geometry: M3Geometry = M3) -> FitReport:
         context_length=spec.context_length,
         max_context_at_concurrency=max_context,
         max_concurrency_at_context=pool_tokens // spec.context_length,
+        host_pool_bytes=host_bytes,
+        host_pool_tokens=host_tier_tokens(host_bytes, per_token, page),
     )
+
+
+def host_tier_bytes(recipe: Recipe) -> int:
+    """Host bytes per rank of the hierarchical-cache tier (SGLang's --hicache-size is in 1e9 B)."""
+    offload = recipe.spec.host_offload
+    if offload is None or offload.mode != "hierarchical-cache" or not offload.size_gb_per_rank:
+        return 0
+    return offload.size_gb_per_rank * 10**9
+
+
+def host_tier_tokens(host_bytes: int, bytes_per_token: int, page: int) -> int:
+    """Tokens of SGLang's host pool for that budget: whole pages plus its one padding page."""
+    if host_bytes == 0:
+        return 0
+    return (host_bytes // bytes_per_token // page + 1) * page
 
 
 def weight_bytes_per_gpu(variant: str, tp: int, pp: int, attention_dp: int = 1,
                          geometry: M3Geometry = M3) -> int:
     """Weight bytes of the fullest rank (see the module docstring for the rules)."""
-    layout = geometry.weights
+    layout = geometry.weight_layout(variant)
     attention_tp = max(1, tp // attention_dp)
     ways = {"attention_tp": attention_tp, "kv_heads": min(attention_tp, geometry.num_kv_heads),
             "tp": tp, "experts": tp, "replicated": 1}
@@ -182,7 +214,7 @@ def weight_bytes_per_gpu(variant: str, tp: int, pp: int, attention_dp: int = 1,
         + (rank_bytes(layout.last_stage) if index == len(stages) - 1 else 0)
         for index, layers in enumerate(stages)
     )
-    return fullest * WEIGHT_BYTES[variant] // WEIGHT_BYTES["bf16"]
+    return fullest
 
 
 def index_key_in_fp8(profile: HardwareProfile, kv_dtype: str) -> bool:
@@ -262,6 +294,15 @@ def _fit_findings(report: FitReport) -> list[Finding]:
             f"when all run at full context (lower maxRunningRequests to "
             f"{report.max_concurrency_at_context} to make the limit explicit)",
             "fit.concurrency"))
+    if report.host_pool_bytes and report.host_pool_tokens <= report.pool_tokens:
+        needed_gb = -(-HOST_TO_DEVICE_RATIO * report.pool_tokens * report.kv_bytes_per_token // 10**9)
+        findings.append(Finding(
+            "warning", "spec.hostOffload.sizeGbPerRank",
+            f"the host tier holds {report.host_pool_tokens:,} tokens, no more than the GPU pool's "
+            f"{report.pool_tokens:,}: prefixes evicted from the GPU find little room on the host; "
+            f"raise sizeGbPerRank to about {needed_gb} ({HOST_TO_DEVICE_RATIO}x the GPU pool, "
+            f"SGLang's default ratio)",
+            "fit.host-tier"))
     if report.kv_pool_bytes < TIGHT_KV_SHARE * report.static_budget_bytes:
         findings.append(Finding(
             "warning", "spec.serving.memFractionStatic",

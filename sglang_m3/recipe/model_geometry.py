@@ -5,8 +5,9 @@ from the real config (``data/m3_config.json``) by building the model on the meta
 layer and head counts, parameter bytes by sharding group, KV and index-key bytes per token.
 The recipe layer reads that record instead of computing it, because it must judge a deployment
 before any weights are downloaded, on a machine with neither torch nor SGLang; a test keeps the
-record equal to what inspect computes now. What inspect cannot know (the size of the
-published MXFP8 checkpoint) is kept below as a published number.
+record equal to what inspect computes now, for BF16 weights and for the MXFP8 checkpoint
+(its quantized linears at 1 byte per element plus one e8m0 scale byte per 32: 443.96 GB in all,
+the published ~440 GB).
 """
 
 from __future__ import annotations
@@ -22,12 +23,6 @@ TINY_MODEL_PATH = "sglang-m3:tiny"
 GB = 10**9
 
 GEOMETRY_PATH = Path(__file__).parent / "data" / "m3_geometry.json"
-
-#: Published checkpoint sizes of the variants inspect cannot measure (decimal GB, M3_FACTS s.6).
-PUBLISHED_WEIGHT_BYTES = {
-    "mxfp8": 440 * GB,
-}
-
 
 @dataclass(frozen=True)
 class WeightLayout:
@@ -71,12 +66,25 @@ class M3Geometry:
     max_context_length: int
     parameters: int
     weights: WeightLayout
+    #: the same groups as the MXFP8 checkpoint stores them
+    weights_mxfp8: WeightLayout
+
+    def weight_layout(self, variant: str) -> WeightLayout:
+        return self.weights_mxfp8 if variant == "mxfp8" else self.weights
 
 
 def load_geometry(path: Path = GEOMETRY_PATH) -> M3Geometry:
     record = json.loads(path.read_text(encoding="utf-8"))
     shape = record["geometry"]
-    weights = record["weights"]
+
+    def layout(weights: dict) -> WeightLayout:
+        return WeightLayout(
+            first_stage=weights["first_stage"],
+            last_stage=weights["last_stage"],
+            layer_kinds=tuple(weights["layer_kinds"]),
+            layer_groups=weights["layer_groups"],
+        )
+
     return M3Geometry(
         num_layers=shape["num_layers"],
         dense_layers=shape["dense_layers"],
@@ -93,12 +101,8 @@ def load_geometry(path: Path = GEOMETRY_PATH) -> M3Geometry:
         vocab_size=shape["vocab_size"],
         max_context_length=shape["max_context_length"],
         parameters=record["parameters"]["total"],
-        weights=WeightLayout(
-            first_stage=weights["first_stage"],
-            last_stage=weights["last_stage"],
-            layer_kinds=tuple(weights["layer_kinds"]),
-            layer_groups=weights["layer_groups"],
-        ),
+        weights=layout(record["weights"]),
+        weights_mxfp8=layout(record["weights_mxfp8"]),
     )
 
 
@@ -107,5 +111,5 @@ M3 = load_geometry()
 #: Longest context the model was trained for.
 MAX_CONTEXT_LENGTH = M3.max_context_length
 
-#: Total checkpoint bytes per weight variant: bf16 as inspect measured it, the rest published.
-WEIGHT_BYTES = {"bf16": M3.weights.total_bytes, **PUBLISHED_WEIGHT_BYTES}
+#: Total checkpoint bytes per weight variant, as inspect measured them.
+WEIGHT_BYTES = {"bf16": M3.weights.total_bytes, "mxfp8": M3.weights_mxfp8.total_bytes}

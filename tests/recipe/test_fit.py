@@ -29,6 +29,7 @@ from tests.recipe.recipe_factory import LIBRARY, make_recipe
 GB = 10**9
 BF16_TOTAL = 854_169_948_160  # the whole model as built, inspect's "as_built" bytes
 TP8_RANK = 108_930_863_104  # one TP8 rank, by hand in the module docstring
+TP8_MXFP8 = 57_608_433_664  # one TP8 rank of the MXFP8 checkpoint, by hand in test_weights_per_rank_by_hand
 
 
 def test_kv_bytes_per_token_by_hand():
@@ -65,8 +66,15 @@ def test_weights_per_rank_by_hand():
     assert weight_bytes_per_gpu("bf16", 8, 1) == (
         1_509_949_440 + 188_743_680 + 1_591_345_152 + 103_280_541_696 + 2_360_283_136) == TP8_RANK
     assert weight_bytes_per_gpu("bf16", 1, 1) == BF16_TOTAL
-    # MXFP8 is the published 440 GB laid out like bf16
-    assert weight_bytes_per_gpu("mxfp8", 8, 1) == TP8_RANK * 440 * GB // BF16_TOTAL == 56_112_463_180
+    # MXFP8 (inspect's MXFP8 layout): the sharded linears in the layers at 33/32 bytes per
+    # element (e4m3 + one e8m0 scale byte per 32), embedding/lm_head and replicated parts as bf16:
+    #   q/o 60 x 2 x 8192 x 6144 x 33/32 / 8 = 778,567,680; k/v 60 x 2 x 512 x 6144 x 33/32 / 4
+    #   = 97,320,960; embedding + lm_head 614,596,608 + dense MLPs 3 x 3 x 12,288 x 6144 x 33/32 / 8
+    #   = 87,588,864 + shared experts 57 x 3 x 3072 x 6144 x 33/32 / 8 = 416,047,104;
+    #   routed experts 57 x 128 x 3 x 3072 x 6144 x 33/32 / 8 = 53,254,029,312; replicated as bf16
+    assert weight_bytes_per_gpu("mxfp8", 8, 1) == (
+        778_567_680 + 97_320_960 + 614_596_608 + 87_588_864 + 416_047_104 + 53_254_029_312
+        + 2_360_283_136) == TP8_MXFP8
 
 
 def test_h200_bf16_tp8_library_recipe_by_hand():
@@ -106,11 +114,11 @@ def test_h100_bf16_tp8_pp2_by_hand():
 
 def test_b300_1m_context_fit_by_hand():
     report = estimate_fit(load_recipe(LIBRARY / "b300-mxfp8-tp8-1m-context.yaml"))
-    # 56,112,463,180 weights (MXFP8 at TP8); 288 GB x 0.85 = 244.8 GB static
-    assert report.weight_bytes_per_gpu == 56_112_463_180
-    # 188,687,536,820 / 45,312 = 4,164,184.0 -> 32,532 pages x 128 = 4,164,096 tokens
-    assert report.pool_tokens == 4_164_096
-    # one 1M request needs 1,048,576 x 45,312 = 47.51 GB; 4,164,096 // 1,048,576 = 3
+    # 57,608,433,664 weights (MXFP8 at TP8); 288 GB x 0.85 = 244.8 GB static
+    assert report.weight_bytes_per_gpu == TP8_MXFP8
+    # 187,191,566,336 / 45,312 = 4,131,169.8 -> 32,274 pages x 128 = 4,131,072 tokens
+    assert report.pool_tokens == 4_131_072
+    # one 1M request needs 1,048,576 x 45,312 = 47.51 GB; 4,131,072 // 1,048,576 = 3
     assert report.max_concurrency_at_context == 3
     # at 3 requests: 4,164,096 / 3 = 1,388,032 tokens each, capped at M3's 1,048,576
     assert report.max_context_at_concurrency == 1_048_576
@@ -123,28 +131,30 @@ def test_attention_dp_replicates_attention_weights_by_hand():
                          spec__serving={"memFractionStatic": 0.8, "maxRunningRequests": 16})
     report = estimate_fit(recipe)
     # q/o (12,079,595,520 bytes in bf16) and k/v (754,974,720) whole on every rank, the rest
-    # as at TP8; MXFP8 lays the published 440 GB out in these proportions
+    # as at TP8; in MXFP8 q/o are 6,228,541,440 and k/v 389,283,840 (33/32 bytes per element)
     bf16 = 12_079_595_520 + 754_974_720 + 1_591_345_152 + 103_280_541_696 + 2_360_283_136
     assert weight_bytes_per_gpu("bf16", 8, 1, attention_dp=8) == bf16 == 120_066_740_224
-    assert report.weight_bytes_per_gpu == bf16 * 440 * GB // BF16_TOTAL == 61_848_775_893
+    mxfp8 = 6_228_541_440 + 389_283_840 + 1_118_232_576 + 53_254_029_312 + 2_360_283_136
+    assert report.weight_bytes_per_gpu == mxfp8 == 63_350_370_304
     # attention-TP 1 keeps all 4 KV heads: 137,472 bytes per token
     assert report.kv_heads_per_rank == 4 and report.kv_bytes_per_token == 137_472
-    # 180 GB x 0.8 = 144 GB static; (144e9 - 61,848,775,893) / 137,472 = 597,585.3 -> 597,504
-    assert report.pool_tokens == 597_504
-    # 16 requests over 8 attention groups = 2 per group; 597,504 // 2 = 298,752 = 2,334 pages
+    # 180 GB x 0.8 = 144 GB static; (144e9 - 63,350,370,304) / 137,472 = 586,662.2 -> 586,624
+    assert report.pool_tokens == 586_624
+    # 16 requests over 8 attention groups = 2 per group; 586,624 // 2 = 293,312 -> 2,291 pages
     assert report.requests_per_group == 2
-    assert report.max_context_at_concurrency == 2_334 * 128 == 298_752
+    assert report.max_context_at_concurrency == 2_291 * 128 == 293_248
     assert weight_bytes_per_gpu("mxfp8", 8, 1, attention_dp=8) == report.weight_bytes_per_gpu
 
 
 def test_eagle3_draft_weights_counted_by_hand():
     report = estimate_fit(load_recipe(LIBRARY / "b200-mxfp8-tp4-eagle3.yaml"))
-    # target MXFP8 at TP4 110,911,871,737; draft 3.3e9 params x 2 bytes / 4 = 1.65 GB
+    # target MXFP8 at TP4 112,759,263,232 (the TP8 groups of test_weights_per_rank_by_hand x 2,
+    # replicated 2,360,283,136 once); draft 3.3e9 params x 2 bytes / 4 = 1.65 GB
     assert report.draft_bytes_per_gpu == 1_650_000_000
-    assert report.weight_bytes_per_gpu == weight_bytes_per_gpu("mxfp8", 4, 1) + 1_650_000_000 == 112_561_871_737
-    # 180 x 0.75 = 135 GB static; 135e9 - 112,561,871,737 = 22,438,128,263; / 45,312
-    # = 495,191.7 -> 495,104
-    assert report.pool_tokens == 495_104
+    assert report.weight_bytes_per_gpu == weight_bytes_per_gpu("mxfp8", 4, 1) + 1_650_000_000 == 114_409_263_232
+    # 180 x 0.75 = 135 GB static; 135e9 - 114,409,263,232 = 20,590,736,768; / 45,312
+    # = 454,421.3 -> 454,400
+    assert report.pool_tokens == 454_400
     assert report.max_concurrency_at_context == 3
 
 
