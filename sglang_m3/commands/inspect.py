@@ -69,6 +69,8 @@ def text_lines(report: dict) -> list[str]:
         f"  MTP        {params['mtp_modules']} module(s) in the checkpoint, not built or loaded by sglang-m3: not counted",
         f"weights      {size['bf16'] / GB:,.2f} GB at bf16 (2 bytes/param); {size['as_built'] / GB:,.2f} GB as "
         "built (router weight and correction bias in fp32)",
+        f"  MXFP8      {size['mxfp8'] / GB:,.2f} GB as the MXFP8 checkpoint stores it (e4m3 linears + an e8m0 "
+        "scale byte per 32; embeddings, lm_head, index projections, routers, norms, vision as built)",
         f"KV cache     {kv['total_bytes_per_token']:,} bytes/token ({kv['dtype']}): K+V {kv['kv_bytes_per_token']:,} "
         f"({geometry['num_layers']} layers) + index keys {kv['index_bytes_per_token']:,} "
         f"({geometry['sparse_layers']} sparse layers)",
