@@ -37,6 +37,11 @@ KV-block-major for long ones (pairs sorted by block, one K/V load per tile of 8 
 heads, per-block partials, log-sum-exp merge). ``decode_select`` / ``prefill_select`` return
 the selection alone.
 Measured speed and what bounds it: ``benchmarks/KERNEL_NOTES.md``.
+
+Per-layer helpers of the model's GPU path (import them from their modules; this package's import
+stays free of Triton): ``triton_qk_norm_rope.qk_norm_rope`` (per-head RMSNorm + NeoX partial RoPE
+of up to four head groups in one launch) and ``triton_cache_insert.insert_kv_and_index`` (K, V and
+index key written to their cache slots in one launch).
 """
 
 from msa_kernels.reference import MSAParams, block_scores, msa_attention, select_blocks, sparse_attention

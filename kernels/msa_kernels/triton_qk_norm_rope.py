@@ -9,9 +9,9 @@ The math follows the torch path of the model step by step, so that results agree
 ``normed = (x32 * rsqrt(mean(x32^2) + eps)) * (offset + w32)`` rounded to the input dtype, then
 RoPE on the first ``rotary_dim`` channels with ``angle = float(position) * inv_freq[i mod half]``,
 ``out = normed * cos + rotate_half(normed) * sin`` in fp32, rounded to the input dtype; the other
-channels pass through normed. On CUDA, cos/sin/rsqrt come from libdevice (what torch's CUDA
-kernels call; angles reach ~1e6 rad at long contexts, where approximate sin/cos are wrong) and
-floating-point contraction is off (torch rounds each product before the add).
+channels pass through normed. On CUDA, cos/sin/rsqrt come from libdevice (the functions torch's
+CUDA kernels call; angles reach ~1e6 rad at 1M-token contexts, so the range reduction must be the
+precise one) and floating-point contraction is off (torch rounds each product before the add).
 
 Grid: (tokens, head blocks of every group). Graph-safe: nothing is read on the host.
 """
@@ -143,6 +143,8 @@ def qk_norm_rope(
         raise ValueError(f"rotary_dim must be a positive even number, got {rotary_dim}")
     if inv_freq.shape != (rotary_dim // 2,):
         raise ValueError(f"inv_freq must be [{rotary_dim // 2}] (rotary_dim // 2), got {tuple(inv_freq.shape)}")
+    if positions.dim() != 1 or (positions.shape[0] > 1 and positions.stride(0) != 1):
+        raise ValueError(f"positions must be a contiguous [tokens] tensor, got shape {tuple(positions.shape)} strides {positions.stride()}")
     tokens = positions.shape[0]
     for i, group in enumerate(groups):
         _check_group(i, group, tokens, rotary_dim)
