@@ -56,12 +56,16 @@ def upstream_minimax_sparse_wiring_off(config) -> bool:
 def wrap_with_msa_backend(original, runner, full_attn_backend):
     if not is_m3(runner.model_config.hf_config):
         return original(runner, full_attn_backend)
+    import torch
+
+    from sglang_m3.msa.dense_prefill import SDPADensePrefill, sdpa_dense_prefill_enabled
     from sglang_m3.msa.hybrid import M3HybridAttnBackend
     from sglang_m3.msa.triton_backend import msa_backend_for
 
     spec = spec_of(runner.model_config)
     dense = original(runner, full_attn_backend)
-    return M3HybridAttnBackend(dense, msa_backend_for(runner, spec), spec.sparse_layer_ids)
+    dense_prefill = SDPADensePrefill(runner) if sdpa_dense_prefill_enabled(torch.device(runner.device)) else None
+    return M3HybridAttnBackend(dense, msa_backend_for(runner, spec), spec.sparse_layer_ids, dense_prefill)
 
 
 def build_indexed_kv_pool(original, configurator, *, max_total_num_tokens, mha_pool_class, quant_method=None):

@@ -21,23 +21,27 @@ class M3HybridAttnBackend(AttentionBackend):
     what the MSA backend supports. Anything the base class lacks goes to the dense backend.
     """
 
-    def __init__(self, dense: AttentionBackend, sparse: AttentionBackend, sparse_layer_ids):
+    def __init__(self, dense: AttentionBackend, sparse: AttentionBackend, sparse_layer_ids, dense_prefill=None):
         self.dense = dense
         self.sparse = sparse
         self.sparse_layer_ids = frozenset(sparse_layer_ids)
+        # Extend batches of dense layers on CUDA (``sglang_m3.msa.dense_prefill``); None keeps SGLang's.
+        self.dense_prefill = dense_prefill
         # Class-level defaults of AttentionBackend would shadow the delegation below.
         self.kv_index_translator = dense.kv_index_translator
         self.attn_backend_list = [dense, sparse]
 
     def __getattr__(self, name):
         # Only reached for attributes this class does not define.
-        if name in ("dense", "sparse", "sparse_layer_ids"):
+        if name in ("dense", "sparse", "sparse_layer_ids", "dense_prefill"):
             raise AttributeError(name)
         return getattr(self.dense, name)
 
     def init_forward_metadata(self, forward_batch):
         self.dense.init_forward_metadata(forward_batch)
         self.sparse.init_forward_metadata(forward_batch)
+        if self.dense_prefill is not None:
+            self.dense_prefill.plan(forward_batch)
 
     def init_forward_metadata_out_graph(self, forward_batch, in_capture=False):
         self.dense.init_forward_metadata_out_graph(forward_batch, in_capture)
@@ -79,10 +83,21 @@ class M3HybridAttnBackend(AttentionBackend):
     def _owner(self, layer) -> AttentionBackend:
         return self.sparse if layer.layer_id in self.sparse_layer_ids else self.dense
 
+    def _dense_prefill_takes(self, layer, forward_batch, kwargs) -> bool:
+        return (
+            self.dense_prefill is not None
+            and layer.layer_id not in self.sparse_layer_ids
+            and self.dense_prefill.takes(forward_batch, layer, kwargs)
+        )
+
     def forward(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+        if self._dense_prefill_takes(layer, forward_batch, kwargs):
+            return self.dense_prefill.forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
         return self._owner(layer).forward(q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+        if self._dense_prefill_takes(layer, forward_batch, kwargs):
+            return self.dense_prefill.forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
         return self._owner(layer).forward_extend(q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):

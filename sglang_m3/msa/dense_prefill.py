@@ -1,0 +1,123 @@
+"""Prefill of M3's dense layers on CUDA through torch's fused attention (cuDNN, FlashAttention).
+
+M3's first layers attend every earlier token. In a long prompt they dominate prefill: measured on
+the H100 at M3 shapes (64 query heads over 4 KV heads, head dim 128, bf16; 8K-token chunks of a
+128K prompt, ``benchmarks/dense_prefill.py``), SGLang's Triton extend kernel takes 2,078 ms per
+dense layer, SDPA with FlashAttention 819 ms and with cuDNN 1,077 ms; on a chunk without cached
+prefix cuDNN is fastest (1.9 ms against 3.3 ms for FlashAttention and 5.7 ms for Triton). So each
+request of an extend batch runs SDPA on its own tokens: a chunk that starts the prompt attends
+only itself (square causal, cuDNN), a later chunk attends its cached prefix gathered from the
+KV pool plus itself (causal aligned to the last key, FlashAttention).
+
+Decode, speculative verify and draft batches keep SGLang's backend (they are graphed; this path
+is per request and eager). The per-request loop reads host-side lengths; prefill is never
+captured whole (SGLang's breakable prefill graphs run attention eagerly on the real tokens).
+``SGLANG_M3_DENSE_PREFILL=sglang`` keeps SGLang's kernel for A/B measurements.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right
+
+from sglang_m3.msa.batch_shape import host_extend_lens
+
+#: Environment switch: ``sdpa`` (default on CUDA) or ``sglang`` (SGLang's own extend kernel).
+ENV = "SGLANG_M3_DENSE_PREFILL"
+
+
+@dataclass(frozen=True)
+class RequestSpan:
+    """One request of an extend batch: its rows of ``q`` and its tokens in the cache."""
+
+    q_start: int
+    q_len: int
+    prefix_len: int
+    slots: torch.Tensor | None  # every cached token of the request (None when there is no prefix)
+
+
+def sdpa_dense_prefill_enabled(device: torch.device) -> bool:
+    choice = os.environ.get(ENV, "sdpa")
+    if choice not in ("sdpa", "sglang"):
+        raise ValueError(f"{ENV}={choice!r}: expected 'sdpa' or 'sglang'")
+    return device.type == "cuda" and choice == "sdpa"
+
+
+def serves_batch(forward_batch) -> bool:
+    """Plain extend batches (prefill, chunked prefill, mixed): not verify or draft batches."""
+    return forward_batch.forward_mode in (ForwardMode.EXTEND, ForwardMode.MIXED)
+
+
+class SDPADensePrefill:
+    """Extend attention of dense layers: cache write, then one SDPA call per request."""
+
+    def __init__(self, model_runner):
+        self.req_to_token = model_runner.req_to_token_pool.req_to_token
+        self.pool = model_runner.token_to_kv_pool
+        self.spans: list[RequestSpan] | None = None
+
+    def plan(self, forward_batch) -> None:
+        """Per-request spans of this batch (once per forward, shared by every dense layer)."""
+        self.spans = None
+        if not serves_batch(forward_batch):
+            return
+        extend_lens = host_extend_lens(forward_batch)
+        prefix_lens = forward_batch.extend_prefix_lens_cpu
+        if prefix_lens is None:
+            prefix_lens = [int(s) - e for s, e in zip(forward_batch.seq_lens_cpu.tolist(), extend_lens)]
+        spans, start = [], 0
+        for i, (new, prefix) in enumerate(zip(extend_lens, prefix_lens)):
+            slots = None
+            if prefix:
+                row = self.req_to_token.index_select(0, forward_batch.req_pool_indices[i : i + 1])[0]
+                slots = row[: prefix + new]
+            spans.append(RequestSpan(start, int(new), int(prefix), slots))
+            start += int(new)
+        self.spans = spans
+
+    def takes(self, forward_batch, layer, extra: dict) -> bool:
+        """Whether this call is one this path computes exactly as SGLang's backend would."""
+        return (
+            self.spans is not None
+            and serves_batch(forward_batch)
+            and not extra
+            and layer.k_scale is None
+            and getattr(layer, "logit_cap", 0) in (0, 0.0, None)
+            and getattr(layer, "sliding_window_size", -1) in (-1, None)
+            and not getattr(layer, "is_cross_attention", False)
+        )
+
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
+        if save_kv_cache:
+            self.pool.set_kv_buffer(layer, KVWriteLoc(forward_batch.out_cache_loc, None), k, v)
+        heads, kv_heads = layer.tp_q_head_num, layer.tp_k_head_num
+        q = q.view(-1, heads, layer.qk_head_dim)
+        k = k.view(-1, kv_heads, layer.qk_head_dim)
+        v = v.view(-1, kv_heads, layer.v_head_dim)
+        out = q.new_empty(q.shape[0], heads, layer.v_head_dim)
+        k_cache = self.pool.get_key_buffer(layer.layer_id)
+        v_cache = self.pool.get_value_buffer(layer.layer_id)
+        for span in self.spans:
+            if span.q_start >= q.shape[0]:
+                break  # a padded batch hands over only its real tokens
+            rows = slice(span.q_start, span.q_start + span.q_len)
+            if span.slots is None:
+                keys, values, mask, causal, backend = k[rows], v[rows], None, True, SDPBackend.CUDNN_ATTENTION
+            else:
+                keys, values = k_cache[span.slots], v_cache[span.slots]
+                mask = causal_lower_right(span.q_len, span.slots.shape[0])
+                causal, backend = False, SDPBackend.FLASH_ATTENTION
+            with sdpa_kernel([backend, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+                attended = F.scaled_dot_product_attention(
+                    q[rows].transpose(0, 1)[None], keys.transpose(0, 1)[None], values.transpose(0, 1)[None],
+                    attn_mask=mask, is_causal=causal, scale=layer.scaling, enable_gqa=heads != kv_heads,
+                )
+            out[rows] = attended[0].transpose(0, 1)
+        return out.view(-1, heads * layer.v_head_dim)

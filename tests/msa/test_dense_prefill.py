@@ -1,0 +1,131 @@
+"""The dense layers' SDPA prefill path against attention computed from its definition.
+
+On the CPU, SDPA runs its math kernel, so these tests check what the path itself decides: which
+cached tokens each request attends (its prefix gathered through ``req_to_token``, its new tokens
+causally, aligned to the last key), GQA grouping, the cache write, and which calls it leaves to
+SGLang's backend. The CUDA kernels (cuDNN, FlashAttention) are exercised by the GPU tests.
+"""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from forward_batch_doubles import forward_batch_for
+
+from sglang_m3.msa.dense_prefill import ENV, SDPADensePrefill, sdpa_dense_prefill_enabled
+
+HQ, HKV, D = 6, 2, 8
+
+
+class _DensePool:
+    def __init__(self, k, v):
+        self.k, self.v = k, v
+
+    def set_kv_buffer(self, layer, write, k, v):
+        self.k[write.loc] = k.view(-1, HKV, D)
+        self.v[write.loc] = v.view(-1, HKV, D)
+
+    def get_key_buffer(self, layer_id):
+        return self.k
+
+    def get_value_buffer(self, layer_id):
+        return self.v
+
+
+def _layer(**extra):
+    return SimpleNamespace(
+        layer_id=0, tp_q_head_num=HQ, tp_k_head_num=HKV, qk_head_dim=D, v_head_dim=D, scaling=1 / math.sqrt(D),
+        k_scale=None, logit_cap=0.0, sliding_window_size=-1, is_cross_attention=False, **extra,
+    )
+
+
+def _reference(q, keys, values, prefix):
+    """Causal GQA attention of ``q`` [n, HQ, D] (positions prefix..) over ``keys`` [prefix + n, HKV, D]."""
+    group = HQ // HKV
+    out = torch.empty_like(q)
+    for j in range(q.shape[0]):
+        visible = prefix + j + 1
+        for h in range(HQ):
+            scores = keys[:visible, h // group] @ q[j, h] / math.sqrt(D)
+            out[j, h] = torch.softmax(scores, 0) @ values[:visible, h // group]
+    return out
+
+
+def _setup(kv_lens, extend_lens, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    slots = sum(kv_lens) + 5
+    req_to_token = torch.zeros(len(kv_lens) + 1, max(kv_lens) + 8, dtype=torch.int64)
+    order = (torch.randperm(slots - 1, generator=gen) + 1).tolist()
+    start = 0
+    for b, n in enumerate(kv_lens):  # request b in pool row b + 1: rows and slots both shuffled
+        req_to_token[b + 1, :n] = torch.tensor(order[start : start + n])
+        start += n
+    fb = forward_batch_for("EXTEND", req_to_token, torch.arange(1, len(kv_lens) + 1), kv_lens, extend_lens)
+    k_all, v_all = (torch.randn(slots, HKV, D, generator=gen, dtype=torch.float64) for _ in range(2))
+    q = torch.randn(sum(extend_lens), HQ * D, generator=gen, dtype=torch.float64)
+    return req_to_token, fb, k_all, v_all, q
+
+
+@pytest.mark.parametrize(
+    "kv_lens, extend_lens",
+    [([9], [9]), ([37], [5]), ([40, 23, 17], [17, 23, 1]), ([64, 3], [64, 3])],
+    ids=["fresh", "chunk-after-prefix", "mixed", "two-fresh"],
+)
+def test_matches_causal_attention_over_prefix_and_new_tokens(kv_lens, extend_lens):
+    req_to_token, fb, k_all, v_all, q = _setup(kv_lens, extend_lens)
+    k_cache, v_cache = k_all.clone(), v_all.clone()
+    k_cache[fb.out_cache_loc] = float("nan")  # the new tokens' slots: written by the call itself
+    v_cache[fb.out_cache_loc] = float("nan")
+    runner = SimpleNamespace(req_to_token_pool=SimpleNamespace(req_to_token=req_to_token), token_to_kv_pool=_DensePool(k_cache, v_cache))
+    path = SDPADensePrefill(runner)
+    path.plan(fb)
+    layer = _layer()
+    assert path.takes(fb, layer, {})
+    k_new, v_new = k_all[fb.out_cache_loc], v_all[fb.out_cache_loc]
+    out = path.forward_extend(q, k_new.reshape(len(q), -1), v_new.reshape(len(q), -1), layer, fb)
+
+    torch.testing.assert_close(k_cache, k_all, rtol=0, atol=0)
+    torch.testing.assert_close(v_cache, v_all, rtol=0, atol=0)
+    start = 0
+    for b, (kv, new) in enumerate(zip(kv_lens, extend_lens)):
+        slots = req_to_token[b + 1, :kv]
+        expected = _reference(q[start : start + new].view(new, HQ, D), k_all[slots], v_all[slots], kv - new)
+        torch.testing.assert_close(out[start : start + new].view(new, HQ, D), expected, rtol=1e-12, atol=1e-12)
+        start += new
+
+
+@pytest.mark.parametrize("mode", ["DECODE", "TARGET_VERIFY"])
+def test_graphed_modes_stay_with_sglangs_backend(mode):
+    req_to_token, _, _, _, _ = _setup([20, 12], [20, 12])
+    fb = forward_batch_for(mode, req_to_token, torch.tensor([1, 2]), [20, 12], [1, 1] if mode == "DECODE" else [3, 3])
+    path = SDPADensePrefill(SimpleNamespace(req_to_token_pool=SimpleNamespace(req_to_token=req_to_token), token_to_kv_pool=None))
+    path.plan(fb)
+    assert not path.takes(fb, _layer(), {})
+
+
+def test_calls_it_cannot_compute_exactly_stay_with_sglangs_backend():
+    req_to_token, fb, *_ = _setup([12], [12])
+    path = SDPADensePrefill(SimpleNamespace(req_to_token_pool=SimpleNamespace(req_to_token=req_to_token), token_to_kv_pool=None))
+    path.plan(fb)
+    assert path.takes(fb, _layer(), {})
+    assert not path.takes(fb, _layer(), {"sinks": torch.zeros(HQ)})
+    scaled = _layer()
+    scaled.k_scale = torch.tensor(0.5)
+    assert not path.takes(fb, scaled, {})
+    capped = _layer()
+    capped.logit_cap = 30.0
+    assert not path.takes(fb, capped, {})
+
+
+def test_enabled_on_cuda_only_and_the_switch_is_checked(monkeypatch):
+    monkeypatch.delenv(ENV, raising=False)
+    assert sdpa_dense_prefill_enabled(torch.device("cuda"))
+    assert not sdpa_dense_prefill_enabled(torch.device("cpu"))
+    monkeypatch.setenv(ENV, "sglang")
+    assert not sdpa_dense_prefill_enabled(torch.device("cuda"))
+    monkeypatch.setenv(ENV, "flash")
+    with pytest.raises(ValueError, match=ENV):
+        sdpa_dense_prefill_enabled(torch.device("cuda"))
