@@ -76,7 +76,8 @@ class M3IndexedKVPoolHost(MHATokenToKVPoolHost):
 
     def init_kv_buffer(self):
         kv_buffer = super().init_kv_buffer()
-        self.index_k_host = torch.zeros(
+        # Not zeroed: a host slot is always written by a backup before a load reads it.
+        self.index_k_host = torch.empty(
             (len(self.index_layer_ids), self.size, self.index_head_dim), dtype=self.index_dtype,
             device="cpu", pin_memory=self.pin_memory)
         return kv_buffer

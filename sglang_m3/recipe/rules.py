@@ -373,10 +373,14 @@ def check_host_offload(recipe: Recipe, profile: HardwareProfile) -> Iterator[Fin
     offload = recipe.spec.host_offload
     if offload is None:
         return
-    if not profile.is_gpu:
-        yield _error("spec.hostOffload", "the cpu profile has no device memory to offload "
-                                         "from; remove hostOffload", "offload.cpu")
-        return
+    if offload.mode == "hisparse":
+        # SGLang's HiSparse keys on its own M3 wiring (is_minimax_sparse), which the plugin turns
+        # off to install the index-key pool and MSA backend: SGLang then refuses --enable-hisparse
+        # at start-up on every platform (its CUDA-only kernels aside).
+        yield _error("spec.hostOffload.mode",
+                     "hisparse is SGLang's own M3 offload, which this plugin's MSA backend and "
+                     "index-key pool replace (the server refuses --enable-hisparse); use mode: "
+                     "hierarchical-cache", "offload.hisparse")
     if offload.mode == "hierarchical-cache":
         if offload.size_gb_per_rank is None:
             yield _error("spec.hostOffload.sizeGbPerRank",
@@ -384,7 +388,7 @@ def check_host_offload(recipe: Recipe, profile: HardwareProfile) -> Iterator[Fin
                          "offload.size")
         if offload.host_to_device_ratio is not None:
             yield _error("spec.hostOffload.hostToDeviceRatio",
-                         "hostToDeviceRatio sizes hisparse only; remove it or set mode: hisparse",
+                         "hostToDeviceRatio sizes hisparse only; remove it",
                          "offload.mode-field")
     elif offload.size_gb_per_rank is not None:
         yield _error("spec.hostOffload.sizeGbPerRank",

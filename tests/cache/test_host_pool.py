@@ -78,6 +78,13 @@ def test_host_size_counts_index_keys_and_follows_hicache_size():
     assert host.index_k_host.dtype == torch.bfloat16
 
 
+def test_host_budget_beyond_free_memory_is_refused_before_allocating():
+    # What a server started with --hicache-size 100000 logs before exiting (measured once on the
+    # CPU server; checked here without a server start).
+    with pytest.raises(ValueError, match=r"Not enough host memory available\. Requesting 100000\.00 GB"):
+        M3IndexedKVPoolHost(device_pool(), 2.0, 100000, PAGE, "layer_first")
+
+
 def test_unsupported_cpu_layout_is_refused_by_flag_name():
     with pytest.raises(ValueError, match="--hicache-mem-layout page_first_direct"):
         M3IndexedKVPoolHost(device_pool(), 2.0, 0, PAGE, "page_first_direct")
