@@ -6,12 +6,13 @@ Dequantization is exact in fp32 (an e4m3 value times a power of two), so both se
 bit-identical parameters and run the same CPU kernels on the same sequential requests: greedy
 tokens must be identical and prompt/output logprobs equal. The tolerance is 0 for that reason;
 any difference means the loader put a different weight somewhere. Two servers in sequence, plus
-two starts that must be refused (config stage and load stage).
+one start that must be refused at load (a config-stage refusal, e.g. quant_method 'gptq', goes
+through the same start-up check as tests/config/test_broken_config_server.py; the reader's
+refusals are unit-tested in tests/quant/test_quantization_config.py).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 
@@ -92,33 +93,15 @@ def test_greedy_tokens_and_logprobs_equal_the_dequantized_twin(served):
     assert worst == 0.0
 
 
-def _copy_with(source: str, target: str, edit_config=None, edit_tensors=None) -> str:
+def _copy_with(source: str, target: str, edit_tensors) -> str:
+    from safetensors.torch import load_file, save_file
+
     shutil.copytree(source, target)
-    if edit_config:
-        path = os.path.join(target, "config.json")
-        with open(path, encoding="utf-8") as handle:
-            config = json.load(handle)
-        edit_config(config)
-        with open(path, "w", encoding="utf-8") as handle:
-            json.dump(config, handle)
-    if edit_tensors:
-        from safetensors.torch import load_file, save_file
-
-        path = os.path.join(target, "model.safetensors")
-        tensors = load_file(path)
-        edit_tensors(tensors)
-        save_file(tensors, path, metadata={"format": "pt"})
+    path = os.path.join(target, "model.safetensors")
+    tensors = load_file(path)
+    edit_tensors(tensors)
+    save_file(tensors, path, metadata={"format": "pt"})
     return target
-
-
-def test_unknown_quant_method_is_refused_at_start(checkpoints, server_log_dir, tmp_path):
-    def gptq(config):
-        config["quantization_config"]["quant_method"] = "gptq"
-
-    broken = _copy_with(checkpoints["mxfp8"], str(tmp_path / "gptq"), edit_config=gptq)
-    refused = expect_start_refused(broken, server_log_dir)
-    assert refused.returncode != 0
-    assert "quantization_config.quant_method' is 'gptq'" in refused.log, refused.log[-3000:]
 
 
 def test_missing_scale_is_refused_at_load_naming_the_tensor(checkpoints, server_log_dir, tmp_path):
@@ -127,7 +110,7 @@ def test_missing_scale_is_refused_at_load_naming_the_tensor(checkpoints, server_
     def drop_scale(tensors):
         del tensors[name + "_scale_inv"]
 
-    broken = _copy_with(checkpoints["mxfp8"], str(tmp_path / "noscale"), edit_tensors=drop_scale)
+    broken = _copy_with(checkpoints["mxfp8"], str(tmp_path / "noscale"), drop_scale)
     refused = expect_start_refused(broken, server_log_dir)
     assert refused.returncode != 0
     assert f"checkpoint tensor '{name}' is float8_e4m3fn but its scale" in refused.log, refused.log[-3000:]
