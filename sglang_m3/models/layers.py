@@ -35,6 +35,13 @@ class M3RMSNorm(nn.Module):
         normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return (normed * (self.offset + self.weight.float())).to(x.dtype)
 
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(self(s), s)`` with ``s = residual + x`` added in ``x``'s dtype (``s = x`` without a
+        residual): a decoder layer's residual add and the norm after it, in the order the model
+        always ran them. The fused GPU kernel (``msa_kernels.triton_add_rmsnorm``) follows this."""
+        summed = x if residual is None else residual + x
+        return self(summed), summed
+
 
 class PartialNeoxRotary(nn.Module):
     """NeoX (rotate-half) RoPE on the first ``rotary_dim`` channels of each head, at absolute positions."""

@@ -35,6 +35,7 @@ from sglang_m3.models.checkpoint_layout import (
     text_tensor_name,
 )
 from sglang_m3.models.fused_attn_ops import fused_attn_ops_on, norm_rope_fused
+from sglang_m3.models.fused_norm import add_rmsnorm
 from sglang_m3.models.layers import M3RMSNorm, PartialNeoxRotary
 from sglang_m3.models.fused_moe import make_moe_block
 from sglang_m3.models.moe import GatedMLP
@@ -166,9 +167,15 @@ class M3DecoderLayer(nn.Module):
         self.input_layernorm = M3RMSNorm(spec.hidden_size, spec.rms_norm_eps, spec.use_gemma_norm)
         self.post_attention_layernorm = M3RMSNorm(spec.hidden_size, spec.rms_norm_eps, spec.use_gemma_norm)
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, forward_batch: ForwardBatch) -> torch.Tensor:
-        hidden = hidden + self.self_attn(positions, self.input_layernorm(hidden), forward_batch)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+    def forward(
+        self, positions: torch.Tensor, hidden: torch.Tensor, forward_batch: ForwardBatch, residual: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(mlp output, residual)``, whose sum is the layer's output (SGLang's convention): the
+        residual stream is carried so that each add fuses into the norm after it (``fused_norm``).
+        ``residual`` None: ``hidden`` is the stream itself (the first layer)."""
+        normed, residual = add_rmsnorm(self.input_layernorm, hidden, residual)
+        normed, residual = add_rmsnorm(self.post_attention_layernorm, self.self_attn(positions, normed, forward_batch), residual)
+        return self.mlp(normed), residual
 
 
 class M3TextModel(nn.Module):
@@ -190,13 +197,15 @@ class M3TextModel(nn.Module):
         (pre-norm residual stream) as ``(hidden, [aux per id])``, the form SGLang's models return."""
         hidden = self.embed_tokens(input_ids) if input_embeds is None else input_embeds
         captured: dict[int, torch.Tensor] = {}
+        residual = None
         for layer_id, layer in enumerate(self.layers):
-            hidden = layer(positions, hidden, forward_batch)
+            hidden, residual = layer(positions, hidden, forward_batch, residual)
             if layer_id in self.aux_layer_ids:
-                captured[layer_id] = hidden
+                captured[layer_id] = residual + hidden  # the layer's output, as the next add forms it
+        normed, _ = add_rmsnorm(self.norm, hidden, residual)
         if not self.aux_layer_ids:
-            return self.norm(hidden)
-        return self.norm(hidden), [captured[i] for i in self.aux_layer_ids]
+            return normed
+        return normed, [captured[i] for i in self.aux_layer_ids]
 
 
 class MiniMaxM3SparseForCausalLM(nn.Module):
