@@ -187,6 +187,7 @@ def commit() -> str:
         return "unknown"
 
 
+@torch.no_grad()  # as in the server: SGLang's custom ops run their CUDA function directly only without autograd
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="JSON file, or a directory for fused_attn_ops_<gpu>.json")

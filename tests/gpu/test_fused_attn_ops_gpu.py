@@ -95,6 +95,7 @@ def test_backend_store_through_a_cuda_pool(monkeypatch):
     batch = types.SimpleNamespace(out_cache_loc=torch.tensor([3, 64, 20, 21, 50], device=CUDA))
     layer = types.SimpleNamespace(layer_id=1)
 
+    @torch.no_grad()  # as in the server: SGLang's store_cache custom op is registered for the eager, grad-free call
     def store():
         pool = cases.pool_for(spec, torch.bfloat16, CUDA)
         MSATorchBackend._store(types.SimpleNamespace(token_to_kv_pool=pool), layer, batch, k, v, index_k)
