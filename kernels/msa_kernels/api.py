@@ -42,6 +42,20 @@ def _check_inputs(q, k_cache, v_cache, iq, ik_cache, num_tokens: int, block_size
         raise ValueError("q, k_cache and v_cache must share head_dim")
 
 
+def _check_index_scale(ik_cache: torch.Tensor, ik_scale: torch.Tensor | None) -> None:
+    """fp8 index keys come with one fp32 scale per slot, and only they do."""
+    fp8 = ik_cache.dtype == torch.float8_e4m3fn
+    if fp8 and ik_scale is None:
+        raise ValueError("ik_cache holds float8_e4m3fn keys: pass their per-slot scales as ik_scale")
+    if not fp8 and ik_scale is not None:
+        raise ValueError(f"ik_scale is for float8_e4m3fn index keys, ik_cache is {ik_cache.dtype}")
+    if fp8 and (ik_scale.dtype != torch.float32 or ik_scale.shape != (ik_cache.shape[0],) or ik_scale.stride(0) != 1):
+        raise ValueError(
+            f"ik_scale must be contiguous float32 [{ik_cache.shape[0]}] (one scale per slot), "
+            f"got {ik_scale.dtype} {tuple(ik_scale.shape)}"
+        )
+
+
 def _tile_args(tiles: Tiles):
     return tiles.req, tiles.tok0, tiles.pos0, tiles.ntok
 
@@ -197,8 +211,12 @@ def _scale(sm_scale: float | None, head_dim: int) -> float:
     return 1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale
 
 
-def decode_select(plan: DecodePlan, iq: torch.Tensor, ik_cache: torch.Tensor) -> torch.Tensor:
+def decode_select(
+    plan: DecodePlan, iq: torch.Tensor, ik_cache: torch.Tensor, ik_scale: torch.Tensor | None = None
+) -> torch.Tensor:
     """Chosen blocks ``[batch*q_len, kv_heads, topk]`` (int32, ascending, -1 padded) of a decode batch.
+
+    ``ik_scale [slots]``: fp32 per-slot scales when ``ik_cache`` holds float8_e4m3fn keys.
 
     Two kernels: the index scan (keys on the MMA's M side, split over blocks) writes one fp32
     block-max per (request, row, block); the top-k runs one small program per (request, head, token).
@@ -209,16 +227,18 @@ def decode_select(plan: DecodePlan, iq: torch.Tensor, ik_cache: torch.Tensor) ->
     batch, t = tiles.count, tiles.max_tokens
     hkv, di = iq.shape[1], iq.shape[-1]
     ik2 = ik_cache.reshape(ik_cache.shape[0], di)
+    _check_index_scale(ik2, ik_scale)
     score_rows = max(16, _pow2(hkv * t))
     scores = torch.empty(batch, score_rows, plan.max_blocks, dtype=torch.float32, device=iq.device)
     decode_index_scores_kernel[(batch, plan.index_splits)](
-        iq, ik2, plan.page_table, scores,
+        iq, ik2, ik2 if ik_scale is None else ik_scale, plan.page_table, scores,
         tiles.tok0, tiles.pos0, tiles.ntok,
         iq.stride(0), iq.stride(1),
         ik2.stride(0),
         plan.page_table.stride(0),
         scores.stride(0), scores.stride(1),
         NUM_HEADS=hkv, ROWS=score_rows, D=di, BLOCK=p.block_size, SPLITS=plan.index_splits,
+        KEY_FP8=ik_scale is not None,
         num_warps=4, num_stages=3,
     )
     selected = torch.empty(plan.num_tokens, hkv, p.topk, dtype=torch.int32, device=iq.device)
@@ -244,11 +264,13 @@ def run_decode(
     ik_cache: torch.Tensor,
     sm_scale: float | None = None,
     out: torch.Tensor | None = None,
+    ik_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One sparse layer's decode step: index scan, top-k, split sparse attention (+ merge when q_len > 1).
 
     ``q [batch*q_len, q_heads, D]``, ``iq [batch*q_len, kv_heads, Di]`` (request-major rows),
-    ``k_cache/v_cache [slots, kv_heads, D]``, ``ik_cache [slots, Di]`` (or ``[slots, 1, Di]``).
+    ``k_cache/v_cache [slots, kv_heads, D]``, ``ik_cache [slots, Di]`` (or ``[slots, 1, Di]``),
+    bf16/fp32 or float8_e4m3fn with its fp32 per-slot scales ``ik_scale [slots]``.
     Returns ``(out [batch*q_len, q_heads, D], selected [batch*q_len, kv_heads, topk] int32)``;
     rows of padded tokens (``q_lens[b] < q_len``) are left unwritten.
     """
@@ -256,7 +278,7 @@ def run_decode(
     _check_inputs(q, k_cache, v_cache, iq, ik_cache, plan.num_tokens, p.block_size)
     if k_cache.shape[1] != plan.num_kv_heads:
         raise ValueError(f"k_cache has {k_cache.shape[1]} kv heads, the plan was made for {plan.num_kv_heads}")
-    selected = decode_select(plan, iq, ik_cache)
+    selected = decode_select(plan, iq, ik_cache, ik_scale)
     if out is None:
         out = torch.empty(plan.num_tokens, q.shape[1], v_cache.shape[-1], dtype=q.dtype, device=q.device)
     _attention(
@@ -267,17 +289,21 @@ def run_decode(
     return out, selected
 
 
-def prefill_select(plan: PrefillPlan, iq: torch.Tensor, ik_cache: torch.Tensor) -> torch.Tensor:
+def prefill_select(
+    plan: PrefillPlan, iq: torch.Tensor, ik_cache: torch.Tensor, ik_scale: torch.Tensor | None = None
+) -> torch.Tensor:
     """Chosen blocks ``[tokens, kv_heads, topk]`` (int32, ascending, -1 padded) of an extend batch.
 
     Block-max index scores on tensor cores with a running top-k per row, so no score matrix is
     written. With ``plan.index_splits == 1`` one fused kernel scans every visible block of a tile;
     otherwise each tile's blocks are shared by ``index_splits`` programs that write per-row
     candidates, and a merge launch keeps their top-k (a short chunk after a long prefix).
+    ``ik_scale`` as in :func:`decode_select`.
     """
     p = plan.params
     hkv, di = iq.shape[1], iq.shape[-1]
     ik2 = ik_cache.reshape(ik_cache.shape[0], di)
+    _check_index_scale(ik2, ik_scale)
     itiles = plan.index_tiles
     selected = torch.empty(plan.num_tokens, hkv, p.topk, dtype=torch.int32, device=iq.device)
     index_rows = itiles.max_tokens * hkv
@@ -287,7 +313,7 @@ def prefill_select(plan: PrefillPlan, iq: torch.Tensor, ik_cache: torch.Tensor) 
     cand_val = torch.empty(cand_shape, dtype=torch.float32, device=iq.device)
     cand_id = torch.empty(cand_shape, dtype=torch.int32, device=iq.device)
     prefill_index_topk_kernel[(itiles.count, plan.index_splits)](
-        iq, ik2, plan.page_table, selected, cand_val, cand_id,
+        iq, ik2, ik2 if ik_scale is None else ik_scale, plan.page_table, selected, cand_val, cand_id,
         *_tile_args(itiles),
         iq.stride(0), iq.stride(1),
         ik2.stride(0),
@@ -295,7 +321,7 @@ def prefill_select(plan: PrefillPlan, iq: torch.Tensor, ik_cache: torch.Tensor) 
         selected.stride(0), selected.stride(1),
         cand_val.stride(0), cand_val.stride(1),
         NUM_HEADS=hkv, ROWS=index_rows, D=di, BLOCK=p.block_size,
-        TOPK=p.topk, KP=kp, LOCAL=p.local_blocks, INIT=p.init_blocks, SPLIT=split,
+        TOPK=p.topk, KP=kp, LOCAL=p.local_blocks, INIT=p.init_blocks, SPLIT=split, KEY_FP8=ik_scale is not None,
         num_warps=8 if index_rows >= 128 else 4, num_stages=3,
     )
     if split:
@@ -320,6 +346,7 @@ def run_prefill(
     ik_cache: torch.Tensor,
     sm_scale: float | None = None,
     out: torch.Tensor | None = None,
+    ik_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One sparse layer's extend step: fused index scan + top-k, then sparse attention.
 
@@ -329,10 +356,11 @@ def run_prefill(
 
     Shapes as :func:`run_decode` with rows packed request after request; the new tokens' K, V and
     index keys must already be in the caches (SGLang writes them before attention runs).
+    ``ik_scale`` as in :func:`run_decode`.
     """
     p = plan.params
     _check_inputs(q, k_cache, v_cache, iq, ik_cache, plan.num_tokens, p.block_size)
-    selected = prefill_select(plan, iq, ik_cache)
+    selected = prefill_select(plan, iq, ik_cache, ik_scale)
     if out is None:
         out = torch.empty(plan.num_tokens, q.shape[1], v_cache.shape[-1], dtype=q.dtype, device=q.device)
     scale = _scale(sm_scale, q.shape[-1])

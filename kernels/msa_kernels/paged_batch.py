@@ -8,11 +8,11 @@ request. The reference result comes from :mod:`msa_kernels.reference`, one reque
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from msa_kernels.reference import MSAParams, block_scores, msa_attention
+from msa_kernels.reference import MSAParams, block_scores, msa_attention, quantize_index_keys
 
 
 @dataclass
@@ -26,6 +26,12 @@ class PagedBatch:
     seq_lens: list[int]
     extend_lens: list[int]
     row_stride: int  # rows of q per request in decode layout (0: packed extend layout)
+    ik_scale: torch.Tensor | None = None  # [slots] fp32 when ik_cache holds fp8 keys
+
+    def with_fp8_index_keys(self) -> PagedBatch:
+        """The same batch with its index keys quantized to fp8 + per-token scales (NaN poison kept)."""
+        keys, scales = quantize_index_keys(self.ik_cache)
+        return replace(self, ik_cache=keys, ik_scale=scales.reshape(-1))
 
     def rows_of(self, b: int) -> torch.Tensor:
         """Rows of ``q`` that request ``b``'s new tokens occupy."""
@@ -109,12 +115,15 @@ def reference_request(batch: PagedBatch, b: int, params: MSAParams, scale: float
 
     k = take(batch.k_cache)[slots]
     v = take(batch.v_cache)[slots]
-    ik = take(batch.ik_cache)[slots, 0]
+    if batch.ik_scale is None:
+        ik, ik_scale = take(batch.ik_cache)[slots, 0], None
+    else:
+        ik, ik_scale = batch.ik_cache.detach()[slots, 0], batch.ik_scale[slots]
     q = take(batch.q)[rows]
     iq = take(batch.iq)[rows]
     q_pos = torch.arange(s - e, s, device=device)
-    out, selected = msa_attention(q, k, v, iq, ik, q_pos, params, scale)
-    return out.cpu(), selected.cpu(), block_scores(iq, ik, q_pos, params.block_size).cpu()
+    out, selected = msa_attention(q, k, v, iq, ik, q_pos, params, scale, ik_scale)
+    return out.cpu(), selected.cpu(), block_scores(iq, ik, q_pos, params.block_size, ik_scale).cpu()
 
 
 @dataclass

@@ -8,6 +8,8 @@ Shapes, for one request whose key/value sequence has ``L`` tokens and which asks
     k,v [L, Hkv, D]    main-branch keys and values for positions 0 .. L-1
     iq  [n, Hkv, Di]   index queries, one head per KV group
     ik  [L, Di]        index keys, one head shared by every group
+    ik_scale [L]       optional: ``ik`` holds fp8 e4m3 keys and this their per-token scales
+                       (:func:`quantize_index_keys`); the scores use the dequantized keys
     q_pos [n]          absolute position of every query (each < L)
 
 Semantics (per query at position p, index head r, block size B):
@@ -55,15 +57,66 @@ def _acc(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
+#: Largest finite float8_e4m3fn value.
+E4M3_MAX = 448.0
+# Smallest |key| row maximum a scale is computed from: keeps 1/scale a finite fp32 power of two.
+_MIN_ROW_AMAX = 2.0**-90
+
+
+def quantize_index_keys(ik: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Index keys ``[..., Di]`` -> (float8_e4m3fn keys, fp32 per-token scales ``[...]``).
+
+    Per token, the scale is the smallest power of two that brings the row's largest |value| to
+    at most 448 (e4m3's largest finite value); values are divided by it (exact) and rounded to
+    nearest-even. Why this form:
+
+    * per token, not per block: a token's key is written once, alone (decode writes one token of a
+      block at a time), and every cache operation (radix sharing, slot moves, host offload) works
+      on slots; a per-block scale would have to be fixed before the block's later tokens exist, or
+      rewrite the block's earlier keys. Accuracy would not gain either: e4m3's relative step is the
+      same at every magnitude, a scale only decides where values go subnormal, and index keys leave
+      an RMSNorm with similar magnitudes per token.
+    * fp32, one per token: the scan reads it as one contiguous 512-byte vector per 128-token block
+      beside the block's 16 KiB of fp8 keys (3% more bytes), and applies it as one multiply per
+      score, ``dot(iq, k8) * scale``, after the MMA on the fp8 keys widened in registers.
+    * a power of two: dividing by it and multiplying back are exact, so kernels that scale scores
+      and the reference that scales keys differ only in summation order, as the bf16 paths do; and
+      the exponent comes from integer bits, identical on the GPU and the CPU.
+    """
+    x = ik.float()
+    amax = x.abs().amax(dim=-1).clamp_min(_MIN_ROW_AMAX)
+    mantissa, exponent = torch.frexp(amax)  # amax = mantissa * 2**exponent, mantissa in [0.5, 1)
+    # smallest e with amax <= 448 * 2**e; 448 = 0.875 * 2**9
+    e = exponent - 9 + (mantissa > 0.875).to(exponent.dtype)
+    one = torch.ones_like(amax)
+    keys = (x * torch.ldexp(one, -e)[..., None]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return keys, torch.ldexp(one, e)
+
+
+def dequantize_index_keys(ik: torch.Tensor, ik_scale: torch.Tensor) -> torch.Tensor:
+    """fp8 keys ``[..., Di]`` and their per-token scales ``[...]`` -> fp32 keys."""
+    if ik.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"ik_scale is given, so ik must hold float8_e4m3fn keys, got {ik.dtype}")
+    if ik_scale.shape != ik.shape[:-1]:
+        raise ValueError(f"ik_scale must be one scale per key {tuple(ik.shape[:-1])}, got {tuple(ik_scale.shape)}")
+    return ik.float() * ik_scale.float()[..., None]
+
+
 def num_blocks(length: int, block_size: int) -> int:
     return (length + block_size - 1) // block_size
 
 
-def block_scores(iq: torch.Tensor, ik: torch.Tensor, q_pos: torch.Tensor, block_size: int) -> torch.Tensor:
-    """Causal block-max scores ``[n, Hkv, num_blocks]`` in fp32; -inf marks invisible blocks."""
+def block_scores(
+    iq: torch.Tensor, ik: torch.Tensor, q_pos: torch.Tensor, block_size: int, ik_scale: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Causal block-max scores ``[n, Hkv, num_blocks]`` in fp32; -inf marks invisible blocks.
+
+    With ``ik_scale`` the keys are fp8 and score as their dequantized values.
+    """
     length = ik.shape[0]
     nb = num_blocks(length, block_size)
-    scores = torch.einsum("nhd,ld->nhl", _acc(iq), _acc(ik))
+    keys = _acc(ik) if ik_scale is None else dequantize_index_keys(ik, ik_scale).to(_acc(iq).dtype)
+    scores = torch.einsum("nhd,ld->nhl", _acc(iq), keys)
     token_pos = torch.arange(length, device=ik.device)
     causal = token_pos[None, :] <= q_pos[:, None]
     scores = scores.masked_fill(~causal[:, None, :], float("-inf"))
@@ -127,12 +180,16 @@ def msa_attention(
     q_pos: torch.Tensor,
     params: MSAParams,
     scale: float | None = None,
+    ik_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One request's MSA: returns (output ``[n, Hq, Dv]``, selected blocks ``[n, Hkv, topk]``)."""
+    """One request's MSA: returns (output ``[n, Hq, Dv]``, selected blocks ``[n, Hkv, topk]``).
+
+    ``ik_scale``: per-token scales of fp8 index keys (see :func:`quantize_index_keys`), or None.
+    """
     if iq.shape[1] != k.shape[1]:
         raise ValueError(f"index heads ({iq.shape[1]}) must equal KV heads ({k.shape[1]})")
     if q_pos.numel() and int(q_pos.max()) >= k.shape[0]:
         raise ValueError(f"query position {int(q_pos.max())} has no key (kv length {k.shape[0]})")
-    scores = block_scores(iq, ik, q_pos, params.block_size)
+    scores = block_scores(iq, ik, q_pos, params.block_size, ik_scale)
     selected = select_blocks(scores, q_pos, params)
     return sparse_attention(q, k, v, selected, q_pos, params.block_size, scale), selected

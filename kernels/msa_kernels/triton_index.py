@@ -14,6 +14,12 @@ matrix never exists in memory. ``prefill_index_topk_kernel`` has two forms:
   contiguous share of the tile's blocks and writes its per-row candidates (KP slots of ranked
   score and block id) to scratch; the merge keeps the top-k of the splits' candidates. Forced
   blocks rank +inf in whichever split holds them, so they survive the merge.
+
+Index keys are bf16 (or the model's dtype) or, opt-in, float8_e4m3fn with one fp32 scale per
+token (``KEY_FP8``; format in ``reference.quantize_index_keys``): a block's fp8 keys are widened
+to the query's dtype in registers for the MMA and each key's score is multiplied by its scale
+afterwards (one multiply per score instead of one per key element; exact, the scales being
+powers of two).
 """
 
 import triton
@@ -24,16 +30,19 @@ from msa_kernels.triton_select import empty_top, forced_or_visible_scores, keep_
 
 @triton.jit
 def decode_index_scores_kernel(
-    iq_ptr, ik_ptr, page_ptr, score_ptr,
+    iq_ptr, ik_ptr, iks_ptr, page_ptr, score_ptr,
     tile_tok0_ptr, tile_pos0_ptr, tile_ntok_ptr,
     s_iq_t, s_iq_h,
     s_ik_slot,
     s_pg_b,
     s_sc_b, s_sc_r,
     NUM_HEADS: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
-    SPLITS: tl.constexpr,
+    SPLITS: tl.constexpr, KEY_FP8: tl.constexpr,
 ):
-    """score[b, row, blk] = max_{j in blk, j <= pos(row)} iq[row] . ik[j]; row = token * heads + head."""
+    """score[b, row, blk] = max_{j in blk, j <= pos(row)} iq[row] . ik[j]; row = token * heads + head.
+
+    ``KEY_FP8``: ``ik`` is fp8 and ``iks[slot]`` its scale (else ``iks_ptr`` is not read).
+    """
     b = tl.program_id(0)
     split = tl.program_id(1)
     tok0 = tl.load(tile_tok0_ptr + b)
@@ -59,7 +68,11 @@ def decode_index_scores_kernel(
         page = tl.load(page_ptr + b * s_pg_b + blk).to(tl.int64)
         kpos = blk * BLOCK + keys
         k = tl.load(ik_ptr + (page * BLOCK + keys)[:, None] * s_ik_slot + d[None, :], mask=(kpos <= last_pos)[:, None], other=0.0)
-        s = tl.dot(k, q_t)  # [BLOCK, ROWS]: keys on M
+        if KEY_FP8:
+            s = tl.dot(k.to(q_t.dtype), q_t)  # [BLOCK, ROWS]: keys on M
+            s *= tl.load(iks_ptr + page * BLOCK + keys, mask=kpos <= last_pos, other=0.0)[:, None]
+        else:
+            s = tl.dot(k, q_t)
         s = tl.where(kpos[:, None] <= row_pos[None, :], s, float("-inf"))
         tl.store(score_ptr + b * s_sc_b + rows * s_sc_r + blk, tl.max(s, axis=0), mask=row_ok)
 
@@ -77,10 +90,10 @@ def _tile_rows(tile_tok0_ptr, tile_pos0_ptr, tile_ntok_ptr, tile, NUM_HEADS: tl.
 
 @triton.jit
 def _scan_blocks(
-    iq_ptr, ik_ptr, page_row_ptr, tok0, t, h, row_ok, row_pos, last_pos, start, end,
+    iq_ptr, ik_ptr, iks_ptr, page_row_ptr, tok0, t, h, row_ok, row_pos, last_pos, start, end,
     s_iq_t, s_iq_h, s_ik_slot,
     ROWS: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
-    TOPK: tl.constexpr, KP: tl.constexpr, LOCAL: tl.constexpr, INIT: tl.constexpr,
+    TOPK: tl.constexpr, KP: tl.constexpr, LOCAL: tl.constexpr, INIT: tl.constexpr, KEY_FP8: tl.constexpr,
 ):
     """Running top-k ``(ranked [ROWS, KP], block ids)`` of the tile's rows over blocks ``start .. end-1``."""
     d = tl.arange(0, D)
@@ -92,7 +105,11 @@ def _scan_blocks(
         page = tl.load(page_row_ptr + blk).to(tl.int64)
         kpos = blk * BLOCK + keys
         k_t = tl.load(ik_ptr + (page * BLOCK + keys)[None, :] * s_ik_slot + d[:, None], mask=(kpos <= last_pos)[None, :], other=0.0)
-        s = tl.dot(q, k_t)  # [ROWS, BLOCK]
+        if KEY_FP8:
+            s = tl.dot(q, k_t.to(q.dtype))  # [ROWS, BLOCK]
+            s *= tl.load(iks_ptr + page * BLOCK + keys, mask=kpos <= last_pos, other=0.0)[None, :]
+        else:
+            s = tl.dot(q, k_t)
         s = tl.where(kpos[None, :] <= row_pos[:, None], s, float("-inf"))
         ranked = forced_or_visible_scores(tl.max(s, axis=1), blk, own, LOCAL, INIT)
         top_val, top_id = keep_top(top_val, top_id, ranked, blk, KP)
@@ -112,7 +129,7 @@ def _store_selection(sel_ptr, top_id, tok0, t, h, row_ok, s_sel_t, s_sel_h, TOPK
 
 @triton.jit
 def prefill_index_topk_kernel(
-    iq_ptr, ik_ptr, page_ptr, sel_ptr, cand_val_ptr, cand_id_ptr,
+    iq_ptr, ik_ptr, iks_ptr, page_ptr, sel_ptr, cand_val_ptr, cand_id_ptr,
     tile_req_ptr, tile_tok0_ptr, tile_pos0_ptr, tile_ntok_ptr,
     s_iq_t, s_iq_h,
     s_ik_slot,
@@ -121,7 +138,7 @@ def prefill_index_topk_kernel(
     s_cand_tile, s_cand_split,
     NUM_HEADS: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
     TOPK: tl.constexpr, KP: tl.constexpr, LOCAL: tl.constexpr, INIT: tl.constexpr,
-    SPLIT: tl.constexpr,
+    SPLIT: tl.constexpr, KEY_FP8: tl.constexpr,
 ):
     """Block-max scores fused with a running top-k over a tile of (token, index head) rows.
 
@@ -129,7 +146,8 @@ def prefill_index_topk_kernel(
     sorted selection. Split (grid ``(tiles, splits)``): program (tile, s) scans the s-th contiguous
     share of the blocks and writes every row's ``[KP]`` candidate list (padding rows too, so the
     merge reads no uninitialised memory) at ``tile * s_cand_tile + s * s_cand_split``; the split
-    count is the grid's, not a constexpr, so batch shapes do not recompile.
+    count is the grid's, not a constexpr, so batch shapes do not recompile. ``KEY_FP8`` as in
+    :func:`decode_index_scores_kernel`.
     """
     tile = tl.program_id(0)
     req = tl.load(tile_req_ptr + tile)
@@ -143,8 +161,8 @@ def prefill_index_topk_kernel(
         start = 0
         end = nblk
     top_val, top_id = _scan_blocks(
-        iq_ptr, ik_ptr, page_ptr + req * s_pg_b, tok0, t, h, row_ok, row_pos, last_pos, start, end,
-        s_iq_t, s_iq_h, s_ik_slot, ROWS, D, BLOCK, TOPK, KP, LOCAL, INIT,
+        iq_ptr, ik_ptr, iks_ptr, page_ptr + req * s_pg_b, tok0, t, h, row_ok, row_pos, last_pos, start, end,
+        s_iq_t, s_iq_h, s_ik_slot, ROWS, D, BLOCK, TOPK, KP, LOCAL, INIT, KEY_FP8,
     )
     if SPLIT:
         at = tile * s_cand_tile + tl.program_id(1) * s_cand_split

@@ -37,6 +37,7 @@ from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
 from sglang.srt.runtime_context import get_memory
 
+from sglang_m3.cache.index_key_dtype import index_key_bytes
 from sglang_m3.cache.index_kv_pool import M3IndexedKVPool
 
 #: Host layouts whose per-layer host views are token-indexable, so torch can copy into them.
@@ -57,6 +58,7 @@ class M3IndexedKVPoolHost(MHATokenToKVPoolHost):
         self.index_layer_ids = tuple(sorted(device_pool.index_k_buffer))
         self.index_head_dim = device_pool.index_head_dim
         self.index_dtype = device_pool.index_dtype
+        self.index_key_fp8 = device_pool.index_key_fp8  # fp8 keys travel with their per-token scales
         self.torch_transfers = on_cpu
         capacity = device_pool.size if device_pool.host_capacity_tokens is None else device_pool.host_capacity_tokens
         super().__init__(
@@ -68,7 +70,7 @@ class M3IndexedKVPoolHost(MHATokenToKVPoolHost):
         self._index_row = {layer_id: row for row, layer_id in enumerate(self.index_layer_ids)}
 
     def index_bytes_per_token(self) -> int:
-        return len(self.index_layer_ids) * self.index_head_dim * self.index_dtype.itemsize
+        return len(self.index_layer_ids) * index_key_bytes(self.index_head_dim, self.index_key_fp8, self.index_dtype.itemsize)
 
     def get_size_per_token(self):
         # --hicache-size and the host-memory check count the index keys as well as K/V.
@@ -80,6 +82,9 @@ class M3IndexedKVPoolHost(MHATokenToKVPoolHost):
         self.index_k_host = torch.empty(
             (len(self.index_layer_ids), self.size, self.index_head_dim), dtype=self.index_dtype,
             device="cpu", pin_memory=self.pin_memory)
+        self.index_k_scale_host = torch.empty(
+            (len(self.index_layer_ids), self.size), dtype=torch.float32, device="cpu", pin_memory=self.pin_memory
+        ) if self.index_key_fp8 else None
         return kv_buffer
 
     def backup_from_device_all_layer(self, device_pool, host_indices, device_indices, io_backend):
@@ -92,6 +97,8 @@ class M3IndexedKVPoolHost(MHATokenToKVPoolHost):
             super().backup_from_device_all_layer(device_pool, host_indices, device_indices, io_backend)
         for row, layer_id in enumerate(self.index_layer_ids):
             self.index_k_host[row][host_rows] = device_pool.index_k_buffer[layer_id][device_rows].to("cpu")
+            if self.index_key_fp8:
+                self.index_k_scale_host[row][host_rows] = device_pool.index_k_scale_buffer[layer_id][device_rows].to("cpu")
 
     def load_to_device_per_layer(self, device_pool, host_indices, device_indices, layer_id, io_backend, *, is_draft=False):
         if is_draft or not 0 <= layer_id < self.target_layer_num:
@@ -106,6 +113,9 @@ class M3IndexedKVPoolHost(MHATokenToKVPoolHost):
         if row is not None:
             target = device_pool.index_k_buffer[self.start_layer + layer_id]
             target[device_rows] = self.index_k_host[row][host_rows].to(target.device, non_blocking=self.pin_memory)
+            if self.index_key_fp8:
+                scales = device_pool.index_k_scale_buffer[self.start_layer + layer_id]
+                scales[device_rows] = self.index_k_scale_host[row][host_rows].to(scales.device, non_blocking=self.pin_memory)
 
     def _storage_unsupported(self, *args, **kwargs):
         raise NotImplementedError("M3's host pool has no storage page format for its index keys")

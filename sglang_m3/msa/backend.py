@@ -27,8 +27,12 @@ def attend_paged(
     index_k_cache: torch.Tensor,
     params: MSAParams,
     scale: float,
+    index_k_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """MSA for a planned batch over a slot-indexed cache: ``[queries, Hq, Dv]``."""
+    """MSA for a planned batch over a slot-indexed cache: ``[queries, Hq, Dv]``.
+
+    ``index_k_scale [slots]``: per-slot scales when ``index_k_cache`` holds fp8 keys.
+    """
     out = q.new_empty(q.shape[0], q.shape[1], v_cache.shape[-1])
     for req in plan.requests:
         rows = slice(req.query_start, req.query_start + req.query_len)
@@ -36,6 +40,7 @@ def attend_paged(
         out[rows], _ = msa_attention(
             q[rows], k_cache[slots], v_cache[slots], index_q[rows], index_k_cache[slots],
             req.query_positions, params, scale=scale,
+            ik_scale=None if index_k_scale is None else index_k_scale[slots],
         )
     return out
 
@@ -67,6 +72,8 @@ class MSATorchBackend(AttentionBackend):
 
     def _attend(self, q, layer, index_q) -> torch.Tensor:
         pool = self.token_to_kv_pool
+        # fp8 index keys (and their scales) exist only in the project's pool
+        scales = pool.get_index_k_scale_buffer(layer.layer_id) if isinstance(pool, M3IndexedKVPool) else None
         out = self._run(
             q.view(-1, layer.tp_q_head_num, layer.qk_head_dim),
             pool.get_key_buffer(layer.layer_id),
@@ -74,12 +81,13 @@ class MSATorchBackend(AttentionBackend):
             index_q,
             pool.get_index_k_buffer(layer.layer_id),
             layer.scaling,
+            scales,
         )
         return out.view(-1, layer.tp_q_head_num * layer.v_head_dim)
 
-    def _run(self, q, k_cache, v_cache, index_q, index_k_cache, scale) -> torch.Tensor:
+    def _run(self, q, k_cache, v_cache, index_q, index_k_cache, scale, index_k_scale=None) -> torch.Tensor:
         """One sparse layer over the planned batch; subclasses swap in other kernels."""
-        return attend_paged(self.plan, q, k_cache, v_cache, index_q, index_k_cache, self.params, scale)
+        return attend_paged(self.plan, q, k_cache, v_cache, index_q, index_k_cache, self.params, scale, index_k_scale)
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, index_q=None, index_k=None, **kwargs):
         # SGLang's breakable prefill graphs run attention eagerly on the real tokens of a padded

@@ -94,9 +94,9 @@ class MSATritonBackend(MSATorchBackend):
             queries_in_seq_lens,
         )
 
-    def _run(self, q, k_cache, v_cache, index_q, index_k_cache, scale) -> torch.Tensor:
+    def _run(self, q, k_cache, v_cache, index_q, index_k_cache, scale, index_k_scale=None) -> torch.Tensor:
         run = run_decode if isinstance(self.kernel_plan, DecodePlan) else run_prefill
-        out, _ = run(self.kernel_plan, q, k_cache, v_cache, index_q, index_k_cache, sm_scale=scale)
+        out, _ = run(self.kernel_plan, q, k_cache, v_cache, index_q, index_k_cache, sm_scale=scale, ik_scale=index_k_scale)
         return out
 
 

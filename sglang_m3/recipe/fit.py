@@ -17,7 +17,9 @@ Per GPU rank of one replica:
   always) is replicated, so KV per token stops shrinking. This is the cell size SGLang 0.5.23
   sizes its M3 pool with (``pool_configurator``, ``MiniMaxSparseKVPool``), including its rule
   that the index key stays in bf16 under an fp8 KV cache except with fp8_e4m3 on Hopper and
-  Blackwell (fp8 attention GEMMs);
+  Blackwell (fp8 attention GEMMs). ``kvCache.indexKeyDtype: fp8_e4m3`` (the plugin's fp8 index
+  keys) counts 128 fp8 bytes + a 4-byte scale per sparse layer instead, as the plugin's pool
+  stores them (``sglang_m3.cache.index_kv_pool.index_bytes_per_token``);
 * the host tier (``hostOffload.mode: hierarchical-cache``) holds sizeGbPerRank GB per rank
   (--hicache-size) of evicted radix prefixes, each token with its K/V *and* its index keys (the
   project's host pool mirrors both, so a prefix comes back whole): host tokens = that budget /
@@ -42,6 +44,9 @@ from .schema import Recipe
 
 #: KV element size per ``kvCache.dtype`` ("auto" serves the model dtype, bf16).
 KV_DTYPE_BYTES = {"auto": 2, "bf16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}
+
+#: Bytes of the per-token fp32 scale beside an fp8 index key (``kvCache.indexKeyDtype: fp8_e4m3``).
+INDEX_KEY_SCALE_BYTES = 4
 
 #: Heuristic peak activation per prefill-chunk token, in multiples of one bf16 hidden state
 #: (residual, norm output, q/k/v/o, MoE dispatch and combine buffers alive at once).
@@ -145,7 +150,8 @@ def estimate_fit(recipe: Recipe, geometry: M3Geometry = M3) -> FitReport:
                                            parallel.attention_dp, geometry)
     kv_heads = max(1, geometry.num_kv_heads // attention_tp)
     per_token = kv_bytes_per_token(spec.kv_cache.dtype, attention_tp, parallel.pp,
-                                   index_key_in_fp8(profile, spec.kv_cache.dtype), geometry)
+                                   index_key_in_fp8(profile, spec.kv_cache.dtype), geometry,
+                                   index_key_dtype=spec.kv_cache.index_key_dtype)
     static_budget = int(profile.memory_bytes * spec.serving.mem_fraction_static)
     kv_pool = max(0, static_budget - weights)
     page = spec.kv_cache.page_size
@@ -234,15 +240,19 @@ def pipeline_stages(num_layers: int, pp: int) -> list[range]:
 
 
 def kv_bytes_per_token(kv_dtype: str, attention_tp: int, pp: int, index_fp8: bool = False,
-                       geometry: M3Geometry = M3) -> int:
+                       geometry: M3Geometry = M3, index_key_dtype: str = "bf16") -> int:
     """Main KV of every layer plus the index key of every sparse layer, on the fullest
     pipeline stage, for one token on one rank (in M3 the dense layers come first, so with
-    pp > 1 the last stage, all sparse, is the fullest)."""
+    pp > 1 the last stage, all sparse, is the fullest). ``index_fp8``: SGLang's own fp8 index
+    key (no scale); ``index_key_dtype`` fp8_e4m3: the plugin's (with its per-token scale)."""
     element = KV_DTYPE_BYTES[kv_dtype]
     index_element = 1 if index_fp8 else KV_DTYPE_BYTES["bf16"]
     kv_heads = max(1, geometry.num_kv_heads // attention_tp)
     main_per_layer = 2 * kv_heads * geometry.head_dim * element
-    index_per_sparse_layer = geometry.index_key_dim * index_element
+    if index_key_dtype == "fp8_e4m3":
+        index_per_sparse_layer = geometry.index_key_dim + INDEX_KEY_SCALE_BYTES
+    else:
+        index_per_sparse_layer = geometry.index_key_dim * index_element
 
     def stage_bytes(layers: range) -> int:
         sparse = sum(geometry.layer_is_sparse[layer] for layer in layers)

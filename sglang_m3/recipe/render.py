@@ -21,6 +21,10 @@ LEADER_DIST_INIT_ADDR = "$(LWS_LEADER_ADDRESS):20000"
 #: ``SGLANG_PLATFORM`` value that selects the project's torch-native CPU platform.
 CPU_PLATFORM_NAME = "sglang_m3_cpu"
 
+#: Environment variable the plugin's KV pool reads for ``spec.kvCache.indexKeyDtype`` (SGLang's
+#: server arguments cannot be extended by a plugin).
+INDEX_KEY_DTYPE_ENV = "SGLANG_M3_INDEX_KEY_DTYPE"
+
 #: Every SGLang option the renderer owns, with the aliases SGLang registers for it. An extra
 #: argument spelling any of these (or an abbreviation argparse would expand to one) duplicates
 #: a typed field; the value names that field.
@@ -154,6 +158,8 @@ def render_launch(
     argv.extend(spec.serving.extra_args)
 
     env = {"SGLANG_PLATFORM": CPU_PLATFORM_NAME} if not profile.is_gpu else {}
+    if spec.kv_cache.index_key_dtype != "bf16":
+        env[INDEX_KEY_DTYPE_ENV] = spec.kv_cache.index_key_dtype
     env.update(spec.env)
     return LaunchSpec(argv=argv, env=env)
 

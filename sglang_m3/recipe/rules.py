@@ -13,7 +13,7 @@ from .catalog import CATALOG, HardwareProfile, get_profile
 from .findings import Finding
 from .fit import estimate_fit, fit_applies
 from .model_geometry import M3, MAX_CONTEXT_LENGTH, TINY_MODEL_PATH
-from .render import TYPED_FLAGS
+from .render import INDEX_KEY_DTYPE_ENV, TYPED_FLAGS
 from .schema import Recipe
 
 Rule = Callable[[Recipe, HardwareProfile], Iterator[Finding]]
@@ -214,6 +214,21 @@ def check_kv_dtype(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding
             "fp8_e5m2 KV keeps M3's fp8 attention GEMMs off on Blackwell (sparse attention "
             "widens on the Triton path); use fp8_e4m3",
             "kv.fp8-e5m2")
+
+
+def check_index_key_dtype(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
+    if INDEX_KEY_DTYPE_ENV in recipe.spec.env:
+        yield _error(
+            f"spec.env.{INDEX_KEY_DTYPE_ENV}",
+            f"{INDEX_KEY_DTYPE_ENV} is what spec.kvCache.indexKeyDtype renders; set "
+            f"indexKeyDtype: {recipe.spec.env[INDEX_KEY_DTYPE_ENV]} instead and remove it from env",
+            "kv.index-key-dtype-env")
+    if recipe.spec.kv_cache.index_key_dtype == "fp8_e4m3" and profile.is_gpu and profile.vendor != "nvidia":
+        yield _warning(
+            "spec.kvCache.indexKeyDtype",
+            f"fp8_e4m3 index keys (OCP float8_e4m3fn in the MSA Triton kernels) have only run on "
+            f"NVIDIA GPUs, not on {profile.name}; verify there or keep bf16",
+            "kv.index-key-fp8-vendor")
 
 
 def check_context_length(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
@@ -423,6 +438,7 @@ RULES: tuple[Rule, ...] = (
     check_scale_up_domain,
     check_page_size,
     check_kv_dtype,
+    check_index_key_dtype,
     check_context_length,
     check_speculative,
     check_extra_args,

@@ -30,6 +30,7 @@ SHORT_NAMES = ("m3r",)
 
 ThinkingMode = Literal["adaptive", "enabled", "disabled"]
 KVCacheDtype = Literal["auto", "bf16", "fp8_e4m3", "fp8_e5m2"]
+IndexKeyDtype = Literal["bf16", "fp8_e4m3"]
 SpeculativeAlgorithm = Literal["EAGLE3", "EAGLE", "NGRAM"]
 HostOffloadMode = Literal["hierarchical-cache", "hisparse"]
 
@@ -120,6 +121,12 @@ class KVCache(RecipeModel):
     """Tokens per KV page. MSA kernels on GPUs need 128 (the sparse block size)."""
     dtype: KVCacheDtype = "auto"
     """KV cache element type; auto follows the model (bf16). fp8 halves the KV bytes."""
+    index_key_dtype: IndexKeyDtype = "bf16"
+    """Element type of the MSA index keys (one 128-dim key per token and sparse layer, scanned
+    by every decode step): bf16 (256 B), or fp8_e4m3 with a per-token fp32 scale (132 B), which
+    halves the index scan's bytes at a measured cost in block selection
+    (benchmarks/results/index_fp8_quality.md). Independent of dtype: an fp8 KV cache keeps bf16
+    index keys unless this says fp8_e4m3."""
 
 
 class DraftModel(RecipeModel):

@@ -1,0 +1,156 @@
+"""fp8 (e4m3) index keys: the quantizer's format, the Triton cache insert that writes it, and the
+index kernels that read it, under the Triton interpreter against the torch reference.
+
+The kernels must choose the blocks the reference chooses from the *dequantized* keys (the fp8
+semantics), compared exactly as the bf16 kernels are (sets, swaps only at near-ties).
+"""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from msa_kernels.paged_batch import compare_with_reference, make_paged_batch, reference_request
+from msa_kernels.plan import page_table_from_req_to_token, plan_decode, plan_prefill
+from msa_kernels.reference import MSAParams, dequantize_index_keys, quantize_index_keys
+
+BLOCK = 16
+PARAMS = MSAParams(block_size=BLOCK, topk=4, local_blocks=1, init_blocks=0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    exponent=st.integers(-40, 40),
+    seed=st.integers(0, 2**31 - 1),
+    dim=st.sampled_from([1, 7, 32, 128]),
+)
+def test_quantize_round_trip_and_minimal_power_of_two_scale(exponent, seed, dim):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(5, dim, generator=gen) * 2.0**exponent
+    keys, scale = quantize_index_keys(x)
+    assert keys.dtype == torch.float8_e4m3fn and scale.dtype == torch.float32 and scale.shape == (5,)
+    mantissa, _ = torch.frexp(scale)
+    assert torch.all(mantissa == 0.5)  # powers of two
+    amax = x.abs().amax(-1)
+    assert torch.all(amax <= 448 * scale) and torch.all(amax > 224 * scale)  # the smallest such power
+    back = dequantize_index_keys(keys, scale)
+    # e4m3 keeps 3 mantissa bits: half a step is 2**-4 relative; below 2**-6 (subnormal) a fixed 2**-10
+    bound = torch.maximum(x.abs() * 2.0**-4, scale[:, None] * 2.0**-10)
+    assert torch.all((back - x).abs() <= bound)
+
+
+def _reference_rows(x: torch.Tensor):
+    keys, scale = quantize_index_keys(x)
+    return keys.float(), scale
+
+
+def _special_rows(dim: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(3)
+    rows = [
+        torch.randn(dim, generator=gen),
+        torch.zeros(dim),
+        torch.full((dim,), 448.0 * 2.0**-3),  # amax exactly on a power-of-two boundary
+        torch.randn(dim, generator=gen) * 1e-30,
+        torch.linspace(-1, 1, dim) * torch.logspace(-7, 0, dim),  # spans e4m3's subnormals after scaling
+        torch.randn(dim, generator=gen) * 3.0e4,
+    ]
+    # values exactly half-way between two e4m3 neighbours (round to even) at scale 1
+    halfway = torch.tensor([448.0, 1.0 + 1 / 16, 1.0 + 3 / 16, 0.015625 * (1 + 1 / 16), 3 * 2.0**-10, -(2.0 + 1 / 8)])
+    rows.append(torch.cat([halfway, torch.zeros(dim - halfway.numel())]))
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("src_dtype", [torch.float32, torch.bfloat16])
+def test_cache_insert_writes_the_reference_fp8_bytes(interpreted_api, src_dtype):
+    """The one-launch K/V/index insert quantizes exactly like ``quantize_index_keys`` (values and scales)."""
+    from msa_kernels import triton_cache_insert, triton_index_quant
+    from triton.runtime.interpreter import InterpretedFunction
+
+    if not isinstance(triton_cache_insert.cache_insert_kernel, InterpretedFunction):
+        import importlib
+
+        importlib.reload(triton_index_quant)
+        importlib.reload(triton_cache_insert)
+    dim = 32
+    index_k = _special_rows(dim).to(src_dtype)
+    tokens = index_k.shape[0]
+    loc = torch.tensor([9, 2, 5, 11, 0, 7, 3])[:tokens]
+    k = torch.randn(tokens, 2, 8)
+    v = torch.randn(tokens, 2, 8)
+    k_buffer, v_buffer = torch.zeros(12, 2, 8), torch.zeros(12, 2, 8)
+    ik_buffer = torch.zeros(12, dim, dtype=torch.float8_e4m3fn)
+    scale_buffer = torch.full((12,), -1.0)
+    triton_cache_insert.insert_kv_and_index(loc, k, v, index_k, k_buffer, v_buffer, ik_buffer, scale_buffer)
+    want_keys, want_scale = _reference_rows(index_k)
+    assert torch.equal(ik_buffer[loc].float(), want_keys)
+    assert torch.equal(scale_buffer[loc], want_scale)
+    assert torch.equal(k_buffer[loc], k) and torch.equal(v_buffer[loc], v)
+    untouched = torch.ones(12, dtype=torch.bool)
+    untouched[loc] = False
+    assert torch.all(scale_buffer[untouched] == -1.0)
+
+
+def test_cache_insert_refuses_fp8_keys_without_scales(interpreted_api):
+    from msa_kernels.triton_cache_insert import insert_kv_and_index
+
+    k = torch.zeros(1, 1, 4)
+    fp8 = torch.zeros(4, 8, dtype=torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="index_k_scale_buffer"):
+        insert_kv_and_index(torch.tensor([0]), k, k, torch.zeros(1, 8), torch.zeros(4, 1, 4), torch.zeros(4, 1, 4), fp8)
+    with pytest.raises(ValueError, match="index_k_scale_buffer must be float32"):
+        insert_kv_and_index(
+            torch.tensor([0]), k, k, torch.zeros(1, 8), torch.zeros(4, 1, 4), torch.zeros(4, 1, 4), fp8, torch.zeros(3)
+        )
+
+
+def _fp8_batch(seq_lens, extend_lens, seed, decode_q_len=0, max_context=None):
+    gen = torch.Generator().manual_seed(seed)
+    batch = make_paged_batch(
+        seq_lens, extend_lens, 4, 2, head_dim=32, index_dim=32, block_size=BLOCK,
+        dtype=torch.float32, device="cpu", decode_q_len=decode_q_len, max_context=max_context, generator=gen,
+    )
+    return batch.with_fp8_index_keys()
+
+
+def _table(batch, max_context):
+    return page_table_from_req_to_token(batch.req_to_token, torch.arange(len(batch.seq_lens)), max_context, BLOCK)
+
+
+@pytest.mark.parametrize("index_splits", [1, 3])
+def test_prefill_selection_with_fp8_keys_matches_reference(interpreted_api, index_splits):
+    """Fresh prefill and chunks after prefixes of 80 and 117 tokens; single-pass and split index scans.
+
+    Selection only: the prefill attention never reads index keys (the decode test runs the whole step).
+    """
+    seq_lens, extend_lens = [70, 130, 150], [70, 50, 33]
+    batch = _fp8_batch(seq_lens, extend_lens, seed=index_splits)
+    plan = plan_prefill(PARAMS, _table(batch, max(seq_lens)), seq_lens, extend_lens, num_index_heads=2, index_splits=index_splits)
+    selected = interpreted_api.prefill_select(plan, batch.iq, batch.ik_cache, batch.ik_scale)
+    # the reference's own outputs stand in for the attention, so only the selections are compared
+    reference_out = torch.cat([reference_request(batch, b, PARAMS)[0] for b in range(len(seq_lens))])
+    agreement = compare_with_reference(batch, PARAMS, reference_out, selected, rel_tol=0.0)
+    assert agreement.ok, agreement.failures
+    assert agreement.rows == sum(extend_lens) * 2
+
+
+def test_decode_with_fp8_keys_matches_reference(interpreted_api):
+    seq_lens = [40, 150, 17, 129]
+    batch = _fp8_batch(seq_lens, [2] * 4, seed=7, decode_q_len=2, max_context=160)
+    plan = plan_decode(PARAMS, _table(batch, 160), torch.tensor(seq_lens), q_len=2, num_kv_heads=2, num_sms=8)
+    out, selected = interpreted_api.run_decode(
+        plan, batch.q, batch.k_cache, batch.v_cache, batch.iq, batch.ik_cache, ik_scale=batch.ik_scale
+    )
+    agreement = compare_with_reference(batch, PARAMS, out, selected, rel_tol=1e-4)
+    assert agreement.ok, agreement.failures
+    assert agreement.rows == 8 * 2
+
+
+def test_scales_are_required_exactly_with_fp8_keys(interpreted_api):
+    batch = _fp8_batch([40], [1], seed=1, decode_q_len=1)
+    plan = plan_decode(PARAMS, _table(batch, 40), torch.tensor([40]), num_kv_heads=2, num_sms=8)
+    with pytest.raises(ValueError, match="pass their per-slot scales as ik_scale"):
+        interpreted_api.run_decode(plan, batch.q, batch.k_cache, batch.v_cache, batch.iq, batch.ik_cache)
+    with pytest.raises(ValueError, match="ik_scale is for float8_e4m3fn index keys"):
+        interpreted_api.decode_select(plan, batch.iq, batch.ik_cache.float(), batch.ik_scale)
+    with pytest.raises(ValueError, match="ik_scale must be contiguous float32"):
+        interpreted_api.decode_select(plan, batch.iq, batch.ik_cache, batch.ik_scale.double())
