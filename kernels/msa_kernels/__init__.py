@@ -41,7 +41,8 @@ Measured speed and what bounds it: ``benchmarks/KERNEL_NOTES.md``.
 Per-layer helpers of the model's GPU path (import them from their modules; this package's import
 stays free of Triton): ``triton_qk_norm_rope.qk_norm_rope`` (per-head RMSNorm + NeoX partial RoPE
 of up to four head groups in one launch) and ``triton_cache_insert.insert_kv_and_index`` (K, V and
-index key written to their cache slots in one launch).
+index key written to their cache slots in one launch); ``triton_add_rmsnorm.add_rmsnorm`` (a decoder
+layer's residual add and the RMSNorm after it in one pass per row).
 """
 
 from msa_kernels.reference import MSAParams, block_scores, msa_attention, select_blocks, sparse_attention
