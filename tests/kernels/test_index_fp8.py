@@ -10,8 +10,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from msa_kernels.paged_batch import compare_with_reference, make_paged_batch, reference_request
-from msa_kernels.plan import page_table_from_req_to_token, plan_decode, plan_prefill
+from fp8_batches import fp8_batch, page_table
+from msa_kernels.paged_batch import compare_with_reference, reference_request
+from msa_kernels.plan import plan_decode, plan_prefill
 from msa_kernels.reference import MSAParams, dequantize_index_keys, quantize_index_keys
 
 BLOCK = 16
@@ -104,16 +105,12 @@ def test_cache_insert_refuses_fp8_keys_without_scales(interpreted_api):
 
 
 def _fp8_batch(seq_lens, extend_lens, seed, decode_q_len=0, max_context=None):
-    gen = torch.Generator().manual_seed(seed)
-    batch = make_paged_batch(
-        seq_lens, extend_lens, 4, 2, head_dim=32, index_dim=32, block_size=BLOCK,
-        dtype=torch.float32, device="cpu", decode_q_len=decode_q_len, max_context=max_context, generator=gen,
-    )
-    return batch.with_fp8_index_keys()
+    return fp8_batch(seq_lens, extend_lens, seed, hq=4, hkv=2, dim=32, block=BLOCK, dtype=torch.float32, device="cpu",
+                     decode_q_len=decode_q_len, max_context=max_context)
 
 
 def _table(batch, max_context):
-    return page_table_from_req_to_token(batch.req_to_token, torch.arange(len(batch.seq_lens)), max_context, BLOCK)
+    return page_table(batch, max_context, BLOCK)
 
 
 @pytest.mark.parametrize("index_splits", [1, 3])

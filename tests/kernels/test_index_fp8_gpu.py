@@ -5,8 +5,9 @@ Skipped without CUDA (the interpreter versions are in test_index_fp8.py)."""
 import pytest
 import torch
 
-from msa_kernels.paged_batch import compare_with_reference, make_paged_batch
-from msa_kernels.plan import page_table_from_req_to_token, plan_decode, plan_prefill
+from fp8_batches import fp8_batch, page_table
+from msa_kernels.paged_batch import compare_with_reference
+from msa_kernels.plan import plan_decode, plan_prefill
 from msa_kernels.reference import MSAParams, quantize_index_keys
 
 pytestmark = [
@@ -19,16 +20,12 @@ PARAMS = MSAParams(block_size=BLOCK, topk=16, local_blocks=1, init_blocks=0)
 
 
 def _fp8_batch(seq_lens, extend_lens, seed, decode_q_len=0, max_context=None):
-    gen = torch.Generator().manual_seed(seed)
-    batch = make_paged_batch(
-        seq_lens, extend_lens, 64, 4, head_dim=128, index_dim=128, block_size=BLOCK,
-        dtype=torch.bfloat16, device="cuda", decode_q_len=decode_q_len, max_context=max_context, generator=gen,
-    )
-    return batch.with_fp8_index_keys()
+    return fp8_batch(seq_lens, extend_lens, seed, hq=64, hkv=4, dim=128, block=BLOCK, dtype=torch.bfloat16, device="cuda",
+                     decode_q_len=decode_q_len, max_context=max_context)
 
 
 def _table(batch, max_context):
-    return page_table_from_req_to_token(batch.req_to_token, torch.arange(len(batch.seq_lens), device="cuda"), max_context, BLOCK)
+    return page_table(batch, max_context, BLOCK)
 
 
 def _assert_agrees(agreement):
