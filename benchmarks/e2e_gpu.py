@@ -216,10 +216,14 @@ def gpu_name() -> str:
 
 
 def commit() -> str:
+    """``M3_COMMIT`` when the caller names it (a device run of an exported tree: any enclosing
+    checkout's HEAD would be the wrong commit), else this checkout's HEAD."""
+    if os.environ.get("M3_COMMIT"):
+        return os.environ["M3_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("M3_COMMIT", "unknown")
+        return "unknown"
 
 
 def main(argv=None) -> int:

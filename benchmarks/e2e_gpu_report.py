@@ -1,9 +1,11 @@
 """Merges the per-server results of ``e2e_gpu.py`` into the committed JSON, markdown and plot.
 
-    python benchmarks/e2e_gpu_report.py RESULT_DIR [--results benchmarks/results]
+    python benchmarks/e2e_gpu_report.py RESULT_DIR [RESULT_DIR ...] [--note TEXT] [--results benchmarks/results]
 
-``RESULT_DIR`` holds ``e2e_gpu_<impl>_tp<T>_ep<E>.json`` files (one per server) and the
-``standin_ops_<impl>.txt`` lists the harness wrote. The merged file
+Each ``RESULT_DIR`` holds ``e2e_gpu_<impl>_tp<T>_ep<E>.json`` files (one per server) and the
+``standin_ops_<impl>.txt`` lists the harness wrote; where two folders hold the same server
+(implementation, TP, EP), the later folder's wins, and every server keeps its own commit in
+``servers``. ``--note`` records how the runs were made (e.g. servers from different device runs). The merged file
 ``e2e_gpu_<gpu>.json`` has one row per measurement with ``ours`` and ``upstream`` side by side;
 a measurement only one server produced keeps ``null`` for the other.
 """
@@ -23,19 +25,21 @@ def gpu_key(name: str) -> str:
     return match.group(1).lower() if match else re.sub(r"\W+", "_", name).lower()
 
 
-def load_servers(result_dir: str) -> list[dict]:
-    servers = []
-    for path in sorted(glob.glob(os.path.join(result_dir, "e2e_gpu_*_tp*_ep*.json"))):
-        with open(path, encoding="utf-8") as handle:
-            servers.append(json.load(handle))
+def load_servers(result_dirs: list[str]) -> list[dict]:
+    servers = {}
+    for result_dir in result_dirs:
+        for path in sorted(glob.glob(os.path.join(result_dir, "e2e_gpu_*_tp*_ep*.json"))):
+            with open(path, encoding="utf-8") as handle:
+                server = json.load(handle)
+            servers[(server["impl"], server["tp"], server["ep"])] = server
     if not servers:
-        raise SystemExit(f"no e2e_gpu_<impl>_tp<T>_ep<E>.json under {result_dir}")
-    return servers
+        raise SystemExit(f"no e2e_gpu_<impl>_tp<T>_ep<E>.json under {', '.join(result_dirs)}")
+    return sorted(servers.values(), key=lambda s: (s["tp"], s["ep"], s["impl"]))
 
 
-def standin_ops(result_dir: str) -> dict[str, list[str]]:
+def standin_ops(result_dirs: list[str]) -> dict[str, list[str]]:
     ops = {}
-    for path in sorted(glob.glob(os.path.join(result_dir, "standin_ops_*.txt"))):
+    for path in sorted(p for d in result_dirs for p in glob.glob(os.path.join(d, "standin_ops_*.txt"))):
         impl = os.path.basename(path)[len("standin_ops_"):-len(".txt")]
         with open(path, encoding="utf-8") as handle:
             # each line: "<pid> <op>" (one line per op and process)
@@ -43,17 +47,19 @@ def standin_ops(result_dir: str) -> dict[str, list[str]]:
     return ops
 
 
-def merge(servers: list[dict], ops: dict[str, list[str]]) -> dict:
+def merge(servers: list[dict], ops: dict[str, list[str]], note: str = "") -> dict:
     key = lambda row: (row["metric"], row["prompt_tokens"], row["concurrency"], row["tp"], row["ep"])  # noqa: E731
     rows: dict[tuple, dict] = {}
     for server in servers:
         for row in server["rows"]:
             merged = rows.setdefault(key(row), {**{k: row[k] for k in ("metric", "prompt_tokens", "concurrency", "tp", "ep")}, "ours": None, "upstream": None})
             merged[server["impl"]] = row["value"]
-    first = servers[0]
+    ours = [s for s in servers if s["impl"] == "ours"]
+    first = (ours or servers)[0]
     return {
         "gpu": first["gpu"],
         "commit": first["commit"],
+        "note": note,
         "cuda_graphs": all(s["cuda_graphs"] for s in servers) and {s["impl"] for s in servers} == {"ours", "upstream"},
         "model": first["model"],
         "servers": [
@@ -82,6 +88,7 @@ def markdown(result: dict) -> str:
         "in the GPU harness with the same flags: **ours** = the sglang-m3 plugin, **upstream** = SGLang's own M3. "
         "Speed-up > 1 means ours is better (times: upstream/ours; throughput: ours/upstream).",
         "",
+        *([result["note"], ""] if result.get("note") else []),
         "| metric | prompt tokens | concurrency | tp | ep | ours | upstream | speed-up |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -91,9 +98,12 @@ def markdown(result: dict) -> str:
             f"| {row['metric']} | {row['prompt_tokens']} | {row['concurrency']} | {row['tp']} | {row['ep']} | "
             f"{fmt(row['ours'])} | {fmt(row['upstream'])} | {'-' if r is None else f'{r:.2f}x'} |"
         )
-    lines += ["", "| server | tp | ep | start-up s | KV tokens | peak GPU GB | CUDA graphs |", "|---|---|---|---|---|---|---|"]
+    lines += ["", "| server | commit | tp | ep | start-up s | KV tokens | peak GPU GB | CUDA graphs |", "|---|---|---|---|---|---|---|---|"]
     for s in result["servers"]:
-        lines.append(f"| {s['impl']} | {s['tp']} | {s['ep']} | {s['startup_s']:.0f} | {s['kv_tokens']:,} | {s['peak_gpu_memory_gb']:.1f} | {s['cuda_graphs']} |")
+        lines.append(
+            f"| {s['impl']} | {s['commit']} | {s['tp']} | {s['ep']} | {s['startup_s']:.0f} | {s['kv_tokens']:,} | "
+            f"{s['peak_gpu_memory_gb']:.1f} | {s['cuda_graphs']} |"
+        )
     lines += ["", "Ops that ran through the harness's `sgl_kernel` stand-ins (not SGLang's compiled kernels):", ""]
     for impl, names in result["standin_ops"].items():
         lines.append(f"- {impl}: {', '.join(names) if names else 'none'}")
@@ -120,10 +130,11 @@ def plot(result: dict, path: str) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("result_dir")
+    parser.add_argument("result_dirs", nargs="+")
+    parser.add_argument("--note", default="", help="how the runs were made, recorded in the JSON and the markdown")
     parser.add_argument("--results", default=os.path.join(os.path.dirname(__file__), "results"))
     args = parser.parse_args(argv)
-    result = merge(load_servers(args.result_dir), standin_ops(args.result_dir))
+    result = merge(load_servers(args.result_dirs), standin_ops(args.result_dirs), args.note)
     stem = os.path.join(args.results, f"e2e_gpu_{gpu_key(result['gpu'])}")
     with open(stem + ".json", "w", encoding="utf-8") as handle:
         json.dump(result, handle, indent=2)

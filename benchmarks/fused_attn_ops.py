@@ -166,15 +166,25 @@ def max_bf16_error(got, want) -> float:
 
 
 def check(layer: Layer) -> dict:
-    """Fused vs torch outputs and cache contents on fresh buffers (both write the same slots)."""
+    """Fused vs torch outputs (within 2 bf16 ulps of the head's scale, as the GPU tests), and the
+    fused insert's cache against index assignment of the fused path's own k / v / index key.
+
+    The caches are not compared across paths: a k element that rounds differently (the outputs
+    may differ by under an ulp, measured 0.77 at T=8192) is stored differently, as it should be.
+    """
     want = layer.torch_sparse()
-    want_cache = [b.clone() for b in (layer.k_buf, layer.v_buf, layer.ik_buf)]
     for b in (layer.k_buf, layer.v_buf, layer.ik_buf):
         b.zero_()
     got = layer.fused_sparse()
+    fused_cache = [b.clone() for b in (layer.k_buf, layer.v_buf, layer.ik_buf)]
+    for b in (layer.k_buf, layer.v_buf, layer.ik_buf):
+        b.zero_()
+    layer.k_buf[layer.loc] = got[1].reshape(layer.k_buf[layer.loc].shape)
+    layer.v_buf[layer.loc] = layer.split()[2].reshape(layer.v_buf[layer.loc].shape)
+    layer.ik_buf[layer.loc] = got[3].reshape(layer.ik_buf[layer.loc].shape)
     errors = [max_bf16_error(g.reshape(w.shape), w) for g, w in zip(got, want)]
     identical = sum((g.reshape(w.shape) == w).sum().item() for g, w in zip(got, want)) / sum(w.numel() for w in want)
-    cache_equal = all(torch.equal(a, b) for a, b in zip(want_cache, (layer.k_buf, layer.v_buf, layer.ik_buf)))
+    cache_equal = all(torch.equal(a, b) for a, b in zip(fused_cache, (layer.k_buf, layer.v_buf, layer.ik_buf)))
     if max(errors) > 2 or not cache_equal:
         raise SystemExit(f"fused path disagrees with the torch path: errors {errors} (ulps), cache equal {cache_equal}")
     return {"max_error_bf16_ulps": max(errors), "identical_fraction": identical, "cache_equal": cache_equal}
