@@ -30,6 +30,7 @@ import requests
 sys.path.insert(0, os.path.dirname(__file__))
 from midsize_m3 import midsize_text_config, write_midsize_checkpoint  # noqa: E402
 from serving_client import random_prompt, run_group, stream_generate  # noqa: E402
+from trace_summary import kernel_summary, load_events  # noqa: E402
 
 IMPLS = ("ours", "upstream")
 TTFT_PROMPTS = (8192, 32768, 131072)
@@ -190,7 +191,32 @@ def measure(base_url: str, quick: bool) -> list[dict]:
     return rows
 
 
-def bench_one(impl: str, model_dir: str, out_dir: str, tp: int, ep: int, quick: bool) -> dict:
+def profile_decode(base_url: str, out_dir: str, impl: str, steps: int = 40) -> dict:
+    """Per-kernel GPU time of ``steps`` decode steps at concurrency 1 (2K prompt), from SGLang's
+    torch profiler (``/start_profile``), started once the request's prefill is over."""
+    import glob
+    import threading
+
+    trace_dir = os.path.join(out_dir, f"profile-{impl}")
+    request = threading.Thread(target=stream_generate, args=(base_url, random_prompt(THROUGHPUT_PROMPT, 10**7), 10 * steps))
+    request.start()
+    time.sleep(0.5)  # TTFT at 2K is ~50-150 ms: the profiled steps are decode steps
+    answer = requests.post(
+        f"{base_url}/start_profile", json={"output_dir": trace_dir, "num_steps": steps, "activities": ["GPU"]}, timeout=60
+    )
+    answer.raise_for_status()
+    request.join()
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        traces = glob.glob(os.path.join(trace_dir, "*.trace.json*"))
+        if traces:
+            time.sleep(2)  # let the writer finish
+            return {"steps": steps, "trace": os.path.basename(traces[0]), **kernel_summary(load_events(traces[0]), steps)}
+        time.sleep(1)
+    raise TimeoutError(f"no profiler trace under {trace_dir} after 120 s")
+
+
+def bench_one(impl: str, model_dir: str, out_dir: str, tp: int, ep: int, quick: bool, profile: bool = False) -> dict:
     print(f"[{impl}] tp{tp} ep{ep}: starting the server", flush=True)
     with PeakGpuMemory() as memory:
         process, base_url, startup_s, log_path = start_server(impl, model_dir, out_dir, tp, ep)
@@ -198,6 +224,7 @@ def bench_one(impl: str, model_dir: str, out_dir: str, tp: int, ep: int, quick: 
             info = requests.get(f"{base_url}/get_server_info", timeout=30).json()
             print(f"[{impl}] ready in {startup_s:.0f} s", flush=True)
             rows = measure(base_url, quick)
+            decode_profile = profile_decode(base_url, out_dir, impl) if profile else None
         finally:
             stop_server(process)
     return {
@@ -206,6 +233,7 @@ def bench_one(impl: str, model_dir: str, out_dir: str, tp: int, ep: int, quick: 
         "peak_gpu_memory_gb": memory.peak_mib * 2**20 / 1e9,
         "cuda_graphs": graphs_captured(log_path),
         "rows": [{**row, "tp": tp, "ep": ep} for row in rows],
+        **({"decode_profile_c1": decode_profile} if decode_profile else {}),
     }
 
 
@@ -235,13 +263,14 @@ def main(argv=None) -> int:
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
     parser.add_argument("--ep", type=int, default=1, help="expert-parallel size (inside the TP group)")
     parser.add_argument("--quick", action="store_true", help="8K TTFT and concurrency 1/16 with 64 output tokens only (smoke run)")
+    parser.add_argument("--profile-decode", action="store_true", help="also record a per-kernel GPU profile of 40 decode steps at concurrency 1")
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     model_dir = write_midsize_checkpoint(tempfile.mkdtemp(prefix="m3-midsize-"), args.dense_layers, args.sparse_layers)
     failures = 0
     for impl in args.impl or IMPLS:
         try:
-            result = bench_one(impl, model_dir, args.out, args.tp, args.ep, args.quick)
+            result = bench_one(impl, model_dir, args.out, args.tp, args.ep, args.quick, args.profile_decode)
         except Exception as error:  # one server failing must not lose the other's numbers
             print(f"[{impl}] FAILED: {error}", flush=True)
             failures += 1

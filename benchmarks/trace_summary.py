@@ -1,0 +1,63 @@
+"""Per-kernel GPU time of a torch-profiler trace (what SGLang's ``/start_profile`` writes).
+
+A decode step of the mid-size model is a few hundred kernels; comparing two servers' steps kernel
+by kernel shows where one spends more time than the other. This reads a Chrome-trace file
+(``.json`` or ``.json.gz``), keeps the GPU kernel events (``cat`` "kernel", which CUPTI also
+reports for kernels replayed inside CUDA graphs) and totals their durations by kernel name.
+
+    python benchmarks/trace_summary.py TRACE [--steps N] [--top 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+from collections import defaultdict
+
+
+def load_events(path: str) -> list[dict]:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as handle:
+        trace = json.load(handle)
+    return trace["traceEvents"] if isinstance(trace, dict) else trace
+
+
+def kernel_summary(events: list[dict], steps: int = 1, top: int = 40) -> dict:
+    """Total, per-step and per-call GPU time by kernel name, largest first (microseconds)."""
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    totals: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
+    for event in events:
+        if event.get("ph") == "X" and event.get("cat") == "kernel":
+            totals[event["name"]] += float(event.get("dur", 0.0))
+            counts[event["name"]] += 1
+    ranked = sorted(totals, key=totals.get, reverse=True)
+    all_us = sum(totals.values())
+    return {
+        "kernel_us_total": all_us,
+        "kernel_us_per_step": all_us / steps,
+        "launches_per_step": sum(counts.values()) / steps,
+        "kernels": [
+            {"name": name, "us_per_step": totals[name] / steps, "calls_per_step": counts[name] / steps,
+             "us_per_call": totals[name] / counts[name], "share": totals[name] / all_us if all_us else 0.0}
+            for name in ranked[:top]
+        ],
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("trace")
+    parser.add_argument("--steps", type=int, default=1, help="forward steps the trace covers (divides the totals)")
+    parser.add_argument("--top", type=int, default=40)
+    args = parser.parse_args(argv)
+    json.dump(kernel_summary(load_events(args.trace), args.steps, args.top), sys.stdout, indent=2)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

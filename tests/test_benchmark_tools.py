@@ -1,0 +1,100 @@
+"""The GPU benchmark's CPU-side pieces: the mid-size model, the trace summary and the report merge.
+
+The benchmark itself needs the GPU harness; what it measures depends on these pieces being right
+(the model at the shipped widths, speed-ups pointing the right way, kernel time per step), and they
+run anywhere.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+import e2e_gpu_report  # noqa: E402
+from midsize_m3 import midsize_text_config, shipped_text_config, write_midsize_checkpoint  # noqa: E402
+from trace_summary import kernel_summary, load_events  # noqa: E402
+
+from sglang_m3.config import M3TextSpec  # noqa: E402
+
+
+@pytest.mark.parametrize("dense, sparse", [(1, 3), (0, 2), (3, 4)])
+def test_midsize_model_keeps_the_shipped_widths_and_layer_kinds(tmp_path, dense, sparse):
+    spec = M3TextSpec.from_config(None, write_midsize_checkpoint(str(tmp_path), dense, sparse))
+    full = M3TextSpec.from_config(None, _shipped_dir(tmp_path))
+    assert spec.num_layers == dense + sparse
+    assert spec.sparse_layers == (False,) * dense + (True,) * sparse
+    assert spec.moe_layers == spec.sparse_layers
+    for field in ("hidden_size", "num_heads", "num_kv_heads", "head_dim", "rotary_dim", "num_experts",
+                  "experts_per_token", "moe_intermediate_size", "dense_intermediate_size", "vocab_size",
+                  "index_heads", "index_head_dim", "index_block_size", "index_topk_blocks", "hidden_act"):
+        assert getattr(spec, field) == getattr(full, field), field
+
+
+def test_midsize_refuses_more_dense_layers_than_the_real_model():
+    real_dense = shipped_text_config()["moe_layer_freq"].index(1)
+    with pytest.raises(ValueError, match="dense layers"):
+        midsize_text_config(real_dense + 1, 1)
+    with pytest.raises(ValueError, match="sparse layer"):
+        midsize_text_config(1, 0)
+
+
+def _shipped_dir(tmp_path):
+    directory = tmp_path / "shipped"
+    directory.mkdir()
+    config = dict(shipped_text_config(), architectures=["MiniMaxM3SparseForCausalLM"], model_type="minimax_m2")
+    (directory / "config.json").write_text(json.dumps(config))
+    return str(directory)
+
+
+def test_trace_summary_totals_gpu_kernels_per_step(tmp_path):
+    events = [
+        {"ph": "X", "cat": "kernel", "name": "gemm", "dur": 30.0},
+        {"ph": "X", "cat": "kernel", "name": "gemm", "dur": 10.0},
+        {"ph": "X", "cat": "kernel", "name": "norm", "dur": 4.0},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "dur": 500.0},  # host side: not GPU time
+        {"ph": "i", "cat": "kernel", "name": "marker"},  # not a duration event
+    ]
+    path = tmp_path / "t.trace.json.gz"
+    with gzip.open(path, "wt", encoding="utf-8") as handle:
+        json.dump({"traceEvents": events}, handle)
+    summary = kernel_summary(load_events(str(path)), steps=2)
+    assert summary["kernel_us_total"] == 44.0
+    assert summary["kernel_us_per_step"] == 22.0
+    assert summary["launches_per_step"] == 1.5
+    assert [k["name"] for k in summary["kernels"]] == ["gemm", "norm"]
+    assert summary["kernels"][0] == {"name": "gemm", "us_per_step": 20.0, "calls_per_step": 1.0, "us_per_call": 20.0, "share": 40 / 44}
+    with pytest.raises(ValueError, match="steps"):
+        kernel_summary([], steps=0)
+
+
+def _server(impl, rows, commit="c"):
+    return {"impl": impl, "tp": 1, "ep": 1, "startup_s": 1.0, "kv_tokens": 10, "peak_gpu_memory_gb": 1.0,
+            "cuda_graphs": True, "quick": False, "commit": commit, "gpu": "NVIDIA H100 80GB HBM3",
+            "model": {}, "rows": [{"tp": 1, "ep": 1, **r} for r in rows]}
+
+
+def test_report_pairs_servers_and_speed_up_points_the_right_way(tmp_path):
+    ours = _server("ours", [{"metric": "ttft_ms", "prompt_tokens": 8192, "concurrency": 1, "value": 100.0},
+                            {"metric": "output_tok_s", "prompt_tokens": 2048, "concurrency": 16, "value": 300.0}])
+    upstream = _server("upstream", [{"metric": "ttft_ms", "prompt_tokens": 8192, "concurrency": 1, "value": 150.0},
+                                    {"metric": "output_tok_s", "prompt_tokens": 2048, "concurrency": 16, "value": 200.0}], "u")
+    old, new = tmp_path / "a", tmp_path / "b"
+    old.mkdir(), new.mkdir()
+    (old / "e2e_gpu_upstream_tp1_ep1.json").write_text(json.dumps(upstream))
+    (old / "e2e_gpu_ours_tp1_ep1.json").write_text(json.dumps(_server("ours", [], "stale")))
+    (new / "e2e_gpu_ours_tp1_ep1.json").write_text(json.dumps(ours))
+    (new / "standin_ops_ours.txt").write_text("12 moe_sum_reduce\n13 moe_sum_reduce\n12 weak_ref_tensor\n")
+    dirs = [str(old), str(new)]
+    result = e2e_gpu_report.merge(e2e_gpu_report.load_servers(dirs), e2e_gpu_report.standin_ops(dirs), "two runs")
+    assert result["commit"] == "c" and result["note"] == "two runs" and result["cuda_graphs"]
+    assert {s["impl"]: s["commit"] for s in result["servers"]} == {"ours": "c", "upstream": "u"}
+    assert result["standin_ops"] == {"ours": ["moe_sum_reduce", "weak_ref_tensor"]}
+    ratios = {row["metric"]: e2e_gpu_report.ratio(row) for row in result["rows"]}
+    assert ratios == {"ttft_ms": 1.5, "output_tok_s": 1.5}
+    assert e2e_gpu_report.gpu_key(result["gpu"]) == "h100"
+    assert "| ttft_ms | 8192 | 1 | 1 | 1 | 100.00 | 150.00 | 1.50x |" in e2e_gpu_report.markdown(result)
