@@ -116,11 +116,13 @@ def tiny_text_spec():
 
 
 def as_rank(tp_size=1, tp_rank=0):
-    """SGLang's parallel layers as one rank of ``tp_size``, without process groups (a scoped override)."""
+    """SGLang's parallel layers as one rank of ``tp_size`` (MoE experts split by TP, no expert
+    parallelism), without process groups (a scoped override)."""
     from sglang.srt.runtime_context import get_parallel
 
     group = types.SimpleNamespace(world_size=tp_size, rank_in_group=tp_rank)
-    return get_parallel().override(tp_group=group, tp_size=tp_size, tp_rank=tp_rank)
+    moe = {"moe_dp_size": 1, "moe_ep_size": 1, "moe_ep_rank": 0, "moe_tp_size": tp_size, "moe_tp_rank": tp_rank}
+    return get_parallel().override(tp_group=group, tp_size=tp_size, tp_rank=tp_rank, **moe)
 
 
 def random_attention(spec, layer_id, tp_size=1, tp_rank=0, device="cpu"):

@@ -46,7 +46,8 @@ def test_platform_replaces_the_sgl_kernel_cpu_backend():
     from sglang_m3.platform.cpu_platform import TorchNativeCpuPlatform
 
     args = SimpleNamespace(device=None, sampling_backend=None, attention_backend="intel_amx",
-                           prefill_attention_backend=None, decode_attention_backend="triton")
+                           prefill_attention_backend=None, decode_attention_backend="triton",
+                           dp_size=1, tp_size=1, pp_size=1)
     TorchNativeCpuPlatform().apply_server_args_defaults(args)
     assert (args.device, args.sampling_backend) == ("cpu", "pytorch")
     assert args.attention_backend == args.prefill_attention_backend == "torch_native"

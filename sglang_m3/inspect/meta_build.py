@@ -125,7 +125,7 @@ def _build_rank(server_args, model_class, config, tp: int, rank: int) -> RankBui
     try:
         with use_context(context), parallel.override(tp_group=_ConstructionGroup(rank, tp)), torch.device("meta"):
             model = model_class(config)
-            params = sort_parameters(model, parallel.moe_ep_size, parallel.moe_tp_size)
+            params = sort_parameters(model)
     finally:
         torch.set_default_dtype(previous_dtype)
     element = torch.finfo(getattr(torch, BUILD_DTYPE_NAME)).bits // 8

@@ -69,11 +69,11 @@ def place_of(name: str) -> int | str:
     return "last" if name.startswith(("lm_head.", "model.norm.")) else "first"
 
 
-def sort_parameters(model, moe_ep_size: int, moe_tp_size: int) -> list[ShardedParam]:
+def sort_parameters(model) -> list[ShardedParam]:
     """Every parameter of ``model`` (built for one rank) with its group, place and this rank's shape.
 
-    The project's torch MoE block splits every expert over TP whatever ``--ep-size`` says; its
-    routed experts are given the shapes SGLang's FusedMoE takes under expert parallelism.
+    The project's torch MoE block and SGLang's FusedMoE split the routed experts alike, so either
+    block's parameters already have the rank's shapes.
     """
     from sglang.srt.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear
     from sglang.srt.layers.vocab_parallel_embedding import VocabParallelEmbedding
@@ -92,10 +92,7 @@ def sort_parameters(model, moe_ep_size: int, moe_tp_size: int) -> list[ShardedPa
                 sorted_params.append(ShardedParam(name + "[q]", (q_rows, *shape[1:]), size, "attention_tp", place))
                 sorted_params.append(ShardedParam(name + "[kv]", (kv_rows, *shape[1:]), size, "kv_heads", place))
                 continue
-            if isinstance(module, M3SparseMoeBlock) and param_name in ("w13", "w2"):
-                shape = _expert_parallel_shape(param_name, shape, moe_ep_size, moe_tp_size, module.tp_size)
-                group = "experts"
-            elif _is_fused_moe(module):
+            if isinstance(module, M3SparseMoeBlock) and param_name in ("w13", "w2") or _is_fused_moe(module):
                 group = "experts"
             elif isinstance(module, (ColumnParallelLinear, RowParallelLinear)):
                 group = "attention_tp" if ".self_attn." in f".{name}" else "tp"
@@ -105,14 +102,6 @@ def sort_parameters(model, moe_ep_size: int, moe_tp_size: int) -> list[ShardedPa
                 group = "replicated"
             sorted_params.append(ShardedParam(name, shape, size, group, place))
     return sorted_params
-
-
-def _expert_parallel_shape(which: str, shape: tuple[int, ...], ep: int, moe_tp: int, tp: int) -> tuple[int, ...]:
-    """FusedMoE's per-rank shape for the torch block's ``[E, 2I/tp, H]`` / ``[E, H, I/tp]``."""
-    experts, rows, cols = shape
-    if which == "w13":
-        return (experts // ep, rows * tp // moe_tp, cols)
-    return (experts // ep, rows, cols * tp // moe_tp)
 
 
 def _is_fused_moe(module) -> bool:

@@ -12,16 +12,21 @@ The routed experts are plain tensors, evaluated one of two ways (the same arithm
   fused MoE, which computes in fp16 for fp32 activations. It costs ``num_experts / top_k`` times
   the expert FLOPs: meant for fp32 exactness runs, not for serving at real widths.
 
-Both accumulate the experts in ascending id order. Under tensor parallelism each rank holds a
-slice of every expert's intermediate dimension and the block's output is all-reduced once.
+Both accumulate the experts in ascending id order. Parallel layout (the one SGLang's fused MoE
+uses, so ``--tp-size`` / ``--ep-size`` mean the same on every platform): the ``tp`` ranks form
+``ep`` expert groups of ``tp / ep`` ranks each; a rank holds the ``num_experts / ep`` experts of
+its group (a contiguous id range) and a ``1 / (tp / ep)`` slice of each one's intermediate
+dimension, plus its TP slice of the shared expert. Every rank routes every token (the router is
+replicated) and sums only what it holds, so each (expert, slice) term lands on exactly one rank
+and one all-reduce over the TP group completes the block.
 """
 
 from __future__ import annotations
 
 import torch
 from sglang.srt.distributed import tensor_model_parallel_all_reduce
-from sglang.srt.distributed.parallel_state import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 from sglang.srt.layers.linear import MergedColumnParallelLinear, RowParallelLinear
+from sglang.srt.runtime_context import get_parallel
 from torch import nn
 
 from sglang_m3.config import M3TextSpec
@@ -59,34 +64,49 @@ class M3SparseMoeBlock(nn.Module):
         if experts_path not in EXPERT_PATHS:
             raise ValueError(f"experts_path must be one of {EXPERT_PATHS}, got {experts_path!r}")
         self.experts_path = experts_path
-        self.tp_size = get_tensor_model_parallel_world_size()
-        self.tp_rank = get_tensor_model_parallel_rank()
-        if spec.moe_intermediate_size % self.tp_size:
+        parallel = get_parallel()
+        self.tp_size = parallel.tp_size
+        if parallel.moe_dp_size > 1:
+            # Each MoE-DP replica would add the whole routed sum into the TP all-reduce.
+            raise ValueError(f"the torch MoE block does not support --moe-dp-size > 1 (got {parallel.moe_dp_size})")
+        ep_size, ep_rank = parallel.moe_ep_size, parallel.moe_ep_rank
+        moe_tp_size, moe_tp_rank = parallel.moe_tp_size, parallel.moe_tp_rank
+        if spec.num_experts % ep_size:
+            raise ValueError(f"num_local_experts ({spec.num_experts}) is not divisible by --ep-size ({ep_size})")
+        if spec.moe_intermediate_size % moe_tp_size:
             raise ValueError(
-                f"intermediate_size ({spec.moe_intermediate_size}) is not divisible by the tensor-parallel size ({self.tp_size})"
+                f"intermediate_size ({spec.moe_intermediate_size}) is not divisible by the expert tensor-parallel "
+                f"size (--tp-size / --ep-size = {moe_tp_size})"
             )
         self.top_k = spec.experts_per_token
         self.scaling = spec.routed_scaling_factor
         self.act = gated_activation(spec.hidden_act, spec.swiglu_alpha, spec.swiglu_limit)
-        self.local_inter = spec.moe_intermediate_size // self.tp_size
-        e, h = spec.num_experts, spec.hidden_size
+        self.local_inter = spec.moe_intermediate_size // moe_tp_size
+        self.inter_slice = slice(moe_tp_rank * self.local_inter, (moe_tp_rank + 1) * self.local_inter)
+        local_experts = spec.num_experts // ep_size
+        #: global ids of the experts this rank holds; ``w13[i]`` is expert ``local_experts.start + i``
+        self.local_experts = range(ep_rank * local_experts, (ep_rank + 1) * local_experts)
+        h = spec.hidden_size
         add_router_parameters(self, spec)
         # Experts: rows [0, I) of w13 are the gate (w1) slice of this rank, rows [I, 2I) the up (w3) slice.
-        self.w13 = nn.Parameter(torch.empty(e, 2 * self.local_inter, h), requires_grad=False)
-        self.w2 = nn.Parameter(torch.empty(e, h, self.local_inter), requires_grad=False)
+        self.w13 = nn.Parameter(torch.empty(local_experts, 2 * self.local_inter, h), requires_grad=False)
+        self.w2 = nn.Parameter(torch.empty(local_experts, h, self.local_inter), requires_grad=False)
         self.shared_experts = GatedMLP(
             spec, spec.shared_intermediate_size, reduce_results=False, quant_config=quant_config, prefix=f"{prefix}.shared_experts"
         )
 
     def load_expert_weight(self, expert: int, which: str, weight: torch.Tensor) -> None:
-        """Copy this rank's slice of checkpoint tensor ``experts.{expert}.{which}.weight``."""
-        lo, hi = self.tp_rank * self.local_inter, (self.tp_rank + 1) * self.local_inter
+        """Copy this rank's slice of checkpoint tensor ``experts.{expert}.{which}.weight`` (nothing
+        when another expert-parallel group holds that expert)."""
+        if expert not in self.local_experts:
+            return
+        local = expert - self.local_experts.start
         if which == "w1":
-            self.w13.data[expert, : self.local_inter].copy_(weight[lo:hi])
+            self.w13.data[local, : self.local_inter].copy_(weight[self.inter_slice])
         elif which == "w3":
-            self.w13.data[expert, self.local_inter :].copy_(weight[lo:hi])
+            self.w13.data[local, self.local_inter :].copy_(weight[self.inter_slice])
         else:
-            self.w2.data[expert].copy_(weight[:, lo:hi])
+            self.w2.data[local].copy_(weight[:, self.inter_slice])
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [T, k] fp32, expert ids [T, k]): bias (if any) picks the experts, raw sigmoid weighs them."""
@@ -94,23 +114,26 @@ class M3SparseMoeBlock(nn.Module):
         return weights, chosen
 
     def _expert(self, expert: int, x: torch.Tensor) -> torch.Tensor:
-        gate_up = x @ self.w13[expert].t()
+        """This rank's slice of global expert ``expert`` on rows ``x``."""
+        local = expert - self.local_experts.start
+        gate_up = x @ self.w13[local].t()
         gate, up = gate_up.split(self.local_inter, dim=-1)
-        return self.act(gate, up) @ self.w2[expert].t()
+        return self.act(gate, up) @ self.w2[local].t()
 
     def routed_loop(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
-        """Weighted sum of the chosen experts' outputs, per hit expert on its rows (host sync)."""
+        """Weighted sum of the chosen local experts' outputs, per hit expert on its rows (host sync)."""
         routed = torch.zeros_like(x)
-        for expert in torch.unique(chosen).tolist():
+        hit = torch.unique(chosen).tolist()
+        for expert in (e for e in hit if e in self.local_experts):
             token_idx, slot = torch.where(chosen == expert)
             out = self._expert(expert, x[token_idx])
             routed.index_add_(0, token_idx, (out * weights[token_idx, slot, None]).to(x.dtype))
         return routed
 
     def routed_static(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
-        """The same sum with fixed shapes: every expert on every row, kept where the row chose it."""
+        """The same sum with fixed shapes: every local expert on every row, kept where the row chose it."""
         routed = torch.zeros_like(x)
-        for expert in range(self.w13.shape[0]):
+        for expert in self.local_experts:
             hit = chosen == expert
             # A row chooses an expert at most once: the sum is that slot's weight or exactly 0.
             weight = torch.where(hit, weights, 0.0).sum(dim=-1, keepdim=True)
@@ -118,10 +141,14 @@ class M3SparseMoeBlock(nn.Module):
             routed = routed + torch.where(hit.any(dim=-1, keepdim=True), out, 0.0)
         return routed
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def partial_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's share of the block's output: its experts' slices and its shared-expert slice."""
         weights, chosen = self.route(x)
         experts = self.routed_static if self.experts_path == "static" else self.routed_loop
-        out = experts(x, weights, chosen) * self.scaling + self.shared_experts(x)
+        return experts(x, weights, chosen) * self.scaling + self.shared_experts(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.partial_forward(x)
         if self.tp_size > 1:
             out = tensor_model_parallel_all_reduce(out)
         return out

@@ -14,6 +14,8 @@ import torch
 from sglang.srt.platforms.device_mixin import DeviceMixin, PlatformEnum
 from sglang.srt.platforms.interface import PlatformCapabilities, SRTPlatform
 
+from sglang_m3.platform.rank_cores import assign_rank_cores
+
 
 #: The speculative algorithms this platform serves (draft models through torch-native attention).
 SPECULATIVE_ALGORITHMS = frozenset({"EAGLE", "EAGLE3"})
@@ -90,3 +92,5 @@ class TorchNativeCpuPlatform(TorchNativeCpuDeviceMixin, SRTPlatform):
         for name in ("attention_backend", "prefill_attention_backend", "decode_attention_backend"):
             if getattr(server_args, name, None) in (None, "intel_amx"):
                 setattr(server_args, name, "torch_native")
+        # More ranks than NUMA nodes (--tp-size 2 on one node) needs each rank's cores named.
+        assign_rank_cores(server_args)

@@ -32,13 +32,15 @@ def shipped_top(tiny_spec) -> dict:
 def single_rank():
     """SGLang's parallel layers (linear, MoE helpers) on one rank, without process groups.
 
-    The layers read the tensor-parallel group, size and rank from SGLang's runtime context; a
-    scoped override states them for one CPU rank and is undone after the test.
+    The layers read the tensor-parallel group, size and rank (and the MoE block its expert-parallel
+    layout) from SGLang's runtime context; a scoped override states them for one CPU rank and is
+    undone after the test.
     """
     from sglang.srt.runtime_context import get_parallel
 
     group = types.SimpleNamespace(world_size=1, rank_in_group=0)
-    with get_parallel().override(tp_group=group, tp_size=1, tp_rank=0):
+    moe = {"moe_dp_size": 1, "moe_ep_size": 1, "moe_ep_rank": 0, "moe_tp_size": 1, "moe_tp_rank": 0}
+    with get_parallel().override(tp_group=group, tp_size=1, tp_rank=0, **moe):
         yield
 
 
