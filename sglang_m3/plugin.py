@@ -114,15 +114,43 @@ HOOKS: tuple[Hook, ...] = (
     Hook(
         "sglang.kernels.ops.speculative.spec_tree.build_tree_kernel_efficient_func",
         "AROUND",
-        speculative_hooks.build_tree_with_triton_on_cpu,
-        "SGLang refuses out-of-tree platforms at EAGLE tree construction; the CPU platform runs "
-        "SGLang's own Triton builder (its XPU path) in Triton's interpreter.",
+        speculative_hooks.build_tree_in_torch_on_cpu,
+        "SGLang refuses out-of-tree platforms at EAGLE tree construction; the CPU platform builds "
+        "the tree with torch (SGLang's Triton builder would need TRITON_INTERPRET=1 there).",
     ),
     Hook(
         "sglang.kernels.ops.speculative.spec_tree.verify_tree_greedy_func",
         "AROUND",
-        speculative_hooks.verify_greedy_with_triton_on_cpu,
-        "Likewise for greedy verification of the drafts: SGLang's Triton verifier on the CPU platform.",
+        speculative_hooks.verify_greedy_in_torch_on_cpu,
+        "Likewise for greedy verification of the drafts: torch on the CPU platform.",
+    ),
+    Hook(
+        "sglang.kernels.ops.speculative.cache_locs.assign_draft_cache_locs_contiguous_func",
+        "AROUND",
+        speculative_hooks.draft_cache_locs_in_torch_on_cpu,
+        "Out-of-tree platforms get SGLang's Triton copy of the drafts' cache slots, which runs on "
+        "a CPU only in Triton's interpreter; the CPU platform copies them with torch.",
+    ),
+    Hook(
+        "sglang.kernels.ops.speculative.eagle.fill_bonus_tokens_func",
+        "AROUND",
+        speculative_hooks.bonus_tokens_in_torch_on_cpu,
+        "After verify SGLang picks each request's bonus token with a Triton kernel off its own CPU "
+        "engine; the CPU platform picks it with torch.",
+    ),
+    Hook(
+        "sglang.srt.mem_cache.allocation.assign_req_to_token_pool_func",
+        "AROUND",
+        speculative_hooks.req_to_token_in_torch_on_cpu,
+        "Speculative decode steps write their new slots into the request-to-token table with a "
+        "Triton kernel off SGLang's own CPU engine; the CPU platform writes them with torch.",
+    ),
+    Hook(
+        "sglang.srt.mem_cache.memory_pool.MHATokenToKVPool._init_kv_copy_and_warmup",
+        "AROUND",
+        speculative_hooks.native_kv_move_on_cpu,
+        "Speculative servers enable the KV pool's Triton slot copy and launch it once at start-up; "
+        "the CPU platform moves slots with SGLang's torch path instead (no interpreter needed).",
     ),
 )
 

@@ -74,23 +74,61 @@ def _on_cpu_platform() -> bool:
     return isinstance(current_platform, TorchNativeCpuPlatform)
 
 
-def build_tree_with_triton_on_cpu(original, *args, **kwargs):
-    """AROUND ``build_tree_kernel_efficient_func``: on the CPU platform, SGLang's own Triton tree
-    builder (its XPU path), which runs in Triton's interpreter (``TRITON_INTERPRET=1``), as
-    SGLang's draft cache-location kernel already does there."""
+def build_tree_in_torch_on_cpu(original, *args, **kwargs):
+    """AROUND ``build_tree_kernel_efficient_func``: on the CPU platform, the torch tree builder
+    (SGLang refuses out-of-tree platforms there; its Triton builder needs a GPU or the interpreter)."""
     if not _on_cpu_platform():
         return original(*args, **kwargs)
-    from sglang.kernels.ops.speculative.spec_tree import sgl_build_tree_kernel_triton
+    from sglang_m3.speculative.torch_kernels import build_tree
 
-    return sgl_build_tree_kernel_triton(*args, **kwargs)
+    return build_tree(*args, **kwargs)
 
 
-def verify_greedy_with_triton_on_cpu(original, *args, **kwargs):
-    """AROUND ``verify_tree_greedy_func``: on the CPU platform, SGLang's Triton greedy verifier."""
+def verify_greedy_in_torch_on_cpu(original, *args, **kwargs):
+    """AROUND ``verify_tree_greedy_func``: on the CPU platform, the torch greedy verifier."""
     if not _on_cpu_platform():
         return original(*args, **kwargs)
-    from sglang.kernels.ops.speculative.spec_tree import verify_tree_greedy_triton
+    from sglang_m3.speculative.torch_kernels import verify_tree_greedy
 
     kwargs.pop("topk", None)  # the tree's branching: read from the retrieve links instead
-    verify_tree_greedy_triton(**kwargs)
-    return kwargs["predicts"], kwargs["accept_index"], kwargs["accept_token_num"]
+    return verify_tree_greedy(*args, **kwargs)
+
+
+def draft_cache_locs_in_torch_on_cpu(original, *args, **kwargs):
+    """AROUND ``assign_draft_cache_locs_contiguous_func``: on the CPU platform, the torch copy of
+    each request's draft slots (SGLang launches a Triton kernel on out-of-tree platforms)."""
+    if not _on_cpu_platform():
+        return original(*args, **kwargs)
+    from sglang_m3.speculative.torch_kernels import assign_draft_cache_locs
+
+    return assign_draft_cache_locs(*args, **kwargs)
+
+
+def bonus_tokens_in_torch_on_cpu(original, *args, **kwargs):
+    """AROUND ``fill_bonus_tokens_func``: on the CPU platform, the torch pick of each request's
+    last accepted token after verify (SGLang launches Triton off its own CPU engine)."""
+    if not _on_cpu_platform():
+        return original(*args, **kwargs)
+    from sglang_m3.speculative.torch_kernels import fill_bonus_tokens
+
+    return fill_bonus_tokens(*args, **kwargs)
+
+
+def req_to_token_in_torch_on_cpu(original, *args, **kwargs):
+    """AROUND ``assign_req_to_token_pool_func``: on the CPU platform, the torch write of new
+    slots into the request-to-token table (SGLang launches Triton off its own CPU engine)."""
+    if not _on_cpu_platform():
+        return original(*args, **kwargs)
+    from sglang_m3.speculative.torch_kernels import assign_req_to_token
+
+    return assign_req_to_token(*args, **kwargs)
+
+
+def native_kv_move_on_cpu(original, pool):
+    """AROUND ``MHATokenToKVPool._init_kv_copy_and_warmup``: on the CPU platform, SGLang's torch
+    slot move (``use_native_move_kv_cache``) instead of its Triton byte copy and that copy's
+    warm-up launch. Speculative servers enable the copy (accepted drafts move their KV)."""
+    if not _on_cpu_platform():
+        return original(pool)
+    pool._kv_copy_config = None
+    pool.use_native_move_kv_cache = True
