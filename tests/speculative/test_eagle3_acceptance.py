@@ -6,6 +6,7 @@ token again: measured here, it is accepted only where the target repeats a token
 M3, prompts of one token repeated 24 times continue with that token for 3 of the 480 ordinary
 tokens (139, 140 and 178, found by scanning 20..499 with transformers); the test checks that
 precondition with the transformers oracle before measuring, so a changed checkpoint fails loudly.
+Its server runs without ``TRITON_INTERPRET``, so accepted drafts also take the torch kernels.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ import json
 import shutil
 
 import pytest
-from server_harness import TINY_PREFILL_CHUNK, expect_start_refused, launch_cpu_server
+from server_harness import TINY_PREFILL_CHUNK, expect_start_refused
 from transformers_oracle import greedy_tokens, random_prompt
 
 from sglang_m3.speculative.checks import SpeculativeConfigError, TargetShape, check_eagle_settings
 from tests.speculative.conftest import CHAIN_FLAGS
+from tests.speculative.no_interpreter import launch_without_interpreter
 from tests.speculative.spec_requests import accept_length, generate
 
 NEW_TOKENS = 24
@@ -30,7 +32,7 @@ TINY = TargetShape(hidden_size=128, vocab_size=512, num_layers=4)
 def copy_server(tiny_m3_checkpoint, tiny_draft_factory, server_log_dir):
     draft = tiny_draft_factory(copy_target_lm_head=True)
     flags = ("--chunked-prefill-size", str(TINY_PREFILL_CHUNK), *CHAIN_FLAGS, "--speculative-draft-model-path", draft)
-    with launch_cpu_server(tiny_m3_checkpoint, server_log_dir, *flags) as server:
+    with launch_without_interpreter(tiny_m3_checkpoint, server_log_dir, *flags) as server:
         yield server
 
 

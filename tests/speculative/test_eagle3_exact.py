@@ -7,6 +7,10 @@ torch-native layer and the MSA layers) and the bonus-token path; accepted drafts
 ``test_eagle3_acceptance`` for a draft that is accepted). The tiny M3 has MSA blocks of 16 tokens
 and top-4 blocks, so prompts past 64 tokens attend sparsely and a long prompt's verify windows
 cross block boundaries while each verify token selects its own blocks.
+
+The speculative server runs without ``TRITON_INTERPRET`` (see ``no_interpreter``), as a user's
+plain ``serve`` on a CPU does: every speculative step of these tests goes through the plugin's
+torch kernels, none through SGLang's Triton ones.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from server_harness import TINY_PREFILL_CHUNK, launch_cpu_server
 from transformers_oracle import random_prompt
 
 from tests.speculative.conftest import CHAIN_FLAGS
+from tests.speculative.no_interpreter import launch_without_interpreter
 from tests.speculative.spec_requests import accept_length, generate, generate_concurrently
 
 pytestmark = pytest.mark.server
@@ -30,7 +35,7 @@ LONG_PROMPT = random_prompt(31, 300)
 def servers(tiny_m3_checkpoint, tiny_draft_factory, server_log_dir):
     draft = tiny_draft_factory()
     with launch_cpu_server(tiny_m3_checkpoint, server_log_dir, *CHUNKING) as target:
-        with launch_cpu_server(
+        with launch_without_interpreter(
             tiny_m3_checkpoint, server_log_dir, *CHUNKING, *CHAIN_FLAGS, "--speculative-draft-model-path", draft
         ) as speculative:
             yield target, speculative
