@@ -1,14 +1,15 @@
 """Torch versions of SGLang's speculative-decoding kernels for the CPU platform.
 
 On an out-of-tree platform SGLang 0.5.23 runs Triton for the EAGLE bookkeeping: the draft's
-cache-location copy (``assign_draft_cache_locs_contiguous``), the slot table update before a
+cache-location copy (``assign_draft_cache_locs_contiguous``), the slot-table update before a
 speculative decode step (``assign_req_to_token_pool``), the tree builder
 (``sgl_build_tree_kernel_efficient_triton``), the greedy verifier
-(``verify_tree_greedy_kernel_triton``) and the bonus-token pick after it (``fill_bonus_tokens``). Without a GPU those only run in Triton's interpreter,
-which a user's plain ``sglang-m3 serve`` does not enable. These functions compute the same
-outputs with torch on the host, for chains and for trees, written from the semantics of
-SGLang's kernels (their docstrings say which outputs and which layout); the tests compare
-them with the Triton kernels run in the interpreter.
+(``verify_tree_greedy_kernel_triton``) and the bonus-token pick after it
+(``fill_bonus_tokens``). Without a GPU those run only in Triton's interpreter, which a user's
+plain ``sglang-m3 serve`` does not enable. These functions compute the same outputs with torch
+on the host, for chains and for trees, written from the semantics of SGLang's kernels (their
+docstrings say which outputs and which layout); the tests compare them with the Triton kernels
+run in the interpreter.
 
 The tree functions walk each request's few draft tokens in Python: a verify step has at most
 a few dozen of them, so the walk costs microseconds beside the model's forward passes.
