@@ -84,6 +84,13 @@ HOOKS: tuple[Hook, ...] = (
         "also when the tokenizer marks them special and the request skips special tokens.",
     ),
     Hook(
+        "sglang.srt.sampling.sampling_params.SamplingParams.verify",
+        "AFTER",
+        speculative_hooks.refuse_sampled_requests_when_speculating_on_cpu,
+        "SGLang verifies sampled drafts only with a CUDA kernel: on the CPU platform a sampled "
+        "request to a speculating server killed the scheduler; it gets a 400 naming the fields.",
+    ),
+    Hook(
         "sglang.srt.arg_groups.speculative_hook._handle_eagle_family",
         "AFTER",
         speculative_hooks.check_m3_eagle_args,

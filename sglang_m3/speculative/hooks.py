@@ -132,3 +132,22 @@ def native_kv_move_on_cpu(original, pool):
         return original(pool)
     pool._kv_copy_config = None
     pool.use_native_move_kv_cache = True
+
+
+def refuse_sampled_requests_when_speculating_on_cpu(result, sampling_params, vocab_size):
+    """A sampled request on a CPU speculative server is refused with a 400 naming the fields.
+
+    SGLang 0.5.23 verifies sampled (non-greedy) drafts only with a CUDA kernel; off CUDA that
+    function is None and calling it killed the scheduler (measured on the CPU platform with
+    temperature 0.8), taking every other request down with it.
+    """
+    if sampling_params.top_k <= 1 or not _on_cpu_platform():
+        return result
+    from sglang.srt.runtime_context import get_spec
+
+    if get_spec().speculative_algorithm:
+        raise ValueError(
+            "this server speculates on the CPU platform, which verifies greedy requests only: "
+            f"send temperature 0 or top_k 1 (got temperature {sampling_params.temperature}, top_k {sampling_params.top_k})"
+        )
+    return result

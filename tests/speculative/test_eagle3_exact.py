@@ -72,3 +72,19 @@ def test_eight_concurrent_requests_identical(servers):
     print(f"random draft: accept length {length:.3f} tokens/step over {len(prompts)} concurrent requests")
     # A random draft is accepted about as often as chance; at least the bonus token is committed.
     assert 1.0 <= length < 1.5
+
+
+def test_sampled_request_is_refused_and_the_server_keeps_serving(servers):
+    """SGLang has no sampled verification off CUDA (it killed the scheduler): a 400 naming the fields."""
+    import requests
+
+    _, speculative = servers
+    response = requests.post(
+        f"{speculative.base_url}/generate",
+        json={"input_ids": random_prompt(400, 12), "sampling_params": {"temperature": 0.8, "max_new_tokens": 4}},
+        timeout=600,
+    )
+    assert response.status_code == 400, response.text
+    assert "temperature" in response.text and "top_k" in response.text
+    plain, spec = _both(servers, random_prompt(401, 20))
+    assert spec["output_ids"] == plain["output_ids"]
