@@ -3,8 +3,10 @@ session's shared server (same checkpoint and flags, float32 index keys), on the 
 
 fp8 keys change only which blocks MSA selects, and a query whose context fits in the top-k blocks
 (tiny model: top-4 blocks of 16 tokens, so up to 64 tokens) selects every block. So a prompt
-that stays within 64 tokens gives bit-identical prompt logprobs and greedy tokens: nothing but the
-selection moved. In a longer prompt the first 64 positions select the same blocks too, but share a
+that stays within 64 tokens gives the same greedy tokens and prompt logprobs up to float32
+summation order: the same blocks are selected, but the fp8 scores may rank them differently, and
+the attention sums them in selection order (bit-identical when run alone, 9.5e-7 apart in one
+full-suite CI run). In a longer prompt the first 64 positions select the same blocks too, but share a
 prefill chunk (and so MoE expert batches) with later tokens whose hidden states did move, which
 changes float32 summation order only (measured 4.8e-7). Beyond, near-tie blocks may
 swap (benchmarks/results/index_fp8_quality.md); the random-weight tiny model's next-token
@@ -50,13 +52,14 @@ def _max_diff(a, b):
     return max((abs(x - y) for x, y in zip(a, b) if x is not None), default=0.0)
 
 
-def test_short_context_is_bit_identical(tiny_m3_server, fp8_server):
+def test_short_context_selects_every_block_and_matches(tiny_m3_server, fp8_server):
     for label, prompt in SHORT_PROMPTS.items():
         assert len(prompt) + NEW_TOKENS <= DENSE_TOKENS
         base_tokens, base = _served(tiny_m3_server, prompt)
         fp8_tokens, fp8 = _served(fp8_server, prompt)
         assert fp8_tokens == base_tokens, f"{label}: greedy tokens differ although every block is selected"
-        assert fp8 == base, f"{label}: prompt logprobs moved by {_max_diff(fp8, base)} although every block is selected"
+        # summation order only (see the module docstring); one changed block would move logprobs by >1e-3
+        assert _max_diff(fp8, base) < 1e-5, f"{label}: prompt logprobs moved by {_max_diff(fp8, base)} although every block is selected"
 
 
 def test_long_context_moves_only_past_the_dense_prefix(tiny_m3_server, fp8_server):
