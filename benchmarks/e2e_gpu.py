@@ -156,16 +156,18 @@ def graphs_captured(log_path: str) -> bool:
         return "CUDA graph end" in handle.read()
 
 
-def measure(base_url: str, quick: bool) -> list[dict]:
-    """Every workload of the benchmark against one running server, as result rows."""
-    rows = []
-    seed = iter(range(10**6))
-    # Warm-up: kernel compilation and autotuning happen here, not in a measured request.
-    # Single requests and full batches both, since kernels specialise on batch shape.
+def warm_up(base_url: str, seed) -> None:
+    """Kernel compilation and autotuning happen here, not in a measured request: single requests
+    and full batches both, since kernels specialise on batch shape."""
     for length in (256, 2048, 8192):
         stream_generate(base_url, random_prompt(length, next(seed)), 8)
     for concurrency in (16, 64):
         run_group(base_url, [random_prompt(THROUGHPUT_PROMPT, next(seed)) for _ in range(concurrency)], 16)
+
+
+def measure(base_url: str, quick: bool, seed) -> list[dict]:
+    """Every workload of the benchmark against one running server, as result rows."""
+    rows = []
     ttft_prompts = TTFT_PROMPTS[:1] if quick else TTFT_PROMPTS
     for length in ttft_prompts:
         stream_generate(base_url, random_prompt(length, next(seed)), 1)  # this length's first run
@@ -191,20 +193,22 @@ def measure(base_url: str, quick: bool) -> list[dict]:
     return rows
 
 
-def profile_decode(base_url: str, out_dir: str, impl: str, steps: int = 40) -> dict:
-    """Per-kernel GPU time of ``steps`` decode steps at concurrency 1 (2K prompt), from SGLang's
-    torch profiler (``/start_profile``), started once the request's prefill is over."""
+def profile_steps(base_url: str, out_dir: str, label: str, prompt_tokens: int, max_new_tokens: int, steps: int, delay_s: float) -> dict:
+    """Per-kernel GPU time of ``steps`` forward steps of one greedy request, from SGLang's torch
+    profiler (``/start_profile``), started ``delay_s`` after the request (0: before it)."""
     import glob
-    import threading
 
-    trace_dir = os.path.join(out_dir, f"profile-{impl}")
-    request = threading.Thread(target=stream_generate, args=(base_url, random_prompt(THROUGHPUT_PROMPT, 10**7), 10 * steps))
-    request.start()
-    time.sleep(0.5)  # TTFT at 2K is ~50-150 ms: the profiled steps are decode steps
+    trace_dir = os.path.join(out_dir, f"profile-{label}")
+    request = threading.Thread(target=stream_generate, args=(base_url, random_prompt(prompt_tokens, 10**7), max_new_tokens))
+    if delay_s:
+        request.start()
+        time.sleep(delay_s)
     answer = requests.post(
         f"{base_url}/start_profile", json={"output_dir": trace_dir, "num_steps": steps, "activities": ["GPU"]}, timeout=60
     )
     answer.raise_for_status()
+    if not delay_s:
+        request.start()
     request.join()
     deadline = time.time() + 120
     while time.time() < deadline:
@@ -216,15 +220,29 @@ def profile_decode(base_url: str, out_dir: str, impl: str, steps: int = 40) -> d
     raise TimeoutError(f"no profiler trace under {trace_dir} after 120 s")
 
 
-def bench_one(impl: str, model_dir: str, out_dir: str, tp: int, ep: int, quick: bool, profile: bool = False) -> dict:
+def profile_server(base_url: str, out_dir: str, impl: str, chunk_tokens: int) -> dict:
+    """40 decode steps at concurrency 1 after a 2K prompt (TTFT there is ~50-150 ms, so the
+    profile starts 0.5 s in), and the whole prefill of a 32K prompt (its chunks: one step each)."""
+    steps = 40
+    decode = profile_steps(base_url, out_dir, f"{impl}-decode", THROUGHPUT_PROMPT, 10 * steps, steps, 0.5)
+    chunks = -(-LONG_CONTEXT_PROMPT // chunk_tokens)
+    stream_generate(base_url, random_prompt(LONG_CONTEXT_PROMPT, 10**7 + 1), 1)  # compiles this length's kernels
+    prefill = profile_steps(base_url, out_dir, f"{impl}-prefill32k", LONG_CONTEXT_PROMPT, 1, chunks, 0.0)
+    return {"decode_c1": decode, "prefill_32k": prefill}
+
+
+def bench_one(impl: str, model_dir: str, out_dir: str, tp: int, ep: int, quick: bool, profile: bool = False, measured: bool = True) -> dict:
     print(f"[{impl}] tp{tp} ep{ep}: starting the server", flush=True)
     with PeakGpuMemory() as memory:
         process, base_url, startup_s, log_path = start_server(impl, model_dir, out_dir, tp, ep)
         try:
             info = requests.get(f"{base_url}/get_server_info", timeout=30).json()
             print(f"[{impl}] ready in {startup_s:.0f} s", flush=True)
-            rows = measure(base_url, quick)
-            decode_profile = profile_decode(base_url, out_dir, impl) if profile else None
+            seed = iter(range(10**6))
+            warm_up(base_url, seed)
+            rows = measure(base_url, quick, seed) if measured else []
+            chunk = info.get("chunked_prefill_size") or LONG_CONTEXT_PROMPT
+            profiles = profile_server(base_url, out_dir, impl, chunk) if profile else None
         finally:
             stop_server(process)
     return {
@@ -233,7 +251,7 @@ def bench_one(impl: str, model_dir: str, out_dir: str, tp: int, ep: int, quick: 
         "peak_gpu_memory_gb": memory.peak_mib * 2**20 / 1e9,
         "cuda_graphs": graphs_captured(log_path),
         "rows": [{**row, "tp": tp, "ep": ep} for row in rows],
-        **({"decode_profile_c1": decode_profile} if decode_profile else {}),
+        **({"profiles": profiles} if profiles else {}),
     }
 
 
@@ -263,14 +281,15 @@ def main(argv=None) -> int:
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
     parser.add_argument("--ep", type=int, default=1, help="expert-parallel size (inside the TP group)")
     parser.add_argument("--quick", action="store_true", help="8K TTFT and concurrency 1/16 with 64 output tokens only (smoke run)")
-    parser.add_argument("--profile-decode", action="store_true", help="also record a per-kernel GPU profile of 40 decode steps at concurrency 1")
+    parser.add_argument("--profile", action="store_true", help="also record per-kernel GPU profiles: 40 decode steps at concurrency 1, a 32K prefill")
+    parser.add_argument("--profile-only", action="store_true", help="warm up and profile, no timed workloads (implies --profile)")
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     model_dir = write_midsize_checkpoint(tempfile.mkdtemp(prefix="m3-midsize-"), args.dense_layers, args.sparse_layers)
     failures = 0
     for impl in args.impl or IMPLS:
         try:
-            result = bench_one(impl, model_dir, args.out, args.tp, args.ep, args.quick, args.profile_decode)
+            result = bench_one(impl, model_dir, args.out, args.tp, args.ep, args.quick, args.profile or args.profile_only, not args.profile_only)
         except Exception as error:  # one server failing must not lose the other's numbers
             print(f"[{impl}] FAILED: {error}", flush=True)
             failures += 1
