@@ -40,6 +40,13 @@ class HarnessCudaPlatform(CudaDeviceMixin, SRTPlatform):
 
         return DecodeCudaGraphRunner
 
+    def get_torch_profiler_activity_str(self) -> str:
+        """Out-of-tree platforms name their profiler activity: ``/start_profile`` asks for it."""
+        return "CUDA"
+
+    def get_torch_profiler_activity(self) -> torch.profiler.ProfilerActivity:
+        return torch.profiler.ProfilerActivity.CUDA
+
     def get_group_coordinator_device(self, local_rank: int) -> torch.device:
         return torch.device("cuda", local_rank)
 
