@@ -76,6 +76,21 @@ class HarnessCudaPlatform(CudaDeviceMixin, SRTPlatform):
             pass
         if os.environ.get(UPSTREAM_M3_ENV) == "1":
             allow_upstream_m3_kv_pool()
+        keep_custom_ops_direct_under_profiler()
+
+
+def keep_custom_ops_direct_under_profiler() -> None:
+    """Let ``/start_profile`` profile prefill steps on this platform.
+
+    SGLang registers its custom ops (the KV store among them) for the ``PrivateUse1`` key on any
+    out-of-tree platform, and calls them through the dispatcher only while the torch profiler
+    runs; CUDA tensors then find no kernel and the scheduler dies. Outside the profiler the op's
+    Python function is called directly, so the same direct call under the profiler changes
+    nothing but the op's own profiler label (its GPU kernels are still recorded).
+    """
+    from sglang.srt.utils import custom_op
+
+    custom_op._profiling = lambda: False
 
 
 #: Set by ``benchmarks/e2e_gpu.py`` for the server that runs upstream SGLang's own M3 classes.
