@@ -6,7 +6,9 @@ The experts are SGLang's ``FusedMoE`` (``get_moe_impl_class``: the Triton fused 
 expert parallel under ``--ep-size``) with M3's activation handed to it the way upstream's M3 does:
 gated ``silu`` plus ``gemm1_alpha`` / ``gemm1_clamp_limit`` selects the clamped swiglu-oai form on
 non-interleaved ``[gate; up]`` halves. Checkpoint tensors ``experts.{e}.w1/w2/w3`` load through the
-layer's own weight loader (it slices for tensor and expert parallelism).
+layer's own weight loader (it slices for tensor and expert parallelism). The fused kernel's tiles
+come from the measured tables of :mod:`sglang_m3.models.moe_kernel_configs` where one exists for
+the shape and GPU.
 
 Nothing here reads a device tensor on the host, so decode can be captured in a CUDA graph.
 
@@ -20,6 +22,7 @@ blocks on longer prompts. Other platforms (the CPU) take the torch block's ``loo
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 
@@ -30,6 +33,7 @@ from torch import nn
 
 from sglang_m3.config import M3TextSpec
 from sglang_m3.models.moe import GatedMLP, M3SparseMoeBlock
+from sglang_m3.models.moe_kernel_configs import tuned_config
 from sglang_m3.models.moe_routing import add_router_parameters, sigmoid_topk_route
 
 logger = logging.getLogger(__name__)
@@ -80,13 +84,17 @@ class M3FusedMoeBlock(nn.Module):
         return weights * self.scaling, chosen.to(torch.int32), logits
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from sglang.srt.layers.moe.fused_moe_triton import override_config
         from sglang.srt.layers.moe.topk import StandardTopKOutput
 
         shared = self.shared_experts(x)
         if x.shape[0] == 0:
             return shared
         weights, ids, logits = self.route(x)
-        routed = self.experts(x, StandardTopKOutput(topk_weights=weights, topk_ids=ids, router_logits=logits))
+        local_experts, _, hidden = self.experts.w13_weight.shape
+        tiles = tuned_config(local_experts, self.experts.w2_weight.shape[2], hidden, x.shape[0])
+        with override_config(tiles) if tiles else contextlib.nullcontext():
+            routed = self.experts(x, StandardTopKOutput(topk_weights=weights, topk_ids=ids, router_logits=logits))
         out = routed + shared
         if self.tp_size > 1:
             out = tensor_model_parallel_all_reduce(out)

@@ -1,0 +1,204 @@
+"""Measure SGLang's Triton fused MoE tiles at M3's expert shapes and write the winners' table.
+
+For each token count the M3 MoE block meets (decode batches up to 64, prefill graphs and chunks up
+to 8,192 tokens) every candidate tile config runs SGLang's own ``fused_experts`` (both expert GEMMs
+and M3's swiglu-oai between them) on random bf16 weights and uniformly random top-4 choices; the
+fastest config wins, SGLang's heuristic default is always among the candidates, so a table entry is
+never slower than what SGLang would pick. The table lands in ``--out`` (and with ``--install`` in
+``sglang_m3/models/moe_kernel_configs/``, where the M3 MoE block reads it).
+
+Triton compiles one kernel per config and argument class, which dominates the run; worker
+processes compile every candidate on small tensors of the same argument classes first (the cache
+is shared), then one process times them at the real shape.
+
+    scripts/gpu/run.sh exec python benchmarks/tune_fused_moe.py --out "$OUT" [--install]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+import tempfile
+import time
+import types
+from concurrent.futures import ProcessPoolExecutor
+
+sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+TOKENS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 2048, 4096, 8192)
+TOP_K = 4
+
+
+def candidates(tokens: int) -> list[dict]:
+    """Tile configs worth timing at this token count (small tiles for decode, large for prefill)."""
+    if tokens <= 64:
+        space = itertools.product([16], [32, 64, 128], [64, 128, 256], [1], [4], [3, 4])
+    elif tokens <= 512:
+        space = itertools.product([32, 64], [64, 128], [64, 128], [16], [4], [3, 4])
+    else:
+        space = itertools.product([64, 128], [128, 256], [64, 128], [16], [4, 8], [3, 4])
+    keys = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
+    return [dict(zip(keys, values)) for values in space]
+
+
+def publish_single_rank(model_dir: str) -> None:
+    """SGLang's fused MoE reads its runtime context (execution flags, the TP group for symmetric
+    memory); publish one for a single rank, as a server's scheduler would."""
+    from sglang.srt.runtime_context import get_parallel, publish
+    from sglang.srt.server_args import ServerArgs
+
+    publish(ServerArgs(model_path=model_dir, skip_tokenizer_init=True, load_format="dummy"), role="scheduler")
+    group = types.SimpleNamespace(world_size=1, rank_in_group=0)
+    get_parallel().override(tp_group=group, tp_size=1, tp_rank=0).__enter__()
+
+
+class MoeCase:
+    """Random weights and routing for one expert shape; ``run(tokens, config)`` is one MoE call."""
+
+    def __init__(self, experts: int, intermediate: int, hidden: int, alpha: float, limit: float):
+        import torch
+        from sglang.srt.layers.moe.moe_runner import MoeRunnerConfig
+
+        self.torch = torch
+        generator = torch.Generator(device="cuda").manual_seed(0)
+        self.w13 = torch.randn(experts, 2 * intermediate, hidden, device="cuda", dtype=torch.bfloat16, generator=generator) * 0.02
+        self.w2 = torch.randn(experts, hidden, intermediate, device="cuda", dtype=torch.bfloat16, generator=generator) * 0.02
+        self.experts, self.hidden = experts, hidden
+        self.runner = MoeRunnerConfig(
+            num_experts=experts, num_local_experts=experts, hidden_size=hidden, intermediate_size_per_partition=intermediate,
+            top_k=TOP_K, params_dtype=torch.bfloat16, activation="silu", is_gated=True, inplace=False,
+            gemm1_alpha=alpha, gemm1_clamp_limit=limit, gate_up_interleaved=False,
+        )
+        self.inputs = {}
+
+    def batch(self, tokens: int):
+        if tokens not in self.inputs:
+            torch = self.torch
+            x = torch.randn(tokens, self.hidden, device="cuda", dtype=torch.bfloat16)
+            ids = torch.rand(tokens, self.experts, device="cuda").argsort(dim=1)[:, :TOP_K].to(torch.int32)
+            weights = torch.rand(tokens, TOP_K, device="cuda", dtype=torch.float32)
+            self.inputs[tokens] = (x, ids, weights / weights.sum(dim=1, keepdim=True))
+        return self.inputs[tokens]
+
+    def run(self, tokens: int, config: dict | None):
+        from sglang.srt.layers.moe.fused_moe_triton import override_config
+        from sglang.srt.layers.moe.moe_runner.triton_utils import fused_experts
+        from sglang.srt.layers.moe.topk import StandardTopKOutput
+
+        x, ids, weights = self.batch(tokens)
+        topk = StandardTopKOutput(topk_weights=weights, topk_ids=ids, router_logits=None)
+        with override_config(config):
+            return fused_experts(x, self.w13, self.w2, topk, self.runner)
+
+    def time_us(self, tokens: int, config: dict | None, reps: int) -> float:
+        """Mean GPU time of one call, from CUDA-graph replays of ``reps`` calls (the server replays
+        decode and small prefills as graphs too, and eager timing would measure launch overhead)."""
+        torch = self.torch
+        for _ in range(2):
+            self.run(tokens, config)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(reps):
+                self.run(tokens, config)
+        graph.replay()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        for _ in range(3):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        del graph
+        return 1e3 * start.elapsed_time(end) / (3 * reps)
+
+
+def default_config(tokens: int, case: MoeCase) -> dict:
+    from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config import get_default_config
+
+    return get_default_config(tokens, case.experts, case.w2.shape[2], case.hidden, TOP_K, None, False)
+
+
+def compile_share(args) -> int:
+    """Worker: run each (tokens, config) of its share once on small tensors of the same argument
+    classes, filling the shared Triton cache. Returns how many configs failed to compile."""
+    model_dir, alpha, limit, share = args
+    import torch
+
+    publish_single_rank(model_dir)
+    torch.set_grad_enabled(False)
+    small = MoeCase(experts=128, intermediate=256, hidden=512, alpha=alpha, limit=limit)
+    failed = 0
+    for tokens, config in share:
+        try:
+            small.run(tokens, config)
+        except Exception:  # a tile too large for shared memory: timed as unusable later
+            failed += 1
+    torch.cuda.synchronize()
+    return failed
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--install", action="store_true", help="also write the table into sglang_m3/models/moe_kernel_configs/")
+    parser.add_argument("--workers", type=int, default=12, help="processes that compile the candidates")
+    parser.add_argument("--reps", type=int, default=10)
+    args = parser.parse_args(argv)
+
+    import torch
+    import triton
+    from midsize_m3 import midsize_text_config, write_midsize_checkpoint
+
+    from sglang_m3.models.moe_kernel_configs import CONFIG_DIR, table_name
+
+    model = midsize_text_config(1, 3)
+    experts, intermediate, hidden = model["num_local_experts"], model["intermediate_size"], model["hidden_size"]
+    alpha, limit = model["swiglu_alpha"], model["swiglu_limit"]
+    model_dir = write_midsize_checkpoint(tempfile.mkdtemp(prefix="m3-tune-"), 1, 3)
+
+    started = time.perf_counter()
+    work = [(tokens, config) for tokens in TOKENS for config in candidates(tokens)]
+    shares = [work[i :: args.workers] for i in range(args.workers)]
+    import multiprocessing
+
+    with ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        failed = sum(pool.map(compile_share, [(model_dir, alpha, limit, share) for share in shares]))
+    print(f"compiled {len(work)} (tokens, config) pairs in {time.perf_counter() - started:.0f} s ({failed} did not compile)", flush=True)
+
+    publish_single_rank(model_dir)
+    torch.set_grad_enabled(False)
+    case = MoeCase(experts, intermediate, hidden, alpha, limit)
+    table, report = {}, []
+    for tokens in TOKENS:
+        baseline = default_config(tokens, case)
+        timings = [(case.time_us(tokens, baseline, args.reps), baseline, "sglang default")]
+        for config in candidates(tokens):
+            try:
+                timings.append((case.time_us(tokens, config, args.reps), config, "candidate"))
+            except Exception as error:  # out of resources for this tile
+                print(f"  M={tokens} {config}: {type(error).__name__}", flush=True)
+        best_us, best, _ = min(timings, key=lambda row: row[0])
+        table[str(tokens)] = best
+        report.append({"tokens": tokens, "default_us": timings[0][0], "best_us": best_us, "best": best})
+        print(f"M={tokens:5d}: default {timings[0][0]:9.1f} us, best {best_us:9.1f} us ({timings[0][0] / best_us:.2f}x) {best}", flush=True)
+
+    name = table_name(experts, intermediate, hidden, torch.cuda.get_device_name(), triton.__version__)
+    os.makedirs(args.out, exist_ok=True)
+    targets = [os.path.join(args.out, name)] + ([os.path.join(CONFIG_DIR, name)] if args.install else [])
+    for path in targets:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump(table, handle, indent=1)
+    with open(os.path.join(args.out, "tune_fused_moe_report.json"), "w", encoding="utf-8") as handle:
+        json.dump({"gpu": torch.cuda.get_device_name(), "triton": triton.__version__, "shape": [experts, intermediate, hidden],
+                   "top_k": TOP_K, "seconds": time.perf_counter() - started, "rows": report}, handle, indent=1)
+    print(f"wrote {', '.join(targets)} in {time.perf_counter() - started:.0f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""Tuned tile configurations for SGLang's Triton fused MoE at M3's expert shapes.
+
+SGLang 0.5.23 ships no tuned fused-MoE table for M3's experts (128 experts of intermediate size
+3072 at hidden 6144: ``E=128,N=3072``), so its kernel falls back to one heuristic tile (64x64x32 for
+every prefill size), far from what an H100 does on 8K-token chunks. The tables here were measured
+with ``benchmarks/tune_fused_moe.py`` on the lent GPU through SGLang's own ``fused_experts`` and
+are applied per call with SGLang's ``override_config`` (the M3 MoE block knows its token count on
+the host, so the choice is fixed per captured graph shape and needs no device read).
+
+A table is keyed like SGLang's own files (local experts, local intermediate size, GPU name) plus the
+hidden size and the Triton version it was measured with; a shape, GPU or Triton version without a
+table leaves SGLang's own choice in place. Each table maps a token count to a config; the nearest
+measured count serves (SGLang's rule for its own tables).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+
+CONFIG_DIR = os.path.join(os.path.dirname(__file__), "moe_kernel_configs")
+
+
+def table_name(experts: int, intermediate: int, hidden: int, device_name: str, triton_version: str) -> str:
+    """File name of the table for one expert shape on one GPU and Triton version."""
+    return f"E={experts},N={intermediate},K={hidden},device_name={device_name.replace(' ', '_')},triton={triton_version}.json"
+
+
+@functools.lru_cache(maxsize=None)
+def load_table(name: str) -> dict[int, dict] | None:
+    path = os.path.join(CONFIG_DIR, name)
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as handle:
+        return {int(tokens): config for tokens, config in json.load(handle).items()}
+
+
+def tuned_config(experts: int, intermediate: int, hidden: int, tokens: int) -> dict | None:
+    """The measured config nearest to ``tokens`` for this shape on the current GPU, or None."""
+    import torch
+    import triton
+
+    table = load_table(table_name(experts, intermediate, hidden, torch.cuda.get_device_name(), triton.__version__))
+    return nearest(table, tokens) if table else None
+
+
+def nearest(table: dict[int, dict], tokens: int) -> dict:
+    """The entry measured at the token count closest to ``tokens`` (ties: the smaller count)."""
+    return table[min(sorted(table), key=lambda measured: abs(measured - tokens))]

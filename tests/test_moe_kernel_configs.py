@@ -1,0 +1,44 @@
+"""The tuned fused-MoE tile tables: lookup rule and the shipped tables' contents."""
+
+import glob
+import json
+import os
+
+import pytest
+
+from sglang_m3.models.moe_kernel_configs import CONFIG_DIR, load_table, nearest, table_name
+
+TILE_KEYS = {"BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M"}
+
+
+def test_nearest_measured_token_count_serves():
+    table = {1: {"id": "one"}, 64: {"id": "sixty-four"}, 8192: {"id": "chunk"}}
+    assert nearest(table, 1)["id"] == "one"
+    assert nearest(table, 30)["id"] == "one"
+    assert nearest(table, 40)["id"] == "sixty-four"
+    assert nearest(table, 5000)["id"] == "chunk"
+    assert nearest(table, 100_000)["id"] == "chunk"
+
+
+def test_table_name_matches_the_keys_sglang_uses_plus_hidden_and_triton():
+    name = table_name(128, 3072, 6144, "NVIDIA H100 80GB HBM3", "3.6.0")
+    assert name == "E=128,N=3072,K=6144,device_name=NVIDIA_H100_80GB_HBM3,triton=3.6.0.json"
+
+
+def test_a_missing_table_leaves_sglangs_choice():
+    assert load_table(table_name(7, 11, 13, "no such GPU", "0.0.0")) is None
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(CONFIG_DIR, "*.json"))) or [None])
+def test_shipped_tables_hold_valid_tiles(path):
+    if path is None:
+        pytest.skip("no tuned table shipped")
+    with open(path, encoding="utf-8") as handle:
+        table = json.load(handle)
+    assert table, path
+    for tokens, config in table.items():
+        assert int(tokens) >= 1
+        assert TILE_KEYS <= set(config), (path, tokens)
+        for key in TILE_KEYS:
+            value = config[key]
+            assert value >= 1 and value & (value - 1) == 0 or key == "GROUP_SIZE_M", (path, tokens, key, value)
