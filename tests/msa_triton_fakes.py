@@ -14,7 +14,7 @@ from msa_kernels.reference import MSAParams
 BLOCK, HQ, HKV, D = 16, 4, 2, 32
 PARAMS = MSAParams(block_size=BLOCK, topk=4, local_blocks=1, init_blocks=0)
 SPEC = SimpleNamespace(index_block_size=BLOCK, index_topk_blocks=4, index_local_blocks=1, index_init_blocks=0)
-LAYER = SimpleNamespace(layer_id=0, tp_q_head_num=HQ, qk_head_dim=D, v_head_dim=D, scaling=D**-0.5)
+LAYER = SimpleNamespace(layer_id=0, tp_q_head_num=HQ, qk_head_dim=D, v_head_dim=D, scaling=D**-0.5, k_scale=None, v_scale=None)
 
 
 def fake_runner(req_to_token, caches, context_len=None):

@@ -15,6 +15,9 @@ from msa_kernels.triton_select import decode_topk_kernel
 
 _LOG2E = 1.4426950408889634
 
+#: Element types an fp8 main KV cache may hold (SGLang's ``--kv-cache-dtype fp8_e4m3`` / ``fp8_e5m2``).
+FP8_KV_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
 
 def _pow2(n: int) -> int:
     return triton.next_power_of_2(max(1, n))
@@ -40,6 +43,18 @@ def _check_inputs(q, k_cache, v_cache, iq, ik_cache, num_tokens: int, block_size
         raise ValueError(f"cache slots ({k_cache.shape[0]}) must be whole pages of {block_size}")
     if q.shape[-1] != k_cache.shape[-1] or v_cache.shape[-1] != q.shape[-1]:
         raise ValueError("q, k_cache and v_cache must share head_dim")
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if cache.dtype != q.dtype and cache.dtype not in FP8_KV_DTYPES:
+            raise ValueError(f"{name} must hold q's dtype ({q.dtype}) or fp8 (float8_e4m3fn, float8_e5m2), got {cache.dtype}")
+
+
+def _check_kv_scales(k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: float, v_scale: float) -> None:
+    """Per-layer K/V scales belong to an fp8 cache; a 16-bit or fp32 cache holds the values themselves."""
+    for name, cache, value in (("k_scale", k_cache, k_scale), ("v_scale", v_cache, v_scale)):
+        if not value > 0 or value == float("inf"):
+            raise ValueError(f"{name} must be a positive finite float, got {value}")
+        if value != 1.0 and cache.dtype not in FP8_KV_DTYPES:
+            raise ValueError(f"{name} = {value} is for an fp8 KV cache, the cache holds {cache.dtype}")
 
 
 def _check_index_scale(ik_cache: torch.Tensor, ik_scale: torch.Tensor | None) -> None:
@@ -62,9 +77,11 @@ def _tile_args(tiles: Tiles):
 
 def _attention(
     plan_tiles: Tiles, page_table, q, k_cache, v_cache, selected, out, splits: int, sm_scale: float, block_size: int,
-    tickets: torch.Tensor | None = None,
+    tickets: torch.Tensor | None = None, k_scale: float = 1.0, v_scale: float = 1.0,
 ) -> None:
     """Sparse GQA over each tile's union of chosen blocks; split + LSE merge when ``splits > 1``.
+
+    ``k_scale`` / ``v_scale``: an fp8 cache's per-layer scales (values = stored * scale).
 
     With one token per tile the merge runs in the last-arriving split program of each
     (tile, kv head), counted in ``tickets`` (int32 zeros, ``tiles x kv_heads``, left zero
@@ -102,7 +119,7 @@ def _attention(
         out.stride(0), out.stride(1),
         part_o.stride(0), part_o.stride(1), part_o.stride(2), part_o.stride(3),
         part_lse.stride(0), part_lse.stride(1), part_lse.stride(2),
-        sm_scale * _LOG2E,
+        sm_scale * k_scale * _LOG2E, v_scale,
         G=group, GP=gp, ROWS=rows, D=d, BLOCK=block_size,
         TOPK=topk, KP=_pow2(topk), UP=union_slots, SPLITS=splits, WRITE_PARTIAL=partial,
         SINGLE_TOKEN=single,
@@ -162,7 +179,8 @@ def _key_tiles(keys: torch.Tensor, sentinel: int, pairs_per_tile: int):
 
 
 def _attention_block_major(
-    plan: PrefillPlan, q, k_cache, v_cache, selected, out, sm_scale: float, block_size: int
+    plan: PrefillPlan, q, k_cache, v_cache, selected, out, sm_scale: float, block_size: int,
+    k_scale: float = 1.0, v_scale: float = 1.0,
 ) -> None:
     """KV-block-major sparse GQA (see ``triton_block_major``), in passes of ``plan.block_major_chunk`` tokens."""
     hkv, d = k_cache.shape[1], q.shape[-1]
@@ -191,7 +209,7 @@ def _attention_block_major(
             selected.stride(0), selected.stride(1),
             part_o.stride(0), part_o.stride(1),
             part_lse.stride(0),
-            sm_scale * _LOG2E,
+            sm_scale * k_scale * _LOG2E, v_scale,
             HKV=hkv, TOPK=topk, G=group, GP=gp, PAIRS=pairs_per_tile, D=d, BLOCK=block_size,
             num_warps=_BLOCK_MAJOR_WARPS, num_stages=2,
         )
@@ -265,17 +283,22 @@ def run_decode(
     sm_scale: float | None = None,
     out: torch.Tensor | None = None,
     ik_scale: torch.Tensor | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One sparse layer's decode step: index scan, top-k, split sparse attention (+ merge when q_len > 1).
 
     ``q [batch*q_len, q_heads, D]``, ``iq [batch*q_len, kv_heads, Di]`` (request-major rows),
-    ``k_cache/v_cache [slots, kv_heads, D]``, ``ik_cache [slots, Di]`` (or ``[slots, 1, Di]``),
+    ``k_cache/v_cache [slots, kv_heads, D]`` in q's dtype, or fp8 (SGLang's fp8 KV cache) whose
+    values are ``k_cache * k_scale`` and ``v_cache * v_scale`` (per-layer floats, 1.0 by default),
+    ``ik_cache [slots, Di]`` (or ``[slots, 1, Di]``),
     bf16/fp32 or float8_e4m3fn with its fp32 per-slot scales ``ik_scale [slots]``.
     Returns ``(out [batch*q_len, q_heads, D], selected [batch*q_len, kv_heads, topk] int32)``;
     rows of padded tokens (``q_lens[b] < q_len``) are left unwritten.
     """
     p = plan.params
     _check_inputs(q, k_cache, v_cache, iq, ik_cache, plan.num_tokens, p.block_size)
+    _check_kv_scales(k_cache, v_cache, k_scale, v_scale)
     if k_cache.shape[1] != plan.num_kv_heads:
         raise ValueError(f"k_cache has {k_cache.shape[1]} kv heads, the plan was made for {plan.num_kv_heads}")
     selected = decode_select(plan, iq, ik_cache, ik_scale)
@@ -284,7 +307,7 @@ def run_decode(
     _attention(
         plan.tiles, plan.page_table, q, k_cache, v_cache, selected, out,
         splits=plan.attn_splits, sm_scale=_scale(sm_scale, q.shape[-1]), block_size=p.block_size,
-        tickets=plan.tickets,
+        tickets=plan.tickets, k_scale=k_scale, v_scale=v_scale,
     )
     return out, selected
 
@@ -347,6 +370,8 @@ def run_prefill(
     sm_scale: float | None = None,
     out: torch.Tensor | None = None,
     ik_scale: torch.Tensor | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One sparse layer's extend step: fused index scan + top-k, then sparse attention.
 
@@ -356,16 +381,20 @@ def run_prefill(
 
     Shapes as :func:`run_decode` with rows packed request after request; the new tokens' K, V and
     index keys must already be in the caches (SGLang writes them before attention runs).
-    ``ik_scale`` as in :func:`run_decode`.
+    ``ik_scale``, ``k_scale`` and ``v_scale`` as in :func:`run_decode`.
     """
     p = plan.params
     _check_inputs(q, k_cache, v_cache, iq, ik_cache, plan.num_tokens, p.block_size)
+    _check_kv_scales(k_cache, v_cache, k_scale, v_scale)
     selected = prefill_select(plan, iq, ik_cache, ik_scale)
     if out is None:
         out = torch.empty(plan.num_tokens, q.shape[1], v_cache.shape[-1], dtype=q.dtype, device=q.device)
     scale = _scale(sm_scale, q.shape[-1])
     if plan.block_major:
-        _attention_block_major(plan, q, k_cache, v_cache, selected, out, scale, p.block_size)
+        _attention_block_major(plan, q, k_cache, v_cache, selected, out, scale, p.block_size, k_scale, v_scale)
     else:
-        _attention(plan.attn_tiles, plan.page_table, q, k_cache, v_cache, selected, out, splits=1, sm_scale=scale, block_size=p.block_size)
+        _attention(
+            plan.attn_tiles, plan.page_table, q, k_cache, v_cache, selected, out, splits=1, sm_scale=scale,
+            block_size=p.block_size, k_scale=k_scale, v_scale=v_scale,
+        )
     return out, selected

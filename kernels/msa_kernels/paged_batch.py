@@ -27,11 +27,24 @@ class PagedBatch:
     extend_lens: list[int]
     row_stride: int  # rows of q per request in decode layout (0: packed extend layout)
     ik_scale: torch.Tensor | None = None  # [slots] fp32 when ik_cache holds fp8 keys
+    k_scale: float = 1.0  # per-layer scales when k_cache / v_cache hold fp8 (values = stored * scale)
+    v_scale: float = 1.0
 
     def with_fp8_index_keys(self) -> PagedBatch:
         """The same batch with its index keys quantized to fp8 + per-token scales (NaN poison kept)."""
         keys, scales = quantize_index_keys(self.ik_cache)
         return replace(self, ik_cache=keys, ik_scale=scales.reshape(-1))
+
+    def with_fp8_kv(self, k_scale: float = 1.0, v_scale: float = 1.0, dtype: torch.dtype = torch.float8_e4m3fn) -> PagedBatch:
+        """The same batch with its main K/V stored as SGLang's fp8 KV pool stores them: ``x / scale``
+        cast to ``dtype`` with ``.to`` (``set_kv_buffer``'s cast); NaN poison kept."""
+        return replace(
+            self,
+            k_cache=(self.k_cache.float() / k_scale).to(dtype),
+            v_cache=(self.v_cache.float() / v_scale).to(dtype),
+            k_scale=k_scale,
+            v_scale=v_scale,
+        )
 
     def rows_of(self, b: int) -> torch.Tensor:
         """Rows of ``q`` that request ``b``'s new tokens occupy."""
@@ -122,7 +135,7 @@ def reference_request(batch: PagedBatch, b: int, params: MSAParams, scale: float
     q = take(batch.q)[rows]
     iq = take(batch.iq)[rows]
     q_pos = torch.arange(s - e, s, device=device)
-    out, selected = msa_attention(q, k, v, iq, ik, q_pos, params, scale, ik_scale)
+    out, selected = msa_attention(q, k, v, iq, ik, q_pos, params, scale, ik_scale, batch.k_scale, batch.v_scale)
     return out.cpu(), selected.cpu(), block_scores(iq, ik, q_pos, params.block_size, ik_scale).cpu()
 
 

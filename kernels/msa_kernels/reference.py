@@ -5,7 +5,9 @@ functions, so they favour obviousness over speed: dense fp32 tensors, one reques
 
 Shapes, for one request whose key/value sequence has ``L`` tokens and which asks ``n`` queries:
     q   [n, Hq, D]     main-branch queries (already normed and rotated)
-    k,v [L, Hkv, D]    main-branch keys and values for positions 0 .. L-1
+    k,v [L, Hkv, D]    main-branch keys and values for positions 0 .. L-1; may be float8 (an fp8 KV
+                       cache, SGLang's convention: stored = value / scale, one scale per layer), whose
+                       values are ``k * k_scale`` and ``v * v_scale`` (both 1.0 by default)
     iq  [n, Hkv, Di]   index queries, one head per KV group
     ik  [L, Di]        index keys, one head shared by every group
     ik_scale [L]       optional: ``ik`` holds fp8 e4m3 keys and this their per-token scales
@@ -53,7 +55,12 @@ class MSAParams:
 
 
 def _acc(x: torch.Tensor) -> torch.Tensor:
-    """Accumulation dtype: fp32 for 16-bit inputs, the input's own for fp32/fp64 (exact oracles)."""
+    """Accumulation dtype: fp32 for 8- and 16-bit inputs, the input's own for fp32/fp64 (exact oracles).
+
+    torch refuses to promote float8 types, so 8-bit inputs are widened to fp32 directly (exact).
+    """
+    if x.dtype.itemsize == 1:
+        return x.float()
     return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
@@ -153,8 +160,13 @@ def sparse_attention(
     q_pos: torch.Tensor,
     block_size: int,
     scale: float | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
-    """GQA over the chosen blocks only, token-causal inside them; returns ``[n, Hq, Dv]``."""
+    """GQA over the chosen blocks only, token-causal inside them; returns ``[n, Hq, Dv]``.
+
+    The keys and values are ``k * k_scale`` and ``v * v_scale`` (an fp8 KV cache's per-layer scales).
+    """
     n, hq, d = q.shape
     length, hkv, dv = v.shape
     group = hq // hkv
@@ -164,10 +176,10 @@ def sparse_attention(
     chosen.scatter_(2, selected.masked_fill(selected < 0, nb), True)
     token_pos = torch.arange(length, device=q.device)
     allowed = chosen[:, :, token_pos // block_size] & (token_pos[None, None, :] <= q_pos[:, None, None])
-    logits = torch.einsum("ngqd,lgd->ngql", _acc(q).view(n, hkv, group, d), _acc(k)) * scale
+    logits = torch.einsum("ngqd,lgd->ngql", _acc(q).view(n, hkv, group, d), _acc(k) * k_scale) * scale
     logits = logits.masked_fill(~allowed[:, :, None, :], float("-inf"))
     probs = torch.softmax(logits, dim=-1)
-    out = torch.einsum("ngql,lgd->ngqd", probs, _acc(v).to(probs.dtype))
+    out = torch.einsum("ngql,lgd->ngqd", probs, (_acc(v) * v_scale).to(probs.dtype))
     return out.reshape(n, hq, dv).to(q.dtype)
 
 
@@ -181,10 +193,13 @@ def msa_attention(
     params: MSAParams,
     scale: float | None = None,
     ik_scale: torch.Tensor | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One request's MSA: returns (output ``[n, Hq, Dv]``, selected blocks ``[n, Hkv, topk]``).
 
     ``ik_scale``: per-token scales of fp8 index keys (see :func:`quantize_index_keys`), or None.
+    ``k_scale`` / ``v_scale``: per-layer scales of an fp8 main KV cache (see :func:`sparse_attention`).
     """
     if iq.shape[1] != k.shape[1]:
         raise ValueError(f"index heads ({iq.shape[1]}) must equal KV heads ({k.shape[1]})")
@@ -192,4 +207,4 @@ def msa_attention(
         raise ValueError(f"query position {int(q_pos.max())} has no key (kv length {k.shape[0]})")
     scores = block_scores(iq, ik, q_pos, params.block_size, ik_scale)
     selected = select_blocks(scores, q_pos, params)
-    return sparse_attention(q, k, v, selected, q_pos, params.block_size, scale), selected
+    return sparse_attention(q, k, v, selected, q_pos, params.block_size, scale, k_scale, v_scale), selected

@@ -7,6 +7,12 @@ choose, plus the token-level causal mask. Decode splits the union over several p
 merges their partial outputs by log-sum-exp: for one-token tiles (q_len 1) the last split to
 finish (an atomic ticket per (tile, head)) merges, saving a dependent launch; taller tiles merge
 in a separate launch. Prefill runs one program per tile.
+
+fp8 KV caches (SGLang's ``--kv-cache-dtype fp8_e4m3``: stored = value / scale, one scale per layer
+for K and one for V): each K/V tile is widened to the query's dtype right after its load (exact),
+so the MMAs run as for a 16-bit cache and accumulate in fp32; the K scale is folded into the
+score scale ``qk_scale_log2`` by the launcher and the V scale multiplies the normalised output
+(``v_scale``), which equals scaling every value since each output row is a convex combination.
 """
 
 import triton
@@ -28,7 +34,7 @@ def sparse_attention_kernel(
     s_o_t, s_o_h,
     s_po_t, s_po_h, s_po_s, s_po_r,
     s_pl_t, s_pl_h, s_pl_s,
-    qk_scale_log2,
+    qk_scale_log2, v_scale,
     G: tl.constexpr, GP: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
     TOPK: tl.constexpr, KP: tl.constexpr, UP: tl.constexpr, SPLITS: tl.constexpr, WRITE_PARTIAL: tl.constexpr,
     SINGLE_TOKEN: tl.constexpr,
@@ -78,7 +84,7 @@ def sparse_attention_kernel(
         key_ok = kpos <= last_pos  # never touch rows past the newest token (may hold garbage)
         slots = page * BLOCK + keys
         k_t = tl.load(k_ptr + slots[None, :] * s_k_slot + h * s_k_h + d[:, None], mask=key_ok[None, :], other=0.0)
-        s = tl.dot(q, k_t) * qk_scale_log2
+        s = tl.dot(q, k_t.to(q.dtype)) * qk_scale_log2
         allowed = kpos[None, :] <= row_pos[:, None]
         if not SINGLE_TOKEN:  # rows whose token did not choose this block of the union
             allowed = allowed & (tl.max((row_sel == blk).to(tl.int32), axis=1) > 0)[:, None]
@@ -89,10 +95,10 @@ def sparse_attention_kernel(
         p = tl.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_ptr + slots[:, None] * s_v_slot + h * s_v_h + d[None, :], mask=key_ok[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
         m_i = m_new
     has_any = l_i > 0
-    o = acc / tl.where(has_any, l_i, 1.0)[:, None]
+    o = acc / tl.where(has_any, l_i, 1.0)[:, None] * v_scale
     if WRITE_PARTIAL:
         lse = tl.where(has_any, m_i + tl.log2(tl.where(has_any, l_i, 1.0)), float("-inf"))
         base = tile * s_po_t + h * s_po_h

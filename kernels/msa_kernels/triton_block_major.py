@@ -7,7 +7,8 @@ is inverted: the (token, kv head, slot) *pairs* of a chunk are sorted by (kv hea
 into tiles of at most ``PAIRS`` pairs of one block. A tile loads its block's K and V once for all
 ``PAIRS x group`` query rows and writes one partial output per pair (its softmax normalised over
 that block, plus the base-2 log-sum-exp); ``merge_splits`` then combines a token's partials, one
-per chosen block.
+per chosen block. fp8 K/V caches are read as in ``triton_attention`` (widened after the load, the
+K scale folded into ``qk_scale_log2``, the V scale applied to each partial output).
 """
 
 import triton
@@ -27,7 +28,7 @@ def block_major_attention_kernel(
     s_sel_t, s_sel_h,
     s_po_p, s_po_g,
     s_pl_p,
-    qk_scale_log2,
+    qk_scale_log2, v_scale,
     HKV: tl.constexpr, TOPK: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
     PAIRS: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
 ):
@@ -60,7 +61,7 @@ def block_major_attention_kernel(
         # Rows past a block's newest visible token may hold another request's garbage: never load them.
         key_ok = keys <= tl.max(limit, 0)
         k_t = tl.load(k_ptr + slots[None, :] * s_k_slot + head * s_k_h + d[:, None], mask=key_ok[None, :], other=0.0)
-        s = tl.dot(q, k_t) * qk_scale_log2
+        s = tl.dot(q, k_t.to(q.dtype)) * qk_scale_log2
         s = tl.where(keys[None, :] <= limit[:, None], s, float("-inf"))
         m = tl.max(s, axis=1)
         m_safe = tl.where(m == float("-inf"), 0.0, m)
@@ -68,7 +69,7 @@ def block_major_attention_kernel(
         l_sum = tl.sum(p, axis=1)
         l_safe = tl.where(l_sum > 0, l_sum, 1.0)
         v = tl.load(v_ptr + slots[:, None] * s_v_slot + head * s_v_h + d[None, :], mask=key_ok[:, None], other=0.0)
-        o = tl.dot(p.to(v.dtype), v) / l_safe[:, None]
+        o = tl.dot(p.to(q.dtype), v.to(q.dtype)) / l_safe[:, None] * v_scale
         tl.store(part_o_ptr + pair[:, None] * s_po_p + g[:, None] * s_po_g + d[None, :], o.to(part_o_ptr.dtype.element_ty), mask=row_ok[:, None])
         tl.store(part_lse_ptr + pair * s_pl_p + g, m_safe + tl.log2(l_safe), mask=row_ok)
 

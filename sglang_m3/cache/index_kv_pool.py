@@ -5,7 +5,9 @@ slot ids (radix prefix sharing, chunked prefill, freeing, moving slots) therefor
 keys consistent with no extra bookkeeping; only operations that copy slot contents (move, host
 offload) need to copy the index keys too, and they are overridden here.
 
-Index keys are 16-bit by default, also under an fp8 main KV cache. Opt-in
+Index keys are stored in the KV cache's dtype, except under an 8-bit main KV cache
+(``--kv-cache-dtype fp8_e4m3``): there they keep the model's dtype (bf16 for M3 checkpoints), as
+SGLang's own M3 pool does off Hopper, because fp8 keys change which blocks are selected. Opt-in
 (``SGLANG_M3_INDEX_KEY_DTYPE=fp8_e4m3``, :mod:`sglang_m3.cache.index_key_dtype`) they are e4m3 with
 one fp32 scale per token, kept in a second per-layer buffer under the same slot ids.
 """
@@ -31,15 +33,16 @@ class M3IndexedKVPool(MHATokenToKVPool):
     sparse_layer_ids: tuple[int, ...] = ()
     index_head_dim: int = 0
     index_key_fp8: bool = False  # e4m3 keys + per-token fp32 scales
+    model_dtype: torch.dtype = torch.bfloat16  # the index keys' dtype under an 8-bit main KV cache
 
     def _create_buffers(self):
         super()._create_buffers()
-        # 16-bit index keys unless fp8 ones were asked for: an fp8 *main* KV cache alone does not
+        # Model-dtype index keys unless fp8 ones were asked for: an fp8 *main* KV cache alone does not
         # quantize them (benchmarks/results/index_fp8_quality.md measures what fp8 keys change).
         if self.index_key_fp8:
             self.index_dtype = torch.float8_e4m3fn
         else:
-            self.index_dtype = torch.bfloat16 if self.dtype.itemsize == 1 else self.dtype
+            self.index_dtype = index_key_storage_dtype(self.dtype, self.model_dtype)
         layers = [
             layer_id for layer_id in self.sparse_layer_ids if self.start_layer <= layer_id < self.start_layer + self.layer_num
         ]
@@ -115,23 +118,39 @@ class M3IndexedKVPool(MHATokenToKVPool):
                 buffers[layer_id][indices] = saved.to(buffers[layer_id].device)
 
 
-def indexed_pool_class(spec: M3TextSpec) -> type[M3IndexedKVPool]:
-    """A pool class bound to one model's sparse layers, index-key width and (from the environment) key dtype."""
+def index_key_storage_dtype(kv_dtype: torch.dtype, model_dtype: torch.dtype) -> torch.dtype:
+    """Dtype of unquantized index keys: the KV cache's, or the model's under an 8-bit KV cache."""
+    return model_dtype if kv_dtype.itemsize == 1 else kv_dtype
+
+
+def indexed_pool_class(spec: M3TextSpec, model_dtype: torch.dtype = torch.bfloat16) -> type[M3IndexedKVPool]:
+    """A pool class bound to one model's sparse layers, index-key width, dtype (``model_dtype``, the
+    model's activations, used under an 8-bit KV cache) and (from the environment) fp8 switch."""
     return type(
         "M3IndexedKVPool",
         (M3IndexedKVPool,),
-        {"sparse_layer_ids": tuple(spec.sparse_layer_ids), "index_head_dim": spec.index_head_dim, "index_key_fp8": index_key_fp8()},
+        {
+            "sparse_layer_ids": tuple(spec.sparse_layer_ids),
+            "index_head_dim": spec.index_head_dim,
+            "index_key_fp8": index_key_fp8(),
+            "model_dtype": model_dtype,
+        },
     )
 
 
 def index_bytes_per_token(
-    spec: M3TextSpec, start_layer: int, end_layer: int, kv_dtype: torch.dtype, fp8: bool | None = None
+    spec: M3TextSpec,
+    start_layer: int,
+    end_layer: int,
+    kv_dtype: torch.dtype,
+    fp8: bool | None = None,
+    model_dtype: torch.dtype = torch.bfloat16,
 ) -> int:
     """Extra KV bytes per token that the index keys of this rank's sparse layers cost.
 
     ``fp8`` defaults to the configured index-key dtype (what :func:`indexed_pool_class` builds).
     """
     fp8 = index_key_fp8() if fp8 is None else fp8
-    element = 2 if kv_dtype.itemsize == 1 else kv_dtype.itemsize
+    element = index_key_storage_dtype(kv_dtype, model_dtype).itemsize
     local = sum(1 for layer in spec.sparse_layer_ids if start_layer <= layer < end_layer)
     return local * index_key_bytes(spec.index_head_dim, fp8, element)

@@ -82,7 +82,7 @@ def build_indexed_kv_pool(original, configurator, *, max_total_num_tokens, mha_p
     return original(
         configurator,
         max_total_num_tokens=max_total_num_tokens,
-        mha_pool_class=indexed_pool_class(spec),
+        mha_pool_class=indexed_pool_class(spec, configurator.model_dtype),
         quant_method=quant_method,
     )
 
@@ -94,4 +94,6 @@ def add_index_key_bytes(cell_size, pool_configurator, kvc, num_layers):
 
     spec = spec_of(kvc.model_config)
     info = kvc.layer_info
-    return cell_size + index_bytes_per_token(spec, info.start_layer, info.end_layer, kvc.kv_cache_dtype)
+    return cell_size + index_bytes_per_token(
+        spec, info.start_layer, info.end_layer, kvc.kv_cache_dtype, model_dtype=kvc.model_dtype
+    )

@@ -111,7 +111,8 @@ class SDPADensePrefill:
             if span.slots is None:
                 keys, values, mask, causal, backend = k[rows], v[rows], None, True, SDPBackend.CUDNN_ATTENTION
             else:
-                keys, values = k_cache[span.slots], v_cache[span.slots]
+                # an fp8 cache (no KV scales: ``takes``) holds the values themselves; SDPA wants q's dtype
+                keys, values = k_cache[span.slots].to(q.dtype), v_cache[span.slots].to(q.dtype)
                 mask = causal_lower_right(span.q_len, span.slots.shape[0])
                 causal, backend = False, SDPBackend.FLASH_ATTENTION
             with sdpa_kernel([backend, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):

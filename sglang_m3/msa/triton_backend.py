@@ -94,9 +94,14 @@ class MSATritonBackend(MSATorchBackend):
             queries_in_seq_lens,
         )
 
-    def _run(self, q, k_cache, v_cache, index_q, index_k_cache, scale, index_k_scale=None) -> torch.Tensor:
+    def _run(
+        self, q, k_cache, v_cache, index_q, index_k_cache, scale, index_k_scale=None, k_scale=1.0, v_scale=1.0
+    ) -> torch.Tensor:
         run = run_decode if isinstance(self.kernel_plan, DecodePlan) else run_prefill
-        out, _ = run(self.kernel_plan, q, k_cache, v_cache, index_q, index_k_cache, sm_scale=scale, ik_scale=index_k_scale)
+        out, _ = run(
+            self.kernel_plan, q, k_cache, v_cache, index_q, index_k_cache,
+            sm_scale=scale, ik_scale=index_k_scale, k_scale=k_scale, v_scale=v_scale,
+        )
         return out
 
 

@@ -93,7 +93,7 @@ def test_backend_store_through_a_cuda_pool(monkeypatch):
     _, k, v = cases.packed_qkv(5, spec.num_heads, spec.num_kv_heads, spec.head_dim, torch.float32, gen, CUDA)
     index_k = torch.randn(5, spec.index_head_dim, generator=gen).to(CUDA)
     batch = types.SimpleNamespace(out_cache_loc=torch.tensor([3, 64, 20, 21, 50], device=CUDA))
-    layer = types.SimpleNamespace(layer_id=1)
+    layer = types.SimpleNamespace(layer_id=1, k_scale=None, v_scale=None)  # RadixAttention without KV scales
 
     @torch.no_grad()  # as in the server: SGLang's store_cache custom op is registered for the eager, grad-free call
     def store():

@@ -204,7 +204,7 @@ def test_index_heads_of_a_tensor_parallel_rank(tiny_spec):
 def test_backend_store_uses_the_fused_insert_only_for_cuda(tiny_spec, monkeypatch):
     from sglang_m3.msa import backend
 
-    layer = types.SimpleNamespace(layer_id=2)
+    layer = types.SimpleNamespace(layer_id=2, k_scale=None, v_scale=None)  # RadixAttention without KV scales
     gen = torch.Generator().manual_seed(11)
     _, k, v = packed_qkv(4, tiny_spec.num_heads, tiny_spec.num_kv_heads, tiny_spec.head_dim, torch.float32, gen)
     index_k = torch.randn(4, tiny_spec.index_head_dim, generator=gen)

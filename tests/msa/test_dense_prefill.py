@@ -24,9 +24,9 @@ class _DensePool:
     def __init__(self, k, v):
         self.k, self.v = k, v
 
-    def set_kv_buffer(self, layer, write, k, v):
-        self.k[write.loc] = k.view(-1, HKV, D)
-        self.v[write.loc] = v.view(-1, HKV, D)
+    def set_kv_buffer(self, layer, write, k, v):  # cast to the cache's dtype, as SGLang's pool does
+        self.k[write.loc] = k.view(-1, HKV, D).to(self.k.dtype)
+        self.v[write.loc] = v.view(-1, HKV, D).to(self.v.dtype)
 
     def get_key_buffer(self, layer_id):
         return self.k
@@ -95,6 +95,25 @@ def test_matches_causal_attention_over_prefix_and_new_tokens(kv_lens, extend_len
         expected = _reference(q[start : start + new].view(new, HQ, D), k_all[slots], v_all[slots], kv - new)
         torch.testing.assert_close(out[start : start + new].view(new, HQ, D), expected, rtol=1e-12, atol=1e-12)
         start += new
+
+
+def test_fp8_cache_prefix_is_read_as_its_e4m3_values():
+    """``--kv-cache-dtype fp8_e4m3`` (no KV scales): a chunk after a prefix attends the cached e4m3
+    values of every token, widened to the query's dtype (SDPA refuses mixed dtypes)."""
+    req_to_token, fb, k_all, v_all, q = _setup([40, 23], [5, 23])
+    k_all, v_all, q = k_all.float(), v_all.float(), q.float()
+    k_cache, v_cache = k_all.to(torch.float8_e4m3fn), v_all.to(torch.float8_e4m3fn)
+    runner = SimpleNamespace(req_to_token_pool=SimpleNamespace(req_to_token=req_to_token), token_to_kv_pool=_DensePool(k_cache, v_cache))
+    path = SDPADensePrefill(runner)
+    path.plan(fb)
+    layer = _layer()
+    k_new, v_new = k_all[fb.out_cache_loc], v_all[fb.out_cache_loc]
+    out = path.forward_extend(q, k_new.reshape(len(q), -1), v_new.reshape(len(q), -1), layer, fb)
+    slots = req_to_token[1, :40]  # the request with a 35-token prefix
+    expected = _reference(q[:5].view(5, HQ, D), k_cache[slots].float(), v_cache[slots].float(), 35)
+    torch.testing.assert_close(out[:5].view(5, HQ, D), expected, rtol=1e-5, atol=1e-5)
+    unrounded = _reference(q[:5].view(5, HQ, D), k_all[slots], v_all[slots], 35)
+    assert (out[:5].view(5, HQ, D) - unrounded).abs().max() > 1e-3  # the e4m3 rounding is visible
 
 
 @pytest.mark.parametrize("mode", ["DECODE", "TARGET_VERIFY"])

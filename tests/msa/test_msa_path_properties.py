@@ -228,7 +228,7 @@ def test_torch_backend_forward_modes_match_brute_force(case):
         index_block_size=case["block"], index_topk_blocks=case["topk"],
         index_local_blocks=case["local"], index_init_blocks=case["init"],
     )
-    layer = SimpleNamespace(layer_id=0, tp_q_head_num=hq, qk_head_dim=d, v_head_dim=d, scaling=1 / math.sqrt(d))
+    layer = SimpleNamespace(layer_id=0, tp_q_head_num=hq, qk_head_dim=d, v_head_dim=d, scaling=1 / math.sqrt(d), k_scale=None, v_scale=None)
     backend = MSATorchBackend(_storing_runner(req_to_token, k_cache, v_cache, ik_cache), spec)
     backend.init_forward_metadata(fb)
     got = backend.forward_extend(

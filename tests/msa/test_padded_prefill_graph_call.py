@@ -60,7 +60,7 @@ def test_padded_index_operands_are_narrowed_to_the_real_tokens():
     index_q = torch.randn(n + pad, hkv, d, generator=gen, dtype=torch.float64)
     index_k = torch.cat([ik_all[fb.out_cache_loc], torch.full((pad, d), float("nan"), dtype=torch.float64)])
     spec = SimpleNamespace(index_block_size=8, index_topk_blocks=2, index_local_blocks=1, index_init_blocks=1)
-    layer = SimpleNamespace(layer_id=0, tp_q_head_num=hq, qk_head_dim=d, v_head_dim=d, scaling=1 / math.sqrt(d))
+    layer = SimpleNamespace(layer_id=0, tp_q_head_num=hq, qk_head_dim=d, v_head_dim=d, scaling=1 / math.sqrt(d), k_scale=None, v_scale=None)
 
     outputs, caches = [], []
     for padded in (False, True):
