@@ -227,7 +227,9 @@ def profile_server(base_url: str, out_dir: str, impl: str, chunk_tokens: int) ->
     decode = profile_steps(base_url, out_dir, f"{impl}-decode", THROUGHPUT_PROMPT, 10 * steps, steps, 0.5)
     chunks = -(-LONG_CONTEXT_PROMPT // chunk_tokens)
     stream_generate(base_url, random_prompt(LONG_CONTEXT_PROMPT, 10**7 + 1), 1)  # compiles this length's kernels
-    prefill = profile_steps(base_url, out_dir, f"{impl}-prefill32k", LONG_CONTEXT_PROMPT, 1, chunks, 0.0)
+    # 16 output tokens: the profiler stops after its step count, so steps must keep coming after the
+    # last chunk (with one output token the server idles and the trace is never written).
+    prefill = profile_steps(base_url, out_dir, f"{impl}-prefill32k", LONG_CONTEXT_PROMPT, 16, chunks, 0.0)
     return {"decode_c1": decode, "prefill_32k": prefill}
 
 

@@ -53,7 +53,12 @@ def publish_single_rank(model_dir: str) -> None:
 
     publish(ServerArgs(model_path=model_dir, skip_tokenizer_init=True, load_format="dummy"), role="scheduler")
     group = types.SimpleNamespace(world_size=1, rank_in_group=0)
-    get_parallel().override(tp_group=group, tp_size=1, tp_rank=0).__enter__()
+    # Held for the process's life: the override undoes itself when its context object is collected.
+    _SINGLE_RANK.append(get_parallel().override(tp_group=group, tp_size=1, tp_rank=0))
+    _SINGLE_RANK[-1].__enter__()
+
+
+_SINGLE_RANK: list = []
 
 
 class MoeCase:
@@ -122,23 +127,24 @@ def default_config(tokens: int, case: MoeCase) -> dict:
     return get_default_config(tokens, case.experts, case.w2.shape[2], case.hidden, TOP_K, None, False)
 
 
-def compile_share(args) -> int:
+def compile_share(args) -> tuple[int, str]:
     """Worker: run each (tokens, config) of its share once on small tensors of the same argument
-    classes, filling the shared Triton cache. Returns how many configs failed to compile."""
+    classes, filling the shared Triton cache. Returns how many failed and the first error."""
     model_dir, alpha, limit, share = args
     import torch
 
     publish_single_rank(model_dir)
     torch.set_grad_enabled(False)
     small = MoeCase(experts=128, intermediate=256, hidden=512, alpha=alpha, limit=limit)
-    failed = 0
+    failed, first_error = 0, ""
     for tokens, config in share:
         try:
             small.run(tokens, config)
-        except Exception:  # a tile too large for shared memory: timed as unusable later
+        except Exception as error:  # a tile too large for shared memory: skipped when timing too
             failed += 1
+            first_error = first_error or f"M={tokens} {config}: {type(error).__name__}: {error}"[:500]
     torch.cuda.synchronize()
-    return failed
+    return failed, first_error
 
 
 def main(argv=None) -> int:
@@ -166,8 +172,14 @@ def main(argv=None) -> int:
     import multiprocessing
 
     with ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        failed = sum(pool.map(compile_share, [(model_dir, alpha, limit, share) for share in shares]))
-    print(f"compiled {len(work)} (tokens, config) pairs in {time.perf_counter() - started:.0f} s ({failed} did not compile)", flush=True)
+        outcomes = list(pool.map(compile_share, [(model_dir, alpha, limit, share) for share in shares]))
+    failed = sum(count for count, _ in outcomes)
+    errors = [error for _, error in outcomes if error]
+    print(f"compiled {len(work)} (tokens, config) pairs in {time.perf_counter() - started:.0f} s ({failed} failed)", flush=True)
+    if errors:
+        print(f"  first failure: {errors[0]}", flush=True)
+    if failed == len(work):
+        raise RuntimeError(f"no candidate ran: {errors[0]}")
 
     publish_single_rank(model_dir)
     torch.set_grad_enabled(False)
