@@ -61,7 +61,7 @@ def _server_overrides() -> dict:
         from sglang.srt.runtime_context import get_model
 
         raw = get_model().json_model_override_args
-    except Exception:  # not inside an SGLang server process (tests, inspect, tools)
+    except ValueError:  # "config namespace 'model' not published": not inside an SGLang server (tests, inspect, tools)
         return {}
     overrides = json.loads(raw) if isinstance(raw, str) and raw.strip() else (raw or {})
     if not isinstance(overrides, Mapping):
