@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -134,8 +135,6 @@ def start_server(impl: str, model_dir: str, out_dir: str, tp: int, ep: int):
 
 
 def stop_server(process) -> None:
-    import signal
-
     try:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=60)
@@ -165,15 +164,16 @@ def warm_up(base_url: str, seed) -> None:
         run_group(base_url, [random_prompt(THROUGHPUT_PROMPT, next(seed)) for _ in range(concurrency)], 16)
 
 
-def measure(base_url: str, quick: bool, seed) -> list[dict]:
-    """Every workload of the benchmark against one running server, as result rows."""
-    rows = []
+def measure(base_url: str, quick: bool, seed, rows: list[dict], saved) -> None:
+    """Every workload of the benchmark against one running server, appended to ``rows`` as result
+    rows; ``saved()`` after each workload writes what is there so far."""
     ttft_prompts = TTFT_PROMPTS[:1] if quick else TTFT_PROMPTS
     for length in ttft_prompts:
         stream_generate(base_url, random_prompt(length, next(seed)), 1)  # this length's first run
         runs = [stream_generate(base_url, random_prompt(length, next(seed)), 1).ttft_s for _ in range(2)]
         rows.append({"metric": "ttft_ms", "prompt_tokens": length, "concurrency": 1, "value": 1e3 * sum(runs) / len(runs)})
         print(f"  ttft {length}: {rows[-1]['value']:.1f} ms", flush=True)
+        saved()
     output = 64 if quick else THROUGHPUT_OUTPUT
     for concurrency in THROUGHPUT_CONCURRENCY[:2] if quick else THROUGHPUT_CONCURRENCY:
         group = run_group(base_url, [random_prompt(THROUGHPUT_PROMPT, next(seed)) for _ in range(concurrency)], output)
@@ -183,6 +183,7 @@ def measure(base_url: str, quick: bool, seed) -> list[dict]:
         if concurrency > 1:
             rows.append({"metric": "ttft_ms", **common, "value": group.mean_ttft_ms})
         print(f"  c{concurrency} 2K: tpot {group.mean_tpot_ms:.2f} ms, {group.output_tok_s:.0f} tok/s, ttft {group.mean_ttft_ms:.0f} ms", flush=True)
+        saved()
     if not quick:
         prompts = [random_prompt(LONG_CONTEXT_PROMPT, next(seed)) for _ in range(LONG_CONTEXT_CONCURRENCY)]
         group = run_group(base_url, prompts, THROUGHPUT_OUTPUT)
@@ -190,7 +191,7 @@ def measure(base_url: str, quick: bool, seed) -> list[dict]:
         rows.append({"metric": "tpot_ms", **common, "value": group.mean_tpot_ms})
         rows.append({"metric": "ttft_ms", **common, "value": group.mean_ttft_ms})
         print(f"  c16 32K: tpot {group.mean_tpot_ms:.2f} ms, ttft {group.mean_ttft_ms:.0f} ms", flush=True)
-    return rows
+        saved()
 
 
 def profile_steps(base_url: str, out_dir: str, label: str, prompt_tokens: int, max_new_tokens: int, steps: int, delay_s: float) -> dict:
@@ -233,28 +234,40 @@ def profile_server(base_url: str, out_dir: str, impl: str, chunk_tokens: int) ->
     return {"decode_c1": decode, "prefill_32k": prefill}
 
 
-def bench_one(impl: str, model_dir: str, out_dir: str, tp: int, ep: int, quick: bool, profile: bool = False, measured: bool = True) -> dict:
+def bench_one(impl: str, model_dir: str, path: str, result: dict, quick: bool, profile: bool, measured: bool) -> None:
+    """Serve with one implementation and measure it, rewriting ``path`` (``result`` plus what is
+    measured, ``"complete": false`` until the end) after every step, so a run cut short by its
+    time limit keeps everything it measured."""
+    tp, ep = result["tp"], result["ep"]
+    out_dir = os.path.dirname(path)
+
+    def saved() -> None:
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump(result, handle, indent=2)
+
     print(f"[{impl}] tp{tp} ep{ep}: starting the server", flush=True)
+    rows: list[dict] = []
+    result.update(impl=impl, complete=False, rows=rows)
     with PeakGpuMemory() as memory:
         process, base_url, startup_s, log_path = start_server(impl, model_dir, out_dir, tp, ep)
         try:
             info = requests.get(f"{base_url}/get_server_info", timeout=30).json()
             print(f"[{impl}] ready in {startup_s:.0f} s", flush=True)
+            result.update(startup_s=startup_s, kv_tokens=info.get("max_total_num_tokens"), cuda_graphs=graphs_captured(log_path))
+            saved()
             seed = iter(range(10**6))
             warm_up(base_url, seed)
-            rows = measure(base_url, quick, seed) if measured else []
-            chunk = info.get("chunked_prefill_size") or LONG_CONTEXT_PROMPT
-            profiles = profile_server(base_url, out_dir, impl, chunk) if profile else None
+            if measured:
+                measure(base_url, quick, seed, rows, saved)
+            if profile:
+                result["profiles"] = profile_server(base_url, out_dir, impl, info.get("chunked_prefill_size") or LONG_CONTEXT_PROMPT)
+            result["complete"] = True
         finally:
             stop_server(process)
-    return {
-        "impl": impl, "tp": tp, "ep": ep, "startup_s": startup_s,
-        "kv_tokens": info.get("max_total_num_tokens"),
-        "peak_gpu_memory_gb": memory.peak_mib * 2**20 / 1e9,
-        "cuda_graphs": graphs_captured(log_path),
-        "rows": [{**row, "tp": tp, "ep": ep} for row in rows],
-        **({"profiles": profiles} if profiles else {}),
-    }
+            for row in rows:
+                row.update(tp=tp, ep=ep)
+            result["peak_gpu_memory_gb"] = memory.peak_mib * 2**20 / 1e9
+            saved()
 
 
 def gpu_name() -> str:
@@ -288,18 +301,22 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     model_dir = write_midsize_checkpoint(tempfile.mkdtemp(prefix="m3-midsize-"), args.dense_layers, args.sparse_layers)
+    # ``timeout`` ends a device run with SIGTERM: turn it into an exception so each ``finally``
+    # stops its server (a server left running holds the GPU for the next call) and saves.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(f"stopped by signal {signum}"))
     failures = 0
     for impl in args.impl or IMPLS:
+        path = os.path.join(args.out, f"e2e_gpu_{impl}_tp{args.tp}_ep{args.ep}.json")
+        result = {
+            "tp": args.tp, "ep": args.ep, "gpu": gpu_name(), "commit": commit(), "quick": args.quick,
+            "model": midsize_text_config(args.dense_layers, args.sparse_layers),
+        }
         try:
-            result = bench_one(impl, model_dir, args.out, args.tp, args.ep, args.quick, args.profile or args.profile_only, not args.profile_only)
+            bench_one(impl, model_dir, path, result, args.quick, args.profile or args.profile_only, not args.profile_only)
         except Exception as error:  # one server failing must not lose the other's numbers
-            print(f"[{impl}] FAILED: {error}", flush=True)
+            print(f"[{impl}] FAILED: {error}; what it measured is in {path}", flush=True)
             failures += 1
             continue
-        result.update(gpu=gpu_name(), commit=commit(), quick=args.quick, model=midsize_text_config(args.dense_layers, args.sparse_layers))
-        path = os.path.join(args.out, f"e2e_gpu_{impl}_tp{args.tp}_ep{args.ep}.json")
-        with open(path, "w", encoding="utf-8") as handle:
-            json.dump(result, handle, indent=2)
         print(f"[{impl}] wrote {path}", flush=True)
     return 1 if failures else 0
 

@@ -63,7 +63,8 @@ def merge(servers: list[dict], ops: dict[str, list[str]], note: str = "") -> dic
         "cuda_graphs": all(s["cuda_graphs"] for s in servers) and {s["impl"] for s in servers} == {"ours", "upstream"},
         "model": first["model"],
         "servers": [
-            {k: s[k] for k in ("impl", "tp", "ep", "startup_s", "kv_tokens", "peak_gpu_memory_gb", "cuda_graphs", "quick", "commit")}
+            {**{k: s[k] for k in ("impl", "tp", "ep", "startup_s", "kv_tokens", "peak_gpu_memory_gb", "cuda_graphs", "quick", "commit")},
+             "complete": s.get("complete", True)}  # False: the run was cut short; its rows are what it measured
             for s in servers
         ],
         "standin_ops": ops,
@@ -98,11 +99,13 @@ def markdown(result: dict) -> str:
             f"| {row['metric']} | {row['prompt_tokens']} | {row['concurrency']} | {row['tp']} | {row['ep']} | "
             f"{fmt(row['ours'])} | {fmt(row['upstream'])} | {'-' if r is None else f'{r:.2f}x'} |"
         )
-    lines += ["", "| server | commit | tp | ep | start-up s | KV tokens | peak GPU GB | CUDA graphs |", "|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "", "| server | commit | tp | ep | start-up s | KV tokens | peak GPU GB | CUDA graphs | complete |", "|---|---|---|---|---|---|---|---|---|"
+    ]
     for s in result["servers"]:
         lines.append(
             f"| {s['impl']} | {s['commit']} | {s['tp']} | {s['ep']} | {s['startup_s']:.0f} | {s['kv_tokens']:,} | "
-            f"{s['peak_gpu_memory_gb']:.1f} | {s['cuda_graphs']} |"
+            f"{s['peak_gpu_memory_gb']:.1f} | {s['cuda_graphs']} | {'yes' if s['complete'] else 'no (cut short)'} |"
         )
     lines += ["", "Ops that ran through the harness's `sgl_kernel` stand-ins (not SGLang's compiled kernels):", ""]
     for impl, names in result["standin_ops"].items():

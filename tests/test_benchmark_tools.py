@@ -98,3 +98,45 @@ def test_report_pairs_servers_and_speed_up_points_the_right_way(tmp_path):
     assert ratios == {"ttft_ms": 1.5, "output_tok_s": 1.5}
     assert e2e_gpu_report.gpu_key(result["gpu"]) == "h100"
     assert "| ttft_ms | 8192 | 1 | 1 | 1 | 100.00 | 150.00 | 1.50x |" in e2e_gpu_report.markdown(result)
+
+
+def test_report_marks_a_server_cut_short(tmp_path):
+    cut = {**_server("upstream", [{"metric": "ttft_ms", "prompt_tokens": 8192, "concurrency": 1, "value": 150.0}]), "complete": False}
+    (tmp_path / "e2e_gpu_upstream_tp1_ep1.json").write_text(json.dumps(cut))
+    (tmp_path / "e2e_gpu_ours_tp1_ep1.json").write_text(json.dumps(_server("ours", [])))
+    result = e2e_gpu_report.merge(e2e_gpu_report.load_servers([str(tmp_path)]), {}, "")
+    assert {s["impl"]: s["complete"] for s in result["servers"]} == {"ours": True, "upstream": False}
+    assert "| 1.0 | True | no (cut short) |" in e2e_gpu_report.markdown(result)
+
+
+def test_each_workload_is_saved_as_soon_as_it_is_measured(monkeypatch):
+    """A device run cut by its time limit keeps every row measured before the cut."""
+    import e2e_gpu
+    from serving_client import RequestTiming
+
+    class Group:
+        mean_tpot_ms, output_tok_s, mean_ttft_ms = 2.0, 500.0, 40.0
+
+    calls = {"single": 0, "group": 0}
+
+    def single(*args, **kwargs):
+        calls["single"] += 1
+        return RequestTiming(0.1, 0.2, 1)
+
+    def group(*args, **kwargs):
+        calls["group"] += 1
+        if calls["group"] == 3:
+            raise SystemExit("stopped by signal 15")  # the third group workload is cut
+        return Group()
+
+    monkeypatch.setattr(e2e_gpu, "stream_generate", single)
+    monkeypatch.setattr(e2e_gpu, "run_group", group)
+    monkeypatch.setattr(e2e_gpu, "random_prompt", lambda length, seed: [seed] * 4)
+    rows, snapshots = [], []
+    with pytest.raises(SystemExit):
+        e2e_gpu.measure("http://unused", False, iter(range(100)), rows, lambda: snapshots.append(len(rows)))
+    # three TTFT lengths, then c1 (tpot + tok/s) and c16 (+ its ttft) before the cut at c64
+    assert snapshots == [1, 2, 3, 5, 8]
+    assert [(r["metric"], r["prompt_tokens"], r["concurrency"]) for r in rows][-3:] == [
+        ("tpot_ms", 2048, 16), ("output_tok_s", 2048, 16), ("ttft_ms", 2048, 16)
+    ]
