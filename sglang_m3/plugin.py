@@ -146,6 +146,20 @@ HOOKS: tuple[Hook, ...] = (
         "engine; the CPU platform picks it with torch.",
     ),
     Hook(
+        "sglang.kernels.ops.speculative.cache_locs.fill_front_out_cache_loc_func",
+        "AROUND",
+        speculative_hooks.front_cache_locs_in_torch_on_cpu,
+        "After a draft tree's verify SGLang moves the accepted path's K/V to the front of each "
+        "request's window, packing the target slots with Triton off its own CPU engine; the CPU "
+        "platform packs them with torch.",
+    ),
+    Hook(
+        "sglang.kernels.ops.speculative.eagle.fill_accept_out_cache_loc_func",
+        "AROUND",
+        speculative_hooks.accepted_cache_locs_in_torch_on_cpu,
+        "Likewise for the source slots of that move (the accepted tokens): torch on the CPU platform.",
+    ),
+    Hook(
         "sglang.srt.mem_cache.allocation.assign_req_to_token_pool_func",
         "AROUND",
         speculative_hooks.req_to_token_in_torch_on_cpu,

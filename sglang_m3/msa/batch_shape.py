@@ -23,22 +23,27 @@ def is_target_verify(forward_mode) -> bool:
     return bool(getattr(forward_mode, "is_target_verify", lambda: False)())
 
 
-def verify_q_len(spec_info) -> int:
+def verify_q_len(spec_info, trees: bool = False) -> int:
     """Draft tokens per request of a TARGET_VERIFY batch, from its ``spec_info``.
 
-    The MSA kernels and the torch path attend to the drafts causally, as a chain: draft trees
-    (EAGLE top-k > 1, and NGRAM's irregular trees, whose ``tree_topk`` is -1) need SGLang's tree
-    mask, and per-request verify lengths (a ragged verify layout) are not planned here; both are
-    refused rather than answered wrongly.
+    EAGLE draft trees (top-k > 1) are verified only by callers that read SGLang's tree mask
+    (``trees=True``: the torch path, :mod:`sglang_m3.msa.verify_tree`); the Triton kernels attend
+    to the drafts causally, as a chain, and refuse trees. NGRAM's irregular trees (``tree_topk``
+    -1) and per-request verify lengths (a ragged verify layout) are refused everywhere rather
+    than answered wrongly (neither is tested here).
     """
     if spec_info is None:
         raise ValueError("a TARGET_VERIFY batch without forward_batch.spec_info: the draft count per request is unknown")
     branching = getattr(spec_info, "tree_topk", getattr(spec_info, "topk", 1))
-    if branching != 1:
+    if branching < 1:
         raise ValueError(
-            f"spec_info.tree_topk = {branching}: draft trees need SGLang's verify mask, MSA attends to the "
-            "drafts as a chain (run EAGLE speculative decoding with --speculative-eagle-topk 1; NGRAM drafts "
-            "are trees and are not supported)"
+            f"spec_info.tree_topk = {branching}: irregular draft trees (NGRAM) are not verified by MSA; "
+            "use EAGLE/EAGLE3 speculative decoding"
+        )
+    if branching > 1 and not trees:
+        raise ValueError(
+            f"spec_info.tree_topk = {branching}: the MSA Triton kernels attend to the drafts as a chain "
+            "(run EAGLE with --speculative-eagle-topk 1 on CUDA; draft trees are verified by the torch path only)"
         )
     if getattr(spec_info, "ragged_verify_layout", None) is not None:
         raise ValueError("spec_info.ragged_verify_layout is set: MSA plans verify batches of one draft count per request only")
@@ -52,17 +57,17 @@ def verify_q_len(spec_info) -> int:
     return int(q_len)
 
 
-def uniform_query_shape(forward_batch) -> tuple[int, bool] | None:
+def uniform_query_shape(forward_batch, trees: bool = False) -> tuple[int, bool] | None:
     """(query tokens per request, whether ``seq_lens`` counts them), or None for extend-like batches.
 
     Decode (and idle): one token, counted. Target verify: the draft count, not counted. Other
-    modes have per-request query lengths (``extend_seq_lens``).
+    modes have per-request query lengths (``extend_seq_lens``). ``trees``: see :func:`verify_q_len`.
     """
     mode = forward_batch.forward_mode
     if mode.is_decode_or_idle():
         return 1, True
     if is_target_verify(mode):
-        return verify_q_len(forward_batch.spec_info), False
+        return verify_q_len(forward_batch.spec_info, trees), False
     return None
 
 

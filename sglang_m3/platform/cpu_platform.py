@@ -81,8 +81,15 @@ class TorchNativeCpuPlatform(TorchNativeCpuDeviceMixin, SRTPlatform):
 
     def supports_speculative_algorithm(self, algorithm: str) -> bool:
         # EAGLE drafts run on the torch-native attention (see sglang_m3.speculative.torch_native);
-        # M3's MSA backend verifies them as a chain.
+        # M3's MSA backend verifies chains and EAGLE draft trees.
         return algorithm in SPECULATIVE_ALGORITHMS
+
+    def get_speculative_cache_locs_fn(self):
+        # A verify batch whose write window the draft did not plan (draft trees, top-k > 1) asks the
+        # platform for its cache locations; SGLang has none for out-of-tree platforms.
+        from sglang_m3.speculative.torch_kernels import assign_extend_cache_locs
+
+        return assign_extend_cache_locs
 
     def apply_server_args_defaults(self, server_args) -> None:
         # SGLang's own CPU rules pick "intel_amx" (sgl_kernel's CPU engine) for device "cpu";

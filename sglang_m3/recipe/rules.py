@@ -268,20 +268,22 @@ def check_speculative(recipe: Recipe, profile: HardwareProfile) -> Iterator[Find
                      "speculative.ngram-no-draft")
     if algorithm == "NGRAM":
         yield _error("spec.speculative.algorithm",
-                     "NGRAM verifies draft trees (SGLang reports them as irregular, tree_topk -1) and "
-                     "M3's sparse attention attends to drafts only as a chain; use EAGLE3 with eagleTopk: 1",
+                     "NGRAM verifies irregular draft trees (SGLang reports tree_topk -1), which M3's sparse "
+                     "attention does not verify (it verifies EAGLE chains, and EAGLE trees on the CPU "
+                     "platform); use EAGLE3",
                      "speculative.ngram-tree")
     if draft is not None and algorithm == "EAGLE" and "eagle3" in draft.path.lower():
         yield _error("spec.speculative.algorithm",
                      f"{draft.path} is an EAGLE3 draft; set algorithm: EAGLE3",
                      "speculative.algorithm-draft")
-    if speculative.eagle_topk != 1:
+    if speculative.eagle_topk != 1 and profile.is_gpu:
         yield _error(
             "spec.speculative.eagleTopk",
-            "M3's sparse attention has no tree mask, so draft trees cannot be verified; set "
+            f"on {profile.name} M3's sparse layers run the MSA Triton kernels, which verify drafts as "
+            "a chain only (draft trees are verified by the CPU platform's torch path); set "
             "eagleTopk: 1 (a chain)",
             "speculative.chain-only")
-    elif speculative.num_draft_tokens != speculative.num_steps + 1:
+    elif speculative.eagle_topk == 1 and speculative.num_draft_tokens != speculative.num_steps + 1:
         yield _error(
             "spec.speculative.numDraftTokens",
             f"a chain of {speculative.num_steps} steps verifies {speculative.num_steps + 1} "

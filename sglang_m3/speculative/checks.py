@@ -26,13 +26,20 @@ class TargetShape:
     num_layers: int
 
 
-def check_eagle_settings(algorithm: str, topk: int | None, draft_path: str | None, target: TargetShape) -> None:
-    """Refuse draft trees, and an EAGLE3 draft whose widths or aux layers do not fit the target."""
-    if topk is not None and topk > 1:
+def check_eagle_settings(
+    algorithm: str, topk: int | None, draft_path: str | None, target: TargetShape, trees_verified: bool = False
+) -> None:
+    """Refuse draft trees where they are not verified, and an EAGLE3 draft whose widths or aux
+    layers do not fit the target.
+
+    ``trees_verified``: the server's sparse layers run the torch MSA path (the CPU platform), which
+    verifies draft trees; the Triton kernels (CUDA) verify chains only.
+    """
+    if topk is not None and topk > 1 and not trees_verified:
         raise SpeculativeConfigError(
-            f"--speculative-eagle-topk {topk}: M3's sparse attention verifies drafts as a chain "
-            "(each draft attends the ones before it); draft trees are not supported, use "
-            "--speculative-eagle-topk 1"
+            f"--speculative-eagle-topk {topk}: on CUDA M3's sparse attention (the MSA Triton kernels) "
+            "verifies drafts as a chain (each draft attends the ones before it); draft trees are verified "
+            "only on the CPU platform's torch path, use --speculative-eagle-topk 1"
         )
     draft = _local_config(draft_path)
     if draft is None or algorithm != "EAGLE3":

@@ -25,6 +25,7 @@ def check_m3_eagle_args(result, server_args):
         view.speculative_eagle_topk,
         view.speculative_draft_model_path,
         TargetShape(text.hidden_size, text.vocab_size, text.num_hidden_layers),
+        trees_verified=_on_cpu_platform(),
     )
     return result
 
@@ -112,6 +113,26 @@ def bonus_tokens_in_torch_on_cpu(original, *args, **kwargs):
     from sglang_m3.speculative.torch_kernels import fill_bonus_tokens
 
     return fill_bonus_tokens(*args, **kwargs)
+
+
+def front_cache_locs_in_torch_on_cpu(original, *args, **kwargs):
+    """AROUND ``fill_front_out_cache_loc_func``: on the CPU platform, the torch packing of the slots
+    an accepted tree path moves to (SGLang launches Triton off its own CPU engine)."""
+    if not _on_cpu_platform():
+        return original(*args, **kwargs)
+    from sglang_m3.speculative.torch_kernels import fill_front_out_cache_loc
+
+    return fill_front_out_cache_loc(*args, **kwargs)
+
+
+def accepted_cache_locs_in_torch_on_cpu(original, *args, **kwargs):
+    """AROUND ``fill_accept_out_cache_loc_func``: on the CPU platform, the torch packing of the slots
+    of a tree's accepted tokens (SGLang launches Triton off its own CPU engine)."""
+    if not _on_cpu_platform():
+        return original(*args, **kwargs)
+    from sglang_m3.speculative.torch_kernels import fill_accept_out_cache_loc
+
+    return fill_accept_out_cache_loc(*args, **kwargs)
 
 
 def req_to_token_in_torch_on_cpu(original, *args, **kwargs):

@@ -5,8 +5,11 @@ cache-location copy (``assign_draft_cache_locs_contiguous``), the slot-table upd
 speculative decode step (``assign_req_to_token_pool``), the tree builder
 (``sgl_build_tree_kernel_efficient_triton``), the greedy verifier
 (``verify_tree_greedy_kernel_triton``) and the bonus-token pick after it
-(``fill_bonus_tokens``). Without a GPU those run only in Triton's interpreter, which a user's
-plain ``sglang-m3 serve`` does not enable. These functions compute the same outputs with torch
+(``fill_bonus_tokens``), and after a draft tree's verify the packing of the accepted path's slots
+(``fill_front_out_cache_loc``, ``fill_accept_out_cache_loc``). Without a GPU those run only in Triton's interpreter, which a user's
+plain ``sglang-m3 serve`` does not enable; the verify batch's cache locations of a draft tree
+(``assign_extend_cache_locs_func``) find no implementation at all off CUDA/NPU/SGLang's CPU engine
+unless the platform supplies one. These functions compute the same outputs with torch
 on the host, for chains and for trees, written from the semantics of SGLang's kernels (their
 docstrings say which outputs and which layout); the tests compare them with the Triton kernels
 run in the interpreter.
@@ -50,6 +53,17 @@ def assign_draft_cache_locs(
             mrope.view(3, -1)[:, : bs * topk].copy_(starts.expand(3, -1))
 
 
+def _window_cells(req_pool_indices, start_offset, end_offset, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rows, columns)`` of ``req_to_token`` covering request ``i``'s columns ``start_offset[i]
+    .. end_offset[i] - 1``, requests one after another."""
+    lengths = (end_offset[:batch_size] - start_offset[:batch_size]).long()
+    first = torch.cumsum(lengths, 0) - lengths  # where request i's cells start
+    within = torch.arange(int(lengths.sum()), device=lengths.device) - first.repeat_interleave(lengths)
+    rows = req_pool_indices[:batch_size].long().repeat_interleave(lengths)
+    columns = start_offset[:batch_size].long().repeat_interleave(lengths) + within
+    return rows, columns
+
+
 def assign_req_to_token(
     req_pool_indices: torch.Tensor,
     req_to_token: torch.Tensor,
@@ -60,15 +74,43 @@ def assign_req_to_token(
 ) -> None:
     """Request ``i``'s new slots go into ``req_to_token[req_pool_indices[i], start_offset[i]:end_offset[i]]``,
     taken in order from ``out_cache_loc`` (the requests' slots one after another). In place."""
-    lengths = (end_offset[:batch_size] - start_offset[:batch_size]).long()
-    total = int(lengths.sum())
-    if total == 0:
-        return
-    first = torch.cumsum(lengths, 0) - lengths  # where request i's slots start in out_cache_loc
-    within = torch.arange(total, device=lengths.device) - first.repeat_interleave(lengths)
-    rows = req_pool_indices[:batch_size].long().repeat_interleave(lengths)
-    columns = start_offset[:batch_size].long().repeat_interleave(lengths) + within
-    req_to_token[rows, columns] = out_cache_loc[:total].to(req_to_token.dtype)
+    rows, columns = _window_cells(req_pool_indices, start_offset, end_offset, batch_size)
+    if rows.numel():
+        req_to_token[rows, columns] = out_cache_loc[: rows.numel()].to(req_to_token.dtype)
+
+
+def assign_extend_cache_locs(
+    req_pool_indices: torch.Tensor,
+    req_to_token: torch.Tensor,
+    start_offset: torch.Tensor,
+    end_offset: torch.Tensor,
+    batch_size: int,
+    draft_token_num: int,
+    device=None,
+) -> torch.Tensor:
+    """The slots ``req_to_token[req_pool_indices[i], start_offset[i]:end_offset[i]]`` of every
+    request, one after another (int64): where a verify batch writes its drafts' K/V."""
+    rows, columns = _window_cells(req_pool_indices, start_offset, end_offset, batch_size)
+    return req_to_token[rows, columns].to(torch.int64)
+
+
+def fill_front_out_cache_loc(num_front: torch.Tensor, out_cache_loc: torch.Tensor, front_out_cache_loc: torch.Tensor) -> None:
+    """The first ``num_front[i]`` slots of request ``i``'s window of ``out_cache_loc`` (equal windows,
+    one per request), packed one after another into ``front_out_cache_loc``. In place."""
+    bs = num_front.numel()
+    window = out_cache_loc.view(bs, -1)
+    rows, columns = _window_cells(torch.arange(bs, device=window.device), torch.zeros_like(num_front), num_front, bs)
+    front_out_cache_loc[: rows.numel()] = window[rows, columns].to(front_out_cache_loc.dtype)
+
+
+def fill_accept_out_cache_loc(
+    accept_index: torch.Tensor, out_cache_loc: torch.Tensor, accept_out_cache_loc: torch.Tensor, size: int
+) -> None:
+    """``out_cache_loc`` at the first ``size`` entries of ``accept_index`` that are not -1, packed in
+    order into ``accept_out_cache_loc``. In place."""
+    index = accept_index.reshape(-1)[:size]
+    kept = index[index != -1].long()
+    accept_out_cache_loc[: kept.numel()] = out_cache_loc[kept].to(accept_out_cache_loc.dtype)
 
 
 def fill_bonus_tokens(

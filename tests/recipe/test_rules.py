@@ -130,6 +130,17 @@ def test_speculative_rules():
     assert "speculative.triton-path" in rules_fired(hopper)
 
 
+def test_draft_trees_are_refused_on_gpus_and_accepted_on_the_cpu_platform():
+    """The CPU platform's torch MSA path verifies EAGLE trees (tests/speculative/test_eagle3_tree_exact.py);
+    the GPU's Triton kernels verify chains only."""
+    tree = {"algorithm": "EAGLE3", "draftModel": {"path": "/drafts/tiny-eagle3"}, "numSteps": 3,
+            "eagleTopk": 3, "numDraftTokens": 8}
+    cpu = make_recipe(spec__hardware={"profile": "cpu"}, spec__model={"path": "sglang-m3:tiny", "variant": "bf16"},
+                      spec__kvCache={"pageSize": 1}, spec__serving={"maxTotalTokens": 8192}, spec__speculative=tree)
+    assert not {r for r in rules_fired(cpu) if r.startswith("speculative.")}
+    assert "speculative.chain-only" in rules_fired(make_recipe(spec__speculative=tree))
+
+
 def test_amd_mxfp8_on_cdna3_wants_a_long_watchdog():
     mi300 = dict(spec__hardware={"profile": "mi300x"})
     assert "amd.mxfp8-watchdog" in rules_fired(make_recipe(**mi300))

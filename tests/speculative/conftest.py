@@ -9,6 +9,11 @@ CHAIN_FLAGS = (
     "--speculative-algorithm", "EAGLE3",
     "--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
 )
+#: A tree: top-3 drafts per step over 3 steps, the best 8 tokens (root included) verified.
+TREE_FLAGS = (
+    "--speculative-algorithm", "EAGLE3",
+    "--speculative-num-steps", "3", "--speculative-eagle-topk", "3", "--speculative-num-draft-tokens", "8",
+)
 
 
 @pytest.fixture(scope="session")

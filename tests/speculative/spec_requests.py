@@ -7,11 +7,16 @@ from concurrent.futures import ThreadPoolExecutor
 import requests
 
 
-def generate(base_url: str, prompt_ids: list[int], max_new_tokens: int) -> dict:
-    """``{"output_ids", "meta_info"}`` of one greedy request (EOS ignored, so lengths are fixed)."""
+def generate(base_url: str, prompt_ids: list[int], max_new_tokens: int, logprobs: bool = False) -> dict:
+    """``{"output_ids", "meta_info"}`` of one greedy request (EOS ignored, so lengths are fixed);
+    with ``logprobs`` the meta info carries ``output_token_logprobs``."""
     response = requests.post(
         f"{base_url}/generate",
-        json={"input_ids": prompt_ids, "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True}},
+        json={
+            "input_ids": prompt_ids,
+            "return_logprob": logprobs,
+            "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True},
+        },
         timeout=600,
     )
     response.raise_for_status()

@@ -84,6 +84,13 @@ def test_fitting_draft_passes(tiny_draft_factory):
     check_eagle_settings("EAGLE3", 1, tiny_draft_factory(draft_vocab_size=100), TINY)
 
 
+def test_draft_trees_pass_where_the_torch_path_verifies_them(tiny_draft_factory):
+    """The CPU platform verifies trees (test_eagle3_tree_exact); CUDA's Triton kernels do not."""
+    check_eagle_settings("EAGLE3", 3, tiny_draft_factory(), TINY, trees_verified=True)
+    with pytest.raises(SpeculativeConfigError, match="--speculative-eagle-topk 3: on CUDA"):
+        check_eagle_settings("EAGLE3", 3, tiny_draft_factory(), TINY, trees_verified=False)
+
+
 @pytest.mark.server
 def test_server_refuses_aux_layers_past_the_target(tiny_m3_checkpoint, tiny_draft_factory, server_log_dir, tmp_path):
     draft = tmp_path / "draft"

@@ -1,14 +1,25 @@
-"""EAGLE3 chains on the CPU platform give the same greedy tokens as the target alone.
+"""EAGLE3 chains and draft trees on the CPU platform give the same greedy tokens as the target alone.
 
-One target server and one speculative server (random tiny draft, chain of 3 drafts verified as
-4 tokens), both with chunked prefill of ``TINY_PREFILL_CHUNK`` tokens. A random draft is mostly
-rejected, so every step exercises the verify batch (4 query tokens per request through the dense
-torch-native layer and the MSA layers) and the bonus-token path; accepted drafts are rarer (see
-``test_eagle3_acceptance`` for a draft that is accepted). The tiny M3 has MSA blocks of 16 tokens
-and top-4 blocks, so prompts past 64 tokens attend sparsely and a long prompt's verify windows
-cross block boundaries while each verify token selects its own blocks.
+One target server and, in turn, a chain server (random tiny draft, 3 drafts verified as 4
+tokens) and a tree server (top-3 branches over 3 draft steps, 8 verify tokens), all with chunked
+prefill of ``TINY_PREFILL_CHUNK`` tokens. A random draft is mostly rejected, so every step
+exercises the verify batch (through the dense torch-native layer and the MSA layers) and the
+bonus-token path; accepted drafts are rarer (see ``test_eagle3_acceptance`` for a draft that is
+accepted). The tiny M3 has MSA blocks of 16 tokens and top-4 blocks, so prompts past 64 tokens
+attend sparsely and a long prompt's verify windows cross block boundaries while each verify
+token selects its own blocks.
 
-The speculative server runs without ``TRITON_INTERPRET`` (see ``no_interpreter``), as a user's
+For trees, the random draft shows that the tree path serves (drafting, verify, KV moves of the
+accepted path, radix reuse, concurrency) without changing the answer, but the verified bonus
+token (the root) attends no draft, so these comparisons would not notice a wrong tree mask. The
+lm-head-copy draft is accepted deep into the tree on prompts of a repeated token (accept length
+above 2), so there its rows below the root decide tokens, and their log-probabilities are
+compared too: with the MSA planner made to read trees as chains (siblings visible, positions by
+slot) that test failed on both repeating prompts (different tokens, log-probabilities off by up
+to 0.95) while the random-draft tests still passed. Per-token tree semantics are tested against
+a brute-force oracle in ``test_tree_verify_attention``.
+
+The speculative servers run without ``TRITON_INTERPRET`` (see ``no_interpreter``), as a user's
 plain ``serve`` on a CPU does: every speculative step of these tests goes through the plugin's
 torch kernels, none through SGLang's Triton ones.
 """
@@ -19,7 +30,7 @@ import pytest
 from server_harness import TINY_PREFILL_CHUNK, launch_cpu_server
 from transformers_oracle import random_prompt
 
-from tests.speculative.conftest import CHAIN_FLAGS
+from tests.speculative.conftest import CHAIN_FLAGS, TREE_FLAGS
 from tests.speculative.no_interpreter import launch_without_interpreter
 from tests.speculative.spec_requests import accept_length, generate, generate_concurrently
 
@@ -29,16 +40,24 @@ NEW_TOKENS = 16
 CHUNKING = ("--chunked-prefill-size", str(TINY_PREFILL_CHUNK))
 #: 300 tokens: 19 MSA blocks of 16 (top-4 chosen per token), prefilled in 3 chunks of 100.
 LONG_PROMPT = random_prompt(31, 300)
+REPEATING_TOKENS = (139, 140)  # the tiny M3 repeats them (see test_eagle3_acceptance)
+DRAFT_SHAPES = {"chain": CHAIN_FLAGS, "tree": TREE_FLAGS}
 
 
 @pytest.fixture(scope="module")
-def servers(tiny_m3_checkpoint, tiny_draft_factory, server_log_dir):
+def target(tiny_m3_checkpoint, server_log_dir):
+    with launch_cpu_server(tiny_m3_checkpoint, server_log_dir, *CHUNKING) as server:
+        yield server
+
+
+@pytest.fixture(scope="module", params=list(DRAFT_SHAPES))
+def servers(request, target, tiny_m3_checkpoint, tiny_draft_factory, server_log_dir):
     draft = tiny_draft_factory()
-    with launch_cpu_server(tiny_m3_checkpoint, server_log_dir, *CHUNKING) as target:
-        with launch_without_interpreter(
-            tiny_m3_checkpoint, server_log_dir, *CHUNKING, *CHAIN_FLAGS, "--speculative-draft-model-path", draft
-        ) as speculative:
-            yield target, speculative
+    flags = DRAFT_SHAPES[request.param]
+    with launch_without_interpreter(
+        tiny_m3_checkpoint, server_log_dir, *CHUNKING, *flags, "--speculative-draft-model-path", draft
+    ) as speculative:
+        yield target, speculative
 
 
 def _both(servers, prompt: list[int]) -> tuple[dict, dict]:
@@ -62,14 +81,14 @@ def test_long_chunked_prompt_then_radix_hit_identical(servers):
     assert again["output_ids"] == plain["output_ids"]
 
 
-def test_eight_concurrent_requests_identical(servers):
+def test_eight_concurrent_requests_identical(servers, request):
     prompts = [random_prompt(200 + i, n) for i, n in enumerate([3, 17, 33, 64, 90, 120, 150, 210])]
     target, speculative = servers
     plain = generate_concurrently(target.base_url, prompts, NEW_TOKENS)
     spec = generate_concurrently(speculative.base_url, prompts, NEW_TOKENS)
     assert [r["output_ids"] for r in spec] == [r["output_ids"] for r in plain]
     length = accept_length(spec)
-    print(f"random draft: accept length {length:.3f} tokens/step over {len(prompts)} concurrent requests")
+    print(f"random draft: accept length {length:.3f} tokens/step over {len(prompts)} concurrent requests ({request.node.callspec.params['servers']})")
     # A random draft is accepted about as often as chance; at least the bonus token is committed.
     assert 1.0 <= length < 1.5
 
@@ -88,3 +107,25 @@ def test_sampled_request_is_refused_and_the_server_keeps_serving(servers):
     assert "temperature" in response.text and "top_k" in response.text
     plain, spec = _both(servers, random_prompt(401, 20))
     assert spec["output_ids"] == plain["output_ids"]
+
+
+def test_copy_draft_tree_is_exact_and_accepted(target, tiny_m3_checkpoint, tiny_draft_factory, server_log_dir):
+    """The lm-head-copy draft in a tree: deep paths accepted on repeating prompts, same tokens and
+    log-probabilities as the target alone (the accepted tokens' log-probabilities come from verify
+    rows below the root, which attend the drafts along their paths)."""
+    draft = tiny_draft_factory(copy_target_lm_head=True)
+    prompts = [[REPEATING_TOKENS[0]] * 24, [REPEATING_TOKENS[1]] * 30, LONG_PROMPT[:200]]
+    plain = [generate(target.base_url, prompt, NEW_TOKENS, logprobs=True) for prompt in prompts]
+    with launch_without_interpreter(
+        tiny_m3_checkpoint, server_log_dir, *CHUNKING, *TREE_FLAGS, "--speculative-draft-model-path", draft
+    ) as copy_tree:
+        spec = [generate(copy_tree.base_url, prompt, NEW_TOKENS, logprobs=True) for prompt in prompts]
+    assert [r["output_ids"] for r in spec] == [r["output_ids"] for r in plain]
+    for with_tree, alone in zip(spec, plain):
+        got = [entry[0] for entry in with_tree["meta_info"]["output_token_logprobs"]]
+        want = [entry[0] for entry in alone["meta_info"]["output_token_logprobs"]]
+        # float32 servers summing the same terms in another grouping (measured <= 2.7e-6)
+        assert max(abs(a - b) for a, b in zip(got, want)) < 1e-4
+    repeating = accept_length(spec[:2])
+    print(f"lm-head-copy draft, tree of 8, repeating target: accept length {repeating:.3f} tokens/step")
+    assert repeating > 2.0

@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sglang.kernels.ops.speculative.cache_locs import assign_draft_cache_locs_contiguous
+from sglang.kernels.ops.speculative.cache_locs import assign_draft_cache_locs_contiguous, assign_extend_cache_locs
+from sglang.kernels.ops.speculative.eagle import fill_accept_out_cache_loc as triton_fill_accept_out_cache_loc
 from sglang.kernels.ops.speculative.eagle import fill_bonus_tokens as triton_fill_bonus_tokens
 from sglang.kernels.ops.speculative.spec_tree import sgl_build_tree_kernel_triton, verify_tree_greedy_triton
 from sglang.srt.mem_cache.allocation import assign_req_to_token_pool
-from sglang.srt.speculative.eagle_utils import organize_draft_results
-from sglang.srt.speculative.spec_utils import select_top_k_tokens
 from sglang.srt.utils import next_power_of_2
 
 from sglang_m3.speculative import torch_kernels
 from sglang_m3.speculative.torch_kernels import FULL_MASK, QLEN_ONLY
+from tests.speculative.draft_trees import random_draft_pass
 
 POOL_ROWS, POOL_LEN = 6, 96
 #: (topk, num_steps, num_draft_tokens): chains as served (3 steps / 4 tokens, 1 / 2, 5 / 6), then trees.
@@ -86,6 +86,42 @@ def test_req_to_token_update_matches_triton(seed):
 
 
 @pytest.mark.parametrize("seed", SEEDS)
+def test_extend_cache_locs_match_triton(seed):
+    """A draft tree's verify window: every request's slots ``seq_len .. seq_len + n - 1``."""
+    gen, bs, req_pool_indices, req_to_token, seq_lens = _batch(seed)
+    n = int(torch.randint(2, 9, (1,), generator=gen))
+    expected = torch.full((bs * n,), -5, dtype=torch.int64)
+    assign_extend_cache_locs[(bs,)](req_pool_indices, req_to_token, seq_lens, seq_lens + n, expected, POOL_LEN, next_power_of_2(bs))
+    got = torch_kernels.assign_extend_cache_locs(req_pool_indices, req_to_token, seq_lens, seq_lens + n, bs, n)
+    assert got.dtype == torch.int64 and torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_accepted_path_cache_locs_match_triton(seed):
+    """After a tree's verify: the accepted tokens' slots (sources) and each window's front (targets), packed."""
+    gen = torch.Generator().manual_seed(seed)
+    bs, n, depth = int(torch.randint(1, 6, (1,), generator=gen)), 8, 4
+    out_cache_loc = 1 + torch.randperm(10_000, generator=gen)[: bs * n].to(torch.int64)  # no slot 0: the fill
+    accept_lens = torch.randint(1, depth + 1, (bs,), generator=gen)
+    accept_index = torch.full((bs, depth), -1, dtype=torch.int64)
+    for b, length in enumerate(accept_lens.tolist()):
+        accept_index[b, :length] = b * n + torch.randperm(n, generator=gen)[:length].sort().values
+    size = bs * depth
+    sources = [torch.zeros(size, dtype=torch.int64) for _ in range(2)]
+    triton_fill_accept_out_cache_loc[(size,)](accept_index, out_cache_loc, sources[0], next_power_of_2(size))
+    torch_kernels.fill_accept_out_cache_loc(accept_index, out_cache_loc, sources[1], size)
+    assert torch.equal(sources[1], sources[0])
+    targets = [torch.zeros(size, dtype=torch.int64) for _ in range(2)]
+    window = out_cache_loc.view(bs, n)
+    assign_extend_cache_locs[(bs,)](
+        torch.arange(bs), window, torch.zeros_like(accept_lens), accept_lens, targets[0], n, next_power_of_2(bs)
+    )
+    torch_kernels.fill_front_out_cache_loc(accept_lens, out_cache_loc, targets[1])
+    assert torch.equal(targets[1], targets[0])
+    assert int((targets[1] != 0).sum()) == int(accept_lens.sum())
+
+
+@pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("stride", [2, 4])
 def test_bonus_tokens_match_triton(seed, stride):
     gen = torch.Generator().manual_seed(seed)
@@ -98,31 +134,12 @@ def test_bonus_tokens_match_triton(seed, stride):
     assert torch.equal(bonus[1], bonus[0])
 
 
-def _draft_tree(gen: torch.Generator, bs: int, topk: int, num_steps: int, num_draft_tokens: int):
-    """``(parent_list, top_scores_index)`` of one draft pass, as SGLang's EAGLE worker forms them."""
-    if topk == 1:
-        parents = torch.arange(-1, num_steps - 1 if num_steps > 1 else -1, dtype=torch.long).repeat(bs, 1)
-        return parents, torch.arange(num_steps, dtype=torch.long).repeat(bs, 1)
-    scores, tokens, parents_list, probs = [], [], [], None
-    with torch.compiler.set_stance("force_eager"):
-        for step in range(num_steps):
-            rows = bs if step == 0 else bs * topk
-            step_probs = torch.rand(rows, 64, generator=gen).softmax(-1)
-            topk_p, topk_index = step_probs.topk(topk, dim=-1)
-            _, _, probs, tree_info = select_top_k_tokens(step, topk_p, topk_index, None, probs, topk)
-            scores.append(tree_info[0])
-            tokens.append(tree_info[1])
-            parents_list.append(tree_info[2])
-    parent_list, top_scores_index, _ = organize_draft_results(scores, tokens, parents_list, num_draft_tokens)
-    return parent_list, top_scores_index
-
-
 def _build_both(seed: int, topk: int, num_steps: int, n: int, mode: int):
     """The tree of one random draft pass built by SGLang's Triton builder and by the torch one."""
     gen = torch.Generator().manual_seed(seed)
     bs = int(torch.randint(1, 5, (1,), generator=gen))
     seq_lens = torch.randint(1, 40, (bs,), generator=gen, dtype=torch.int64)
-    parent_list, selected = _draft_tree(gen, bs, topk, num_steps, n)
+    parent_list, selected = random_draft_pass(gen, bs, topk, num_steps, n)
     mask_size = n * int(seq_lens.sum()) + n * n * bs if mode == FULL_MASK else n * n * bs
     built = []
     for builder in (sgl_build_tree_kernel_triton, torch_kernels.build_tree):
