@@ -17,6 +17,7 @@ come from ``benchmarks/e2e_gpu_report.py``.
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import signal
@@ -197,8 +198,6 @@ def measure(base_url: str, quick: bool, seed, rows: list[dict], saved) -> None:
 def profile_steps(base_url: str, out_dir: str, label: str, prompt_tokens: int, max_new_tokens: int, steps: int, delay_s: float) -> dict:
     """Per-kernel GPU time of ``steps`` forward steps of one greedy request, from SGLang's torch
     profiler (``/start_profile``), started ``delay_s`` after the request (0: before it)."""
-    import glob
-
     trace_dir = os.path.join(out_dir, f"profile-{label}")
     request = threading.Thread(target=stream_generate, args=(base_url, random_prompt(prompt_tokens, 10**7), max_new_tokens))
     if delay_s:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import multiprocessing
 import os
 import sys
 import tempfile
@@ -169,8 +170,6 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     work = [(tokens, config) for tokens in TOKENS for config in candidates(tokens)]
     shares = [work[i :: args.workers] for i in range(args.workers)]
-    import multiprocessing
-
     with ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         outcomes = list(pool.map(compile_share, [(model_dir, alpha, limit, share) for share in shares]))
     failed = sum(count for count, _ in outcomes)

@@ -33,7 +33,7 @@ from torch import nn
 
 from sglang_m3.config import M3TextSpec
 from sglang_m3.models.moe import GatedMLP, M3SparseMoeBlock
-from sglang_m3.models.moe_kernel_configs import tuned_config
+from sglang_m3.models.moe_kernel_configs import nearest, tile_table
 from sglang_m3.models.moe_routing import add_router_parameters, sigmoid_topk_route
 
 logger = logging.getLogger(__name__)
@@ -68,6 +68,9 @@ class M3FusedMoeBlock(nn.Module):
             gate_up_interleaved=False,
             prefix=f"{prefix}.experts",
         )
+        local_experts, _, hidden = self.experts.w13_weight.shape
+        #: measured tiles for this rank's expert shape on this GPU (None: SGLang's own choice)
+        self.tile_table = tile_table(local_experts, self.experts.w2_weight.shape[2], hidden)
         self.shared_experts = GatedMLP(
             spec, spec.shared_intermediate_size, reduce_results=False, quant_config=quant_config, prefix=f"{prefix}.shared_experts"
         )
@@ -91,8 +94,7 @@ class M3FusedMoeBlock(nn.Module):
         if x.shape[0] == 0:
             return shared
         weights, ids, logits = self.route(x)
-        local_experts, _, hidden = self.experts.w13_weight.shape
-        tiles = tuned_config(local_experts, self.experts.w2_weight.shape[2], hidden, x.shape[0])
+        tiles = nearest(self.tile_table, x.shape[0]) if self.tile_table else None
         with override_config(tiles) if tiles else contextlib.nullcontext():
             routed = self.experts(x, StandardTopKOutput(topk_weights=weights, topk_ids=ids, router_logits=logits))
         out = routed + shared

@@ -36,13 +36,13 @@ def load_table(name: str) -> dict[int, dict] | None:
         return {int(tokens): config for tokens, config in json.load(handle).items()}
 
 
-def tuned_config(experts: int, intermediate: int, hidden: int, tokens: int) -> dict | None:
-    """The measured config nearest to ``tokens`` for this shape on the current GPU, or None."""
+def tile_table(experts: int, intermediate: int, hidden: int) -> dict[int, dict] | None:
+    """The measured table for this expert shape on the current GPU and Triton, or None.
+    Resolved once per MoE block at build time; :func:`nearest` picks per call."""
     import torch
     import triton
 
-    table = load_table(table_name(experts, intermediate, hidden, torch.cuda.get_device_name(), triton.__version__))
-    return nearest(table, tokens) if table else None
+    return load_table(table_name(experts, intermediate, hidden, torch.cuda.get_device_name(), triton.__version__))
 
 
 def nearest(table: dict[int, dict], tokens: int) -> dict:
