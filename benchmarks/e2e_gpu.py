@@ -39,6 +39,8 @@ TTFT_PROMPTS = (8192, 32768, 131072)
 THROUGHPUT_PROMPT, THROUGHPUT_OUTPUT, THROUGHPUT_CONCURRENCY = 2048, 256, (1, 16, 64)
 LONG_CONTEXT_PROMPT, LONG_CONTEXT_CONCURRENCY = 32768, 16
 READY_TIMEOUT_S = 900
+#: upstream M3's fused-MoE tables in SGLang's own layout (``tune_fused_moe.py --upstream --install``)
+UPSTREAM_MOE_CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "upstream_moe_configs")
 
 
 def server_args(model_dir: str, port: int, tp: int, ep: int) -> list[str]:
@@ -70,9 +72,23 @@ def server_env(impl: str, out_dir: str) -> dict[str, str]:
         env["SGLANG_EXTERNAL_MODEL_PACKAGE"] = "sglang_m3.models"
         return env
     env.pop("SGLANG_EXTERNAL_MODEL_PACKAGE", None)
+    if upstream_moe_tables():
+        # Upstream tuned as ours is: SGLang reads its tables from here (its own lookup, no patch).
+        env["SGLANG_MOE_CONFIG_DIR"] = UPSTREAM_MOE_CONFIG_DIR
     env["PYTHONPATH"] = os.pathsep.join(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != plugin_dir)
     env["M3_HARNESS_UPSTREAM_M3"] = "1"
     return env
+
+
+def upstream_moe_tables() -> list[str]:
+    """The tuned tables upstream's server gets (empty: it runs SGLang's default tiles)."""
+    return sorted(glob.glob(os.path.join(UPSTREAM_MOE_CONFIG_DIR, "configs", "triton_*", "*.json")))
+
+
+def ours_moe_tables() -> list[str]:
+    """The plugin's tuned tables (``sglang_m3/models/moe_kernel_configs/``)."""
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "sglang_m3", "models", "moe_kernel_configs")
+    return sorted(glob.glob(os.path.join(root, "*.json")))
 
 
 class PeakGpuMemory:
@@ -309,6 +325,7 @@ def main(argv=None) -> int:
         result = {
             "tp": args.tp, "ep": args.ep, "gpu": gpu_name(), "commit": commit(), "quick": args.quick,
             "model": midsize_text_config(args.dense_layers, args.sparse_layers),
+            "moe_tables": [os.path.basename(p) for p in (ours_moe_tables() if impl == "ours" else upstream_moe_tables())],
         }
         try:
             bench_one(impl, model_dir, path, result, args.quick, args.profile or args.profile_only, not args.profile_only)

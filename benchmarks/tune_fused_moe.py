@@ -32,6 +32,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 TOKENS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 2048, 4096, 8192)
 TOP_K = 4
+UPSTREAM_CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "upstream_moe_configs")
 
 
 def candidates(tokens: int) -> list[dict]:
@@ -65,7 +66,7 @@ _SINGLE_RANK: list = []
 class MoeCase:
     """Random weights and routing for one expert shape; ``run(tokens, config)`` is one MoE call."""
 
-    def __init__(self, experts: int, intermediate: int, hidden: int, alpha: float, limit: float):
+    def __init__(self, experts: int, intermediate: int, hidden: int, alpha: float, limit: float, shared_fused: bool = False):
         import torch
         from sglang.srt.layers.moe.moe_runner import MoeRunnerConfig
 
@@ -74,9 +75,12 @@ class MoeCase:
         self.w13 = torch.randn(experts, 2 * intermediate, hidden, device="cuda", dtype=torch.bfloat16, generator=generator) * 0.02
         self.w2 = torch.randn(experts, hidden, intermediate, device="cuda", dtype=torch.bfloat16, generator=generator) * 0.02
         self.experts, self.hidden = experts, hidden
+        #: upstream's layout: the last expert is the shared one, chosen by every token (top-k + 1)
+        self.shared_fused = shared_fused
+        self.top_k = TOP_K + int(shared_fused)
         self.runner = MoeRunnerConfig(
             num_experts=experts, num_local_experts=experts, hidden_size=hidden, intermediate_size_per_partition=intermediate,
-            top_k=TOP_K, params_dtype=torch.bfloat16, activation="silu", is_gated=True, inplace=False,
+            top_k=self.top_k, params_dtype=torch.bfloat16, activation="silu", is_gated=True, inplace=False,
             gemm1_alpha=alpha, gemm1_clamp_limit=limit, gate_up_interleaved=False,
         )
         self.inputs = {}
@@ -85,8 +89,11 @@ class MoeCase:
         if tokens not in self.inputs:
             torch = self.torch
             x = torch.randn(tokens, self.hidden, device="cuda", dtype=torch.bfloat16)
-            ids = torch.rand(tokens, self.experts, device="cuda").argsort(dim=1)[:, :TOP_K].to(torch.int32)
-            weights = torch.rand(tokens, TOP_K, device="cuda", dtype=torch.float32)
+            routed = self.experts - int(self.shared_fused)
+            ids = torch.rand(tokens, routed, device="cuda").argsort(dim=1)[:, :TOP_K].to(torch.int32)
+            if self.shared_fused:
+                ids = torch.cat([ids, torch.full((tokens, 1), routed, device="cuda", dtype=torch.int32)], dim=1)
+            weights = torch.rand(tokens, self.top_k, device="cuda", dtype=torch.float32)
             self.inputs[tokens] = (x, ids, weights / weights.sum(dim=1, keepdim=True))
         return self.inputs[tokens]
 
@@ -125,18 +132,18 @@ class MoeCase:
 def default_config(tokens: int, case: MoeCase) -> dict:
     from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config import get_default_config
 
-    return get_default_config(tokens, case.experts, case.w2.shape[2], case.hidden, TOP_K, None, False)
+    return get_default_config(tokens, case.experts, case.w2.shape[2], case.hidden, case.top_k, None, False)
 
 
 def compile_share(args) -> tuple[int, str]:
     """Worker: run each (tokens, config) of its share once on small tensors of the same argument
     classes, filling the shared Triton cache. Returns how many failed and the first error."""
-    model_dir, alpha, limit, share = args
+    model_dir, alpha, limit, shared_fused, share = args
     import torch
 
     publish_single_rank(model_dir)
     torch.set_grad_enabled(False)
-    small = MoeCase(experts=128, intermediate=256, hidden=512, alpha=alpha, limit=limit)
+    small = MoeCase(experts=128 + int(shared_fused), intermediate=256, hidden=512, alpha=alpha, limit=limit, shared_fused=shared_fused)
     failed, first_error = 0, ""
     for tokens, config in share:
         try:
@@ -152,6 +159,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
     parser.add_argument("--install", action="store_true", help="also write the table into sglang_m3/models/moe_kernel_configs/")
+    parser.add_argument("--upstream", action="store_true", help="tune upstream M3's shape (shared expert fused: E=129, top-5) in SGLang's table layout")
     parser.add_argument("--workers", type=int, default=12, help="processes that compile the candidates")
     parser.add_argument("--reps", type=int, default=10)
     args = parser.parse_args(argv)
@@ -163,7 +171,7 @@ def main(argv=None) -> int:
     from sglang_m3.models.moe_kernel_configs import CONFIG_DIR, table_name
 
     model = midsize_text_config(1, 3)
-    experts, intermediate, hidden = model["num_local_experts"], model["intermediate_size"], model["hidden_size"]
+    experts, intermediate, hidden = model["num_local_experts"] + int(args.upstream), model["intermediate_size"], model["hidden_size"]
     alpha, limit = model["swiglu_alpha"], model["swiglu_limit"]
     model_dir = write_midsize_checkpoint(tempfile.mkdtemp(prefix="m3-tune-"), 1, 3)
 
@@ -171,7 +179,7 @@ def main(argv=None) -> int:
     work = [(tokens, config) for tokens in TOKENS for config in candidates(tokens)]
     shares = [work[i :: args.workers] for i in range(args.workers)]
     with ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        outcomes = list(pool.map(compile_share, [(model_dir, alpha, limit, share) for share in shares]))
+        outcomes = list(pool.map(compile_share, [(model_dir, alpha, limit, args.upstream, share) for share in shares]))
     failed = sum(count for count, _ in outcomes)
     errors = [error for _, error in outcomes if error]
     print(f"compiled {len(work)} (tokens, config) pairs in {time.perf_counter() - started:.0f} s ({failed} failed)", flush=True)
@@ -182,7 +190,7 @@ def main(argv=None) -> int:
 
     publish_single_rank(model_dir)
     torch.set_grad_enabled(False)
-    case = MoeCase(experts, intermediate, hidden, alpha, limit)
+    case = MoeCase(experts, intermediate, hidden, alpha, limit, shared_fused=args.upstream)
     table, report = {}, []
     for tokens in TOKENS:
         baseline = default_config(tokens, case)
@@ -197,16 +205,25 @@ def main(argv=None) -> int:
         report.append({"tokens": tokens, "default_us": timings[0][0], "best_us": best_us, "best": best})
         print(f"M={tokens:5d}: default {timings[0][0]:9.1f} us, best {best_us:9.1f} us ({timings[0][0] / best_us:.2f}x) {best}", flush=True)
 
-    name = table_name(experts, intermediate, hidden, torch.cuda.get_device_name(), triton.__version__)
     os.makedirs(args.out, exist_ok=True)
-    targets = [os.path.join(args.out, name)] + ([os.path.join(CONFIG_DIR, name)] if args.install else [])
+    if args.upstream:
+        from sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe_triton_config import get_config_file_name
+
+        name = os.path.join("configs", f"triton_{triton.__version__.replace('.', '_')}", get_config_file_name(experts, intermediate, None))
+        installed = os.path.join(UPSTREAM_CONFIG_DIR, name)
+    else:
+        name = table_name(experts, intermediate, hidden, torch.cuda.get_device_name(), triton.__version__)
+        installed = os.path.join(CONFIG_DIR, name)
+    # $OUT keeps a flat copy (the device hands back files at most two folders down)
+    targets = [os.path.join(args.out, os.path.basename(name))] + ([installed] if args.install else [])
     for path in targets:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w", encoding="utf-8") as handle:
             json.dump(table, handle, indent=1)
-    with open(os.path.join(args.out, "tune_fused_moe_report.json"), "w", encoding="utf-8") as handle:
+    report_name = "tune_fused_moe_upstream_report.json" if args.upstream else "tune_fused_moe_report.json"
+    with open(os.path.join(args.out, report_name), "w", encoding="utf-8") as handle:
         json.dump({"gpu": torch.cuda.get_device_name(), "triton": triton.__version__, "shape": [experts, intermediate, hidden],
-                   "top_k": TOP_K, "seconds": time.perf_counter() - started, "rows": report}, handle, indent=1)
+                   "top_k": case.top_k, "shared_fused": args.upstream, "seconds": time.perf_counter() - started, "rows": report}, handle, indent=1)
     print(f"wrote {', '.join(targets)} in {time.perf_counter() - started:.0f} s", flush=True)
     return 0
 
