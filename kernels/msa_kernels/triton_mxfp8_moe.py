@@ -1,0 +1,385 @@
+"""MoE experts with MXFP8 weights and bf16 activations (W8A16) in Triton, for Hopper.
+
+Hopper has no MX-scaled FP8 GEMM (that is Blackwell's ``tcgen05``), but decode is bound by
+reading the expert weights, not by FLOPs: keeping them as e4m3 (1 byte) plus one e8m0 byte per 32
+elements halves what each step reads against BF16. Each weight tile is widened in registers to
+bf16 (exact: an e4m3 value times a power of two fits bf16) and the bf16 tensor-core dot
+accumulates in fp32.
+
+Weights are the checkpoint's layout, stacked per expert: ``w13 [E, 2I, H]`` (rows ``[0, I)`` the
+gate ``w1``, ``[I, 2I)`` the up ``w3``), ``w2 [E, H, I]``, each with uint8 scales
+``[E, rows, K/32]``; scale byte ``b`` means ``2 ** (b - 127)`` for 32 consecutive elements along
+K (byte 0 means 0.0), as ``sglang_m3/quant/mxfp8.py`` and SGLang decode it.
+
+One call (:func:`mxfp8_fused_experts`) is four launches, none of which reads anything on the
+host, with grids fixed by the token count, so it can be captured in a CUDA graph:
+
+1. :func:`align_tokens`: the ``T * top_k`` (token, slot) pairs sorted by expert (stable) into
+   ``BLOCK_M``-row blocks, each block one expert's (padding rows hold the sentinel ``T * top_k``),
+   plus the expert of each block (-1 for the unused blocks at the end). The number of blocks is
+   the static bound ``ceil((T*k + min(T*k, E) * (BLOCK_M - 1)) / BLOCK_M)``. One program, two
+   passes over the pairs in chunks (counts, then placement); stable, so results are deterministic.
+2. gate/up GEMM with the activation in its epilogue: each program owns ``BLOCK_N`` intermediate
+   columns of one block, accumulates the gate and the up rows side by side and stores
+   ``act(gate, up)`` (bf16) by block row.
+3. down GEMM: block rows of the activation times ``w2``, times each pair's routed weight, stored
+   per (token, slot).
+4. the sum over the top-k slots per token in fp32, rounded once to bf16.
+
+The GEMMs put the weights on the MMA's M side and the (few) tokens on N ("swap AB"), so a decode
+block of 16 rows does not pad the weight-side tile. The scale multiply runs in fp32 before the
+bf16 cast: the Triton interpreter mis-evaluates bf16 arithmetic, and fp32 keeps the dequantized
+value exact on both. Expert parallelism: ``first_expert`` maps global expert ids onto the local
+stack; pairs routed to experts outside it contribute nothing (their rank's sum is zero there).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from msa_kernels.triton_cast import round_cast
+
+GROUP = 32  # elements per e8m0 scale along K
+WEIGHT_DTYPE = torch.float8_e4m3fn
+SCALE_DTYPE = torch.uint8
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """Tiles of both GEMMs: ``block_m`` token rows per expert block (the alignment's unit),
+    ``block_n`` weight rows (output columns), ``block_k`` along the reduction (a multiple of 32)."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+#: (largest token count, config), first match wins. Decode keeps 16-row blocks (most experts get
+#: one or two tokens) and narrow weight tiles for enough programs to stream HBM; prefill takes
+#: 64-row blocks, whose weight tiles are reused across a block's tokens.
+TILE_TABLE: tuple[tuple[int, TileConfig], ...] = (
+    (64, TileConfig(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4)),
+    (512, TileConfig(block_m=32, block_n=64, block_k=128, group_m=4, num_warps=4, num_stages=3)),
+    (1 << 62, TileConfig(block_m=64, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3)),
+)
+
+
+def pick_config(tokens: int) -> TileConfig:
+    """The tile config for a batch of ``tokens`` rows (:data:`TILE_TABLE`)."""
+    return next(config for bound, config in TILE_TABLE if tokens <= bound)
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. token -> expert alignment
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _local_experts(ids_ptr, slots, n_slots, first_expert, num_experts):
+    """Local expert of each pair in ``slots`` (-1 where out of range or not held here)."""
+    local = tl.load(ids_ptr + slots, mask=slots < n_slots, other=-1).to(tl.int32) - first_expert
+    held = (slots < n_slots) & (local >= 0) & (local < num_experts)
+    return tl.where(held, local, -1)
+
+
+@triton.jit
+def align_kernel(
+    ids_ptr, sorted_ptr, block_expert_ptr, n_slots, first_expert, num_experts, num_blocks,
+    BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, E_POW2: tl.constexpr,
+):
+    """Single program. Pass 1 counts pairs per expert; expert ``e`` then owns rows
+    ``[start_e, start_e + ceil(count_e / BLOCK_M) * BLOCK_M)``. Pass 2 writes each pair's slot
+    id at ``start_e`` + (pairs of ``e`` before it), after the sentinel fill of every row."""
+    experts = tl.arange(0, E_POW2)
+    lanes = tl.arange(0, CHUNK)
+    counts = tl.zeros([E_POW2], dtype=tl.int32)
+    for first in range(0, n_slots, CHUNK):
+        local = _local_experts(ids_ptr, first + lanes, n_slots, first_expert, num_experts)
+        counts += tl.sum((local[:, None] == experts[None, :]).to(tl.int32), axis=0)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    ends = tl.cumsum(padded, axis=0)
+    starts = ends - padded
+    # Block b belongs to the number of experts whose rows end at or before it.
+    end_blocks = tl.where(experts < num_experts, ends // BLOCK_M, 0x3FFFFFFF)
+    for first in range(0, num_blocks, CHUNK):
+        blocks = first + lanes
+        owner = tl.sum((end_blocks[None, :] <= blocks[:, None]).to(tl.int32), axis=1)
+        tl.store(block_expert_ptr + blocks, tl.where(owner < num_experts, owner, -1), mask=blocks < num_blocks)
+    for first in range(0, num_blocks * BLOCK_M, CHUNK):
+        rows = first + lanes
+        tl.store(sorted_ptr + rows, tl.full([CHUNK], 0, tl.int32) + n_slots, mask=rows < num_blocks * BLOCK_M)
+    tl.debug_barrier()  # the fill above and the placement below may touch the same rows
+    placed = tl.zeros([E_POW2], dtype=tl.int32)
+    for first in range(0, n_slots, CHUNK):
+        slots = first + lanes
+        local = _local_experts(ids_ptr, slots, n_slots, first_expert, num_experts)
+        one_hot = local[:, None] == experts[None, :]
+        base = tl.sum(tl.where(one_hot, (starts + placed)[None, :], 0), axis=1)
+        earlier = (local[:, None] == local[None, :]) & (lanes[None, :] < lanes[:, None])
+        rank = tl.sum(earlier.to(tl.int32), axis=1)
+        tl.store(sorted_ptr + base + rank, slots, mask=local >= 0)
+        placed += tl.sum(one_hot.to(tl.int32), axis=0)
+
+
+def num_blocks_bound(n_slots: int, num_experts: int, block_m: int) -> int:
+    """Blocks any routing of ``n_slots`` pairs over ``num_experts`` experts needs at most."""
+    return triton.cdiv(n_slots + min(n_slots, num_experts) * (block_m - 1), block_m)
+
+
+def align_tokens(
+    topk_ids: torch.Tensor, num_experts: int, block_m: int, first_expert: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(sorted_slots [blocks * block_m] int32, block_expert [blocks] int32)`` for ``topk_ids
+    [T, k]`` (global ids; local expert = id - ``first_expert``). Pair ``s`` is token ``s // k``'s
+    slot ``s % k``; padding rows hold ``T * k``; unused blocks have expert -1."""
+    if topk_ids.dim() != 2 or topk_ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"topk_ids must be [tokens, top_k] int32/int64, got {tuple(topk_ids.shape)} {topk_ids.dtype}")
+    ids = topk_ids.contiguous()
+    n_slots = ids.numel()
+    blocks = num_blocks_bound(n_slots, num_experts, block_m)
+    sorted_slots = torch.empty(blocks * block_m, dtype=torch.int32, device=ids.device)
+    block_expert = torch.empty(blocks, dtype=torch.int32, device=ids.device)
+    if n_slots == 0:
+        return sorted_slots, block_expert
+    e_pow2 = max(16, triton.next_power_of_2(num_experts))
+    chunk = 64 if e_pow2 <= 128 else 32
+    align_kernel[(1,)](
+        ids, sorted_slots, block_expert, n_slots, first_expert, num_experts, blocks,
+        BLOCK_M=block_m, CHUNK=chunk, E_POW2=e_pow2, num_warps=8 if n_slots > 4096 else 4,
+    )
+    return sorted_slots, block_expert
+
+
+# ---------------------------------------------------------------------------------------------
+# 2./3. the expert GEMMs
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _tile(pid, num_m, num_n, GROUP_M: tl.constexpr):
+    """(block, column tile) of program ``pid``, ``GROUP_M`` blocks per column sweep (L2 reuse)."""
+    per_group = GROUP_M * num_n
+    group_first = (pid // per_group) * GROUP_M
+    group_rows = tl.minimum(num_m - group_first, GROUP_M)
+    return group_first + (pid % per_group) % group_rows, (pid % per_group) // group_rows
+
+
+@triton.jit
+def _weight_tile(w_ptr, s_ptr, rows, row_ok, k0, K, stride_wn, stride_sn,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """Rows ``rows`` x columns ``[k0, k0 + BLOCK_K)`` of one expert's MXFP8 weight, ``[BLOCK_N, BLOCK_K]`` in ``DOT_DTYPE``."""
+    ks = k0 + tl.arange(0, BLOCK_K)
+    groups = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+    w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_wn + ks[None, :]
+    s_ptrs = s_ptr + rows[:, None].to(tl.int64) * stride_sn + groups[None, :]
+    if EVEN_K:
+        w = tl.load(w_ptrs, mask=row_ok[:, None], other=0.0)
+        s = tl.load(s_ptrs, mask=row_ok[:, None], other=0)
+    else:
+        w = tl.load(w_ptrs, mask=row_ok[:, None] & (ks[None, :] < K), other=0.0)
+        s = tl.load(s_ptrs, mask=row_ok[:, None] & (groups[None, :] < K // 32), other=0)
+    factor = (s.to(tl.int32) << 23).to(tl.float32, bitcast=True)  # e8m0 byte -> 2**(b-127), 0 -> 0.0
+    w = tl.reshape(w.to(tl.float32), (BLOCK_N, BLOCK_K // 32, 32)) * factor[:, :, None]
+    return tl.reshape(w, (BLOCK_N, BLOCK_K)).to(DOT_DTYPE)
+
+
+@triton.jit
+def gate_up_kernel(
+    x_ptr, w_ptr, s_ptr, act_ptr, sorted_ptr, block_expert_ptr,
+    n_slots, num_blocks, inter, K, alpha, limit,
+    stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_am,
+    TOP_K: tl.constexpr, SWIGLU_OAI: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+):
+    """``act[r, c] = act(x[tok] . gate[e, c], x[tok] . up[e, c])`` for the rows ``r`` of one block
+    and ``BLOCK_N`` intermediate columns ``c`` (``gate = w13[e, :inter]``, ``up = w13[e, inter:]``)."""
+    pid_m, pid_n = _tile(tl.program_id(0), num_blocks, tl.cdiv(inter, BLOCK_N), GROUP_M)
+    expert = tl.load(block_expert_ptr + pid_m)
+    if expert < 0:
+        return
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    slots = tl.load(sorted_ptr + rows)
+    live = slots < n_slots
+    tokens = (slots // TOP_K).to(tl.int64)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < inter
+    w_ptr += expert.to(tl.int64) * stride_we
+    s_ptr += expert.to(tl.int64) * stride_se
+    gate = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        x_ptrs = x_ptr + tokens[:, None] * stride_xm + ks[None, :]
+        if EVEN_K:
+            x = tl.load(x_ptrs, mask=live[:, None], other=0.0)
+        else:
+            x = tl.load(x_ptrs, mask=live[:, None] & (ks[None, :] < K), other=0.0)
+        xt = tl.trans(x.to(DOT_DTYPE))
+        w_gate = _weight_tile(w_ptr, s_ptr, cols, col_ok, k0, K, stride_wn, stride_sn, BLOCK_N, BLOCK_K, EVEN_K, DOT_DTYPE)
+        gate = tl.dot(w_gate, xt, gate)
+        w_up = _weight_tile(w_ptr, s_ptr, cols + inter, col_ok, k0, K, stride_wn, stride_sn, BLOCK_N, BLOCK_K, EVEN_K, DOT_DTYPE)
+        up = tl.dot(w_up, xt, up)
+    if SWIGLU_OAI:  # M3's swiglu-oai: (clamp(up) + 1) * g * sigmoid(alpha * g), g = min(gate, limit)
+        gate = tl.minimum(gate, limit)
+        up = tl.minimum(tl.maximum(up, -limit), limit)
+        out = (up + 1.0) * (gate * tl.sigmoid(gate * alpha))
+    else:  # plain gated silu
+        out = gate * tl.sigmoid(gate) * up
+    a_ptrs = act_ptr + rows[None, :].to(tl.int64) * stride_am + cols[:, None]
+    tl.store(a_ptrs, round_cast(out, tl.bfloat16), mask=col_ok[:, None])
+
+
+@triton.jit
+def down_kernel(
+    a_ptr, w_ptr, s_ptr, y_ptr, weights_ptr, sorted_ptr, block_expert_ptr,
+    n_slots, num_blocks, hidden, K,
+    stride_am, stride_we, stride_wn, stride_se, stride_sn, stride_ym,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+):
+    """``y[slot, c] = weight[slot] * (act[r] . w2[e, c])`` for the live rows ``r`` of one block and
+    ``BLOCK_N`` hidden columns ``c``."""
+    pid_m, pid_n = _tile(tl.program_id(0), num_blocks, tl.cdiv(hidden, BLOCK_N), GROUP_M)
+    expert = tl.load(block_expert_ptr + pid_m)
+    if expert < 0:
+        return
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    slots = tl.load(sorted_ptr + rows)
+    live = slots < n_slots
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < hidden
+    w_ptr += expert.to(tl.int64) * stride_we
+    s_ptr += expert.to(tl.int64) * stride_se
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        a_ptrs = a_ptr + rows[:, None].to(tl.int64) * stride_am + ks[None, :]
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+        else:
+            a = tl.load(a_ptrs, mask=ks[None, :] < K, other=0.0)
+        w = _weight_tile(w_ptr, s_ptr, cols, col_ok, k0, K, stride_wn, stride_sn, BLOCK_N, BLOCK_K, EVEN_K, DOT_DTYPE)
+        acc = tl.dot(w, tl.trans(a.to(DOT_DTYPE)), acc)
+    acc *= tl.load(weights_ptr + slots, mask=live, other=0.0)[None, :]
+    y_ptrs = y_ptr + slots[None, :].to(tl.int64) * stride_ym + cols[:, None]
+    tl.store(y_ptrs, round_cast(acc, tl.bfloat16), mask=live[None, :] & col_ok[:, None])
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. sum over the top-k slots
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def sum_slots_kernel(
+    y_ptr, ids_ptr, out_ptr, hidden, first_expert, num_experts,
+    TOP_K: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    """``out[t] = sum_j y[t * TOP_K + j]`` over the slots routed to a held expert (others were never written)."""
+    token = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    col_ok = cols < hidden
+    acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        slot = token * TOP_K + j
+        local = tl.load(ids_ptr + slot).to(tl.int32) - first_expert
+        held = (local >= 0) & (local < num_experts)
+        acc += tl.load(y_ptr + slot * hidden + cols, mask=col_ok & held, other=0.0).to(tl.float32)
+    tl.store(out_ptr + token * hidden + cols, round_cast(acc, tl.bfloat16), mask=col_ok)
+
+
+# ---------------------------------------------------------------------------------------------
+# the whole layer
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_weight(name: str, w: torch.Tensor, scale_name: str, scale: torch.Tensor, shape: tuple[int, ...]) -> None:
+    if w.dtype != WEIGHT_DTYPE or tuple(w.shape) != shape:
+        raise ValueError(f"{name} must be {WEIGHT_DTYPE} {shape}, got {w.dtype} {tuple(w.shape)}")
+    scale_shape = (*shape[:-1], shape[-1] // GROUP)
+    if scale.dtype != SCALE_DTYPE or tuple(scale.shape) != scale_shape:
+        raise ValueError(f"{scale_name} must be uint8 (e8m0) {scale_shape}, got {scale.dtype} {tuple(scale.shape)}")
+    for tensor, tensor_name in ((w, name), (scale, scale_name)):
+        if tensor.stride(-1) != 1 or tensor.device != w.device:
+            raise ValueError(f"{tensor_name} needs unit stride along its last dim, on {w.device}")
+
+
+def mxfp8_fused_experts(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w13_scale: torch.Tensor,
+    w2: torch.Tensor,
+    w2_scale: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    alpha: float | None,
+    limit: float | None,
+    *,
+    first_expert: int = 0,
+    config: TileConfig | None = None,
+) -> torch.Tensor:
+    """``sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t])`` as bf16 ``[T, H]``.
+
+    ``x [T, H]`` bf16 (unit stride along H); ``w13 [E, 2I, H]`` / ``w2 [E, H, I]`` e4m3 with uint8
+    scales ``[E, 2I, H/32]`` / ``[E, H, I/32]``; ``topk_weights [T, k]`` (fp32 used as is),
+    ``topk_ids [T, k]`` int32/int64 global ids, local ``id - first_expert`` in ``[0, E)`` or
+    skipped. Expert ``act``: swiglu-oai with ``alpha``/``limit``, plain gated silu when both are
+    None. ``config`` overrides :func:`pick_config`.
+    """
+    if x.dim() != 2 or x.dtype != torch.bfloat16 or (x.shape[1] > 1 and x.stride(1) != 1):
+        raise ValueError(f"x must be [tokens, hidden] bf16 with unit stride along hidden, got {tuple(x.shape)} {x.dtype}")
+    tokens, hidden = x.shape
+    if w13.dim() != 3:
+        raise ValueError(f"w13 must be [experts, 2 * intermediate, hidden], got {tuple(w13.shape)}")
+    experts, inter = w13.shape[0], w13.shape[1] // 2
+    if hidden % GROUP or inter % GROUP:
+        raise ValueError(f"hidden ({hidden}) and intermediate ({inter}) must be multiples of {GROUP} for MXFP8")
+    _check_weight("w13", w13, "w13_scale", w13_scale, (experts, 2 * inter, hidden))
+    _check_weight("w2", w2, "w2_scale", w2_scale, (experts, hidden, inter))
+    if topk_ids.shape != topk_weights.shape or topk_ids.dim() != 2 or topk_ids.shape[0] != tokens:
+        raise ValueError(
+            f"topk_ids {tuple(topk_ids.shape)} and topk_weights {tuple(topk_weights.shape)} must both be [{tokens}, top_k]"
+        )
+    if (alpha is None) != (limit is None):
+        raise ValueError(f"alpha and limit go together (swiglu-oai) or are both None (silu), got {alpha}, {limit}")
+    out = torch.empty((tokens, hidden), dtype=torch.bfloat16, device=x.device)
+    if tokens == 0:
+        return out
+    top_k = topk_ids.shape[1]
+    n_slots = tokens * top_k
+    config = config or pick_config(tokens)
+    ids = topk_ids.contiguous()
+    weights = topk_weights.to(torch.float32).contiguous()
+    sorted_slots, block_expert = align_tokens(ids, experts, config.block_m, first_expert)
+    blocks = block_expert.shape[0]
+    launch = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+    tiles = {"BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "BLOCK_K": config.block_k, "GROUP_M": config.group_m,
+             "DOT_DTYPE": tl.bfloat16 if x.is_cuda else tl.float32}
+
+    act = torch.empty((blocks * config.block_m, inter), dtype=torch.bfloat16, device=x.device)
+    gate_up_kernel[(blocks * triton.cdiv(inter, config.block_n),)](
+        x, w13, w13_scale, act, sorted_slots, block_expert,
+        n_slots, blocks, inter, hidden, 0.0 if alpha is None else alpha, 0.0 if limit is None else limit,
+        x.stride(0), w13.stride(0), w13.stride(1), w13_scale.stride(0), w13_scale.stride(1), act.stride(0),
+        TOP_K=top_k, SWIGLU_OAI=alpha is not None, EVEN_K=hidden % config.block_k == 0, **tiles, **launch,
+    )
+    y = torch.empty((n_slots, hidden), dtype=torch.bfloat16, device=x.device)
+    down_kernel[(blocks * triton.cdiv(hidden, config.block_n),)](
+        act, w2, w2_scale, y, weights, sorted_slots, block_expert,
+        n_slots, blocks, hidden, inter,
+        act.stride(0), w2.stride(0), w2.stride(1), w2_scale.stride(0), w2_scale.stride(1), y.stride(0),
+        EVEN_K=inter % config.block_k == 0, **tiles, **launch,
+    )
+    block_h = min(1024, triton.next_power_of_2(hidden))
+    sum_slots_kernel[(tokens, triton.cdiv(hidden, block_h))](
+        y, ids, out, hidden, first_expert, experts, TOP_K=top_k, BLOCK_H=block_h, num_warps=4,
+    )
+    return out
