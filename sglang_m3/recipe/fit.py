@@ -9,17 +9,20 @@ Per GPU rank of one replica:
   inside the TP group leaves 1/tp of them per rank too), the rest (norms, index projections,
   router, vision tower) whole on every rank; pipeline stages hold their layers, the first also
   the embedding and vision tower, the last the final norm and lm_head; the fullest stage counts.
-  MXFP8 uses inspect's MXFP8 layout of the same groups (quantized linears 1 byte per element
-  plus a scale byte per 32, the rest as built);
+  MXFP8 uses the same groups as the profile keeps them (``mxfp8_residency`` in the catalog):
+  inspect's MXFP8 layout where every quantized linear stays fp8 (1 byte per element plus a
+  scale byte per 32, the rest as built), or on Hopper that layout for the routed experts and the
+  BF16 one for everything else, which is dequantized at load;
 * KV bytes per token = worst pipeline stage's layers x (2 x KV heads per rank x 128 x KV dtype)
-  + its sparse layers x 128 x index dtype for the index key. KV heads per rank = 4 /
+  + its sparse layers x 128 x 2 bytes for the bf16 index key. KV heads per rank = 4 /
   attention-TP, at least 1: beyond attention-TP 4 each KV head (and the single index-key head
-  always) is replicated, so KV per token stops shrinking. This is the cell size SGLang 0.5.23
-  sizes its M3 pool with (``pool_configurator``, ``MiniMaxSparseKVPool``), including its rule
-  that the index key stays in bf16 under an fp8 KV cache except with fp8_e4m3 on Hopper and
-  Blackwell (fp8 attention GEMMs). ``kvCache.indexKeyDtype: fp8_e4m3`` (the plugin's fp8 index
-  keys) counts 128 fp8 bytes + a 4-byte scale per sparse layer instead, as the plugin's pool
-  stores them (``sglang_m3.cache.index_kv_pool.index_bytes_per_token``);
+  always) is replicated, so KV per token stops shrinking. This is the cell size of the pool the
+  plugin builds (SGLang 0.5.23's MHA cell, ``pool_configurator``, plus the index keys its hook
+  adds, ``sglang_m3.cache.index_kv_pool.index_bytes_per_token``): the index key stays in the
+  model dtype under an fp8 KV cache on every GPU (SGLang's own M3 pool, which stores it in fp8
+  with fp8_e4m3 on Hopper and Blackwell, is not the one that serves). ``kvCache.indexKeyDtype:
+  fp8_e4m3`` (the plugin's fp8 index keys) counts 128 fp8 bytes + a 4-byte scale per sparse
+  layer instead;
 * the host tier (``hostOffload.mode: hierarchical-cache``) holds sizeGbPerRank GB per rank
   (--hicache-size) of evicted radix prefixes, each token with its K/V *and* its index keys (the
   project's host pool mirrors both, so a prefix comes back whole): host tokens = that budget /
@@ -39,11 +42,17 @@ from dataclasses import dataclass
 
 from .catalog import HardwareProfile, get_profile
 from .findings import Finding
-from .model_geometry import GB, M3, MAX_CONTEXT_LENGTH, M3Geometry
+from .model_geometry import GB, M3, MAX_CONTEXT_LENGTH, M3Geometry, Mxfp8Residency
 from .schema import Recipe
 
 #: KV element size per ``kvCache.dtype`` ("auto" serves the model dtype, bf16).
 KV_DTYPE_BYTES = {"auto": 2, "bf16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}
+
+#: How the fit counts MXFP8 weights, per ``mxfp8_residency`` of the profile, for the report.
+MXFP8_LAYOUTS = {
+    "all_linears": "mxfp8: quantized linears e4m3 + e8m0 scale per 32",
+    "routed_experts": "mxfp8: routed experts e4m3 + e8m0 scale per 32, other linears bf16",
+}
 
 #: Bytes of the per-token fp32 scale beside an fp8 index key (``kvCache.indexKeyDtype: fp8_e4m3``).
 INDEX_KEY_SCALE_BYTES = 4
@@ -71,6 +80,8 @@ class FitReport:
     """The memory budget of one GPU rank and what it allows."""
 
     profile: str
+    #: what the weights are counted as (bf16, or one of ``MXFP8_LAYOUTS``)
+    weight_layout: str
     memory_bytes: int
     mem_fraction_static: float
     weight_bytes_per_gpu: int
@@ -113,6 +124,7 @@ class FitReport:
             ("GPU memory", f"{gb(self.memory_bytes)} ({self.profile})"),
             ("static budget (x memFractionStatic)",
              f"{gb(self.static_budget_bytes)} (x {self.mem_fraction_static})"),
+            ("weight layout", self.weight_layout),
             ("weights per GPU (with draft)",
              f"{gb(self.weight_bytes_per_gpu)} (draft {gb(self.draft_bytes_per_gpu)})"),
             ("KV pool per GPU", gb(self.kv_pool_bytes)),
@@ -147,10 +159,10 @@ def estimate_fit(recipe: Recipe, geometry: M3Geometry = M3) -> FitReport:
     if spec.speculative is not None and spec.speculative.draft_model is not None:
         draft = DRAFT_WEIGHT_BYTES // parallel.tp
     weights = draft + weight_bytes_per_gpu(spec.model.variant, parallel.tp, parallel.pp,
-                                           parallel.attention_dp, geometry)
+                                           parallel.attention_dp, geometry,
+                                           mxfp8_residency=profile.mxfp8_residency)
     kv_heads = max(1, geometry.num_kv_heads // attention_tp)
-    per_token = kv_bytes_per_token(spec.kv_cache.dtype, attention_tp, parallel.pp,
-                                   index_key_in_fp8(profile, spec.kv_cache.dtype), geometry,
+    per_token = kv_bytes_per_token(spec.kv_cache.dtype, attention_tp, parallel.pp, geometry,
                                    index_key_dtype=spec.kv_cache.index_key_dtype)
     static_budget = int(profile.memory_bytes * spec.serving.mem_fraction_static)
     kv_pool = max(0, static_budget - weights)
@@ -167,6 +179,8 @@ def estimate_fit(recipe: Recipe, geometry: M3Geometry = M3) -> FitReport:
     host_bytes = host_tier_bytes(recipe)
     return FitReport(
         profile=profile.name,
+        weight_layout=(MXFP8_LAYOUTS[profile.mxfp8_residency] if spec.model.variant == "mxfp8"
+                       else "bf16 (routers fp32)"),
         memory_bytes=profile.memory_bytes,
         mem_fraction_static=spec.serving.mem_fraction_static,
         weight_bytes_per_gpu=weights,
@@ -203,9 +217,10 @@ def host_tier_tokens(host_bytes: int, bytes_per_token: int, page: int) -> int:
 
 
 def weight_bytes_per_gpu(variant: str, tp: int, pp: int, attention_dp: int = 1,
-                         geometry: M3Geometry = M3) -> int:
+                         geometry: M3Geometry = M3,
+                         mxfp8_residency: Mxfp8Residency = "all_linears") -> int:
     """Weight bytes of the fullest rank (see the module docstring for the rules)."""
-    layout = geometry.weight_layout(variant)
+    layout = geometry.weight_layout(variant, mxfp8_residency)
     attention_tp = max(1, tp // attention_dp)
     ways = {"attention_tp": attention_tp, "kv_heads": min(attention_tp, geometry.num_kv_heads),
             "tp": tp, "experts": tp, "replicated": 1}
@@ -223,13 +238,6 @@ def weight_bytes_per_gpu(variant: str, tp: int, pp: int, attention_dp: int = 1,
     return fullest
 
 
-def index_key_in_fp8(profile: HardwareProfile, kv_dtype: str) -> bool:
-    """Whether SGLang stores the index key in fp8: only with an fp8_e4m3 KV cache on Hopper
-    (fp16-widened Triton decode) or Blackwell (fp8 attention GEMMs, with the trtllm_mha backend
-    the renderer picks); otherwise the index key keeps the model dtype."""
-    return kv_dtype == "fp8_e4m3" and profile.architecture in ("hopper", "blackwell")
-
-
 def pipeline_stages(num_layers: int, pp: int) -> list[range]:
     """Layers of each pipeline stage as SGLang splits them: evenly, the remainder going one
     each to the last stages."""
@@ -239,20 +247,20 @@ def pipeline_stages(num_layers: int, pp: int) -> list[range]:
     return [range(start, start + size) for start, size in zip(starts, sizes)]
 
 
-def kv_bytes_per_token(kv_dtype: str, attention_tp: int, pp: int, index_fp8: bool = False,
-                       geometry: M3Geometry = M3, index_key_dtype: str = "bf16") -> int:
+def kv_bytes_per_token(kv_dtype: str, attention_tp: int, pp: int, geometry: M3Geometry = M3,
+                       index_key_dtype: str = "bf16") -> int:
     """Main KV of every layer plus the index key of every sparse layer, on the fullest
     pipeline stage, for one token on one rank (in M3 the dense layers come first, so with
-    pp > 1 the last stage, all sparse, is the fullest). ``index_fp8``: SGLang's own fp8 index
-    key (no scale); ``index_key_dtype`` fp8_e4m3: the plugin's (with its per-token scale)."""
+    pp > 1 the last stage, all sparse, is the fullest). The index key is in the model dtype
+    (bf16) whatever ``kv_dtype`` is, or with ``index_key_dtype`` fp8_e4m3 fp8 plus its per-token
+    scale, as the plugin's pool stores it."""
     element = KV_DTYPE_BYTES[kv_dtype]
-    index_element = 1 if index_fp8 else KV_DTYPE_BYTES["bf16"]
     kv_heads = max(1, geometry.num_kv_heads // attention_tp)
     main_per_layer = 2 * kv_heads * geometry.head_dim * element
     if index_key_dtype == "fp8_e4m3":
         index_per_sparse_layer = geometry.index_key_dim + INDEX_KEY_SCALE_BYTES
     else:
-        index_per_sparse_layer = geometry.index_key_dim * index_element
+        index_per_sparse_layer = geometry.index_key_dim * KV_DTYPE_BYTES["bf16"]
 
     def stage_bytes(layers: range) -> int:
         sparse = sum(geometry.layer_is_sparse[layer] for layer in layers)

@@ -138,7 +138,13 @@ def render_launch(
         add("--trust-remote-code")
     if spec.model.variant == "mxfp8":
         # SGLang detects MXFP8 from the checkpoint; the cookbook passes it explicitly so a
-        # checkpoint mix-up fails at load instead of serving with the wrong kernels.
+        # checkpoint mix-up fails at load instead of serving with the wrong kernels. Same on
+        # Hopper: in SGLang 0.5.23 the flag only makes ModelConfig refuse a checkpoint whose
+        # quantization_config is not mxfp8 (its M3 override sets mxfp8 from the checkpoint
+        # anyway, so every other server argument resolves as without the flag), and the plugin's
+        # loader hook (sglang_m3.quant.serving) gives M3 no SGLang quantization config, so
+        # SGLang's MXFP8 layers and their SM100 capability check are never reached; the plugin
+        # reads the MXFP8 tensors from the checkpoint itself.
         add("--quantization", "mxfp8")
 
     add("--device", profile.device)

@@ -42,24 +42,23 @@ def test_kv_bytes_per_token_by_hand():
     assert kv_bytes_per_token("auto", attention_tp=1, pp=1) == 122_880 + 14_592 == 137_472
     # fp8 KV halves the main KV: 60 x 256; the index key stays bf16 (57 x 256) ...
     assert kv_bytes_per_token("fp8_e5m2", attention_tp=8, pp=1) == 15_360 + 14_592 == 29_952
-    # ... unless SGLang runs the index in fp8 too (57 x 128)
-    assert kv_bytes_per_token("fp8_e4m3", 8, 1, index_fp8=True) == 15_360 + 7_296 == 22_656
+    assert kv_bytes_per_token("fp8_e4m3", attention_tp=8, pp=1) == 15_360 + 14_592 == 29_952
+    # ... unless indexKeyDtype asks for fp8 index keys: 57 x (128 + a 4-byte scale)
+    assert kv_bytes_per_token("fp8_e4m3", 8, 1, index_key_dtype="fp8_e4m3") == 15_360 + 7_524 == 22_884
     # PP2: layers 0-29 and 30-59; the second stage is all sparse: 30 x 512 + 30 x 256
     assert kv_bytes_per_token("auto", attention_tp=8, pp=2) == 30 * 512 + 30 * 256 == 23_040
     # PP7: 60 = 7 x 8 + 4, the last 4 stages hold 9 layers, all sparse: 9 x (512 + 256)
     assert kv_bytes_per_token("auto", attention_tp=8, pp=7) == 9 * 768 == 6_912
 
 
-def test_index_key_dtype_follows_sglang_per_hardware():
-    fp8 = {"spec__kvCache": {"dtype": "fp8_e4m3"}}
-    # Blackwell with fp8_e4m3: fp8 attention GEMMs, index key in fp8 -> 22,656 bytes
-    assert estimate_fit(make_recipe(**fp8)).kv_bytes_per_token == 22_656
-    # MI355X with fp8_e4m3: index key stays bf16 -> 29,952 bytes
-    amd = make_recipe(**fp8, spec__hardware={"profile": "mi355x"})
-    assert estimate_fit(amd).kv_bytes_per_token == 29_952
-    # Blackwell with fp8_e5m2: fp8 attention GEMMs stay off, index key bf16
-    e5m2 = make_recipe(spec__kvCache={"dtype": "fp8_e5m2"})
-    assert estimate_fit(e5m2).kv_bytes_per_token == 29_952
+def test_index_key_stays_bf16_under_an_fp8_kv_cache_on_every_gpu():
+    # the plugin's pool keeps the index key in the model dtype under any 8-bit KV cache (SGLang's
+    # own M3 pool, which would store it in fp8 with fp8_e4m3 on Hopper and Blackwell, does not
+    # serve): 60 x 256 K/V + 57 x 256 index key = 29,952 bytes at TP8, whatever the hardware
+    for profile in ("b200", "h100", "h200", "mi355x"):
+        for dtype in ("fp8_e4m3", "fp8_e5m2"):
+            recipe = make_recipe(spec__kvCache={"dtype": dtype}, spec__hardware={"profile": profile})
+            assert estimate_fit(recipe).kv_bytes_per_token == 29_952, (profile, dtype)
 
 
 def test_weights_per_rank_by_hand():
@@ -232,11 +231,13 @@ def test_more_memory_fraction_never_shrinks_the_pool(low, high, context, running
 
 @settings(max_examples=100, deadline=None)
 @given(variant=st.sampled_from(["bf16", "mxfp8"]), dtype=st.sampled_from(["auto", "fp8_e4m3"]),
-       pp=st.integers(1, 8))
-def test_more_tensor_parallelism_never_costs_more_per_gpu(variant, dtype, pp):
+       pp=st.integers(1, 8), residency=st.sampled_from(["all_linears", "routed_experts"]),
+       index_key_dtype=st.sampled_from(["bf16", "fp8_e4m3"]))
+def test_more_tensor_parallelism_never_costs_more_per_gpu(variant, dtype, pp, residency,
+                                                          index_key_dtype):
     tps = [1, 2, 4, 8, 16, 32, 64]
-    weights = [weight_bytes_per_gpu(variant, tp, pp) for tp in tps]
-    kv = [kv_bytes_per_token(dtype, tp, pp, index_fp8=dtype != "auto") for tp in tps]
+    weights = [weight_bytes_per_gpu(variant, tp, pp, mxfp8_residency=residency) for tp in tps]
+    kv = [kv_bytes_per_token(dtype, tp, pp, index_key_dtype=index_key_dtype) for tp in tps]
     assert weights == sorted(weights, reverse=True)
     assert kv == sorted(kv, reverse=True)
     assert kv[2:] == [kv[2]] * (len(tps) - 2)  # from tp 4 on, KV heads are replicated

@@ -1,11 +1,14 @@
-"""KV bytes per token against SGLang 0.5.23's own M3 pool sizing (an independent oracle).
+"""KV bytes per token against the pool sizing SGLang 0.5.23 runs for M3.
 
-SGLang sizes the KV pool of a MiniMax M3 model with ``DefaultPoolConfigurator.
-_compute_cell_size`` (main K/V of every layer on the stage + the index key of every K-only
-sparse layer, heads from ``ModelConfig.get_num_kv_heads``). Here it runs on a ModelConfig
-built from an M3-shaped config.json (the published geometry, no weights), with the runtime
-facts it reads (attention TP size, hisparse off, fp8 attention GEMMs on or off) supplied
-directly, and with SGLang's own ``get_pp_indices`` for pipeline stages.
+SGLang sizes a KV pool with ``DefaultPoolConfigurator._compute_cell_size``. Its own M3 branch
+(main K/V of every layer on the stage + the index key of every K-only sparse layer, heads from
+``ModelConfig.get_num_kv_heads``) is an independent oracle where its index key is bf16, i.e.
+without fp8 attention GEMMs. Served through the plugin, M3 takes the MHA branch instead (the
+plugin turns ``is_minimax_sparse`` off) and the plugin's hook adds the index keys of its own pool,
+bf16 under any KV dtype unless indexKeyDtype says fp8_e4m3: that sum is what the fit must equal
+for every KV dtype. Both run on a ModelConfig built from an M3-shaped config.json (the published
+geometry, no weights), with the runtime facts they read (attention TP size, hisparse off, fp8
+attention GEMMs off) supplied directly, and with SGLang's own ``get_pp_indices`` for stages.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import types
 import pytest
 
 from sglang_m3.recipe.fit import kv_bytes_per_token, pipeline_stages
+from sglang_m3.recipe.render import INDEX_KEY_DTYPE_ENV
 
 torch = pytest.importorskip("torch")
 pool_configurator = pytest.importorskip("sglang.srt.model_executor.pool_configurator")
@@ -59,9 +63,12 @@ def model_config(tmp_path_factory):
     return config
 
 
-def sglang_cell_size(monkeypatch, model_config, *, attn_tp, kv_dtype, fp8_attn_gemm, layers):
+def sglang_cell_size(monkeypatch, model_config, *, attn_tp, dtype, layers, plugin):
+    """One stage's cell size; ``plugin``: as served through the plugin (MHA cell + its hook)."""
     import sglang.srt.layers.cp.utils as cp_utils
     import sglang.srt.server_args as server_args
+
+    from sglang_m3.integration.hooks import add_index_key_bytes, upstream_minimax_sparse_wiring_off
 
     parallel = types.SimpleNamespace(attn_tp_size=attn_tp, attn_dcp_size=1, attn_cp_size=1,
                                      enable_dsa_cache_layer_split=False)
@@ -70,35 +77,55 @@ def sglang_cell_size(monkeypatch, model_config, *, attn_tp, kv_dtype, fp8_attn_g
     monkeypatch.setattr(pool_configurator, "get_memory",
                         lambda: types.SimpleNamespace(enable_hisparse=False))
     monkeypatch.setattr(pool_configurator, "resolving_view", lambda view: view)
-    monkeypatch.setattr(server_args, "m3_fp8_attn_gemm_enabled", lambda view: fp8_attn_gemm)
+    monkeypatch.setattr(server_args, "m3_fp8_attn_gemm_enabled", lambda view: False)
+    if plugin:
+        monkeypatch.setattr(pool_configurator, "is_minimax_sparse", upstream_minimax_sparse_wiring_off)
     kvc = types.SimpleNamespace(
-        model_config=model_config, kv_cache_dtype=kv_dtype, model_dtype=torch.bfloat16,
+        model_config=model_config, kv_cache_dtype=dtype[1], model_dtype=torch.bfloat16,
         layer_info=types.SimpleNamespace(start_layer=layers[0], end_layer=layers[1]),
         server_args=types.SimpleNamespace(enable_hisparse=False), use_mla_backend=False,
         is_draft_worker=False)
-    method = pool_configurator.DefaultPoolConfigurator._compute_cell_size
-    return method(None, kvc, layers[1] - layers[0])
+    num_layers = layers[1] - layers[0]
+    # the configurator's __init__ sizes the whole pool; the cell size reads only the flag's text
+    configurator = object.__new__(pool_configurator.DefaultPoolConfigurator)
+    configurator.kv_cache_dtype_str = dtype[0]
+    cell = configurator._compute_cell_size(kvc, num_layers)
+    return add_index_key_bytes(cell, None, kvc, num_layers) if plugin else cell
 
 
-# (recipe KV dtype, SGLang KV dtype, fp8 attention GEMMs as on Blackwell with fp8_e4m3)
-DTYPES = [("auto", torch.bfloat16, False), ("fp8_e5m2", torch.float8_e5m2, False),
-          ("fp8_e4m3", torch.float8_e4m3fn, False), ("fp8_e4m3", torch.float8_e4m3fn, True)]
+# (recipe KV dtype, SGLang KV dtype)
+DTYPES = [("auto", torch.bfloat16), ("fp8_e5m2", torch.float8_e5m2),
+          ("fp8_e4m3", torch.float8_e4m3fn)]
+
+
+def fullest_stage(monkeypatch, model_config, attn_tp, pp, dtype, plugin):
+    from sglang.srt.distributed.utils import get_pp_indices
+
+    return max(
+        sglang_cell_size(monkeypatch, model_config, attn_tp=attn_tp, dtype=dtype,
+                         layers=get_pp_indices(LAYERS, rank, pp), plugin=plugin)
+        for rank in range(pp)
+    )
 
 
 @pytest.mark.parametrize("attn_tp", [1, 2, 4, 8, 16])
 @pytest.mark.parametrize("pp", [1, 2, 3, 4, 7])
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: f"{d[0]}-gemm{d[2]}")
-def test_kv_bytes_per_token_equal_sglang_pool_cell_size(monkeypatch, model_config, attn_tp,
-                                                          pp, dtype):
-    from sglang.srt.distributed.utils import get_pp_indices
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d[0])
+def test_kv_bytes_per_token_equal_sglang_m3_pool_cell_size(monkeypatch, model_config, attn_tp,
+                                                             pp, dtype):
+    fullest = fullest_stage(monkeypatch, model_config, attn_tp, pp, dtype, plugin=False)
+    assert kv_bytes_per_token(dtype[0], attn_tp, pp) == fullest
 
-    recipe_dtype, kv_dtype, fp8_gemm = dtype
-    fullest = max(
-        sglang_cell_size(monkeypatch, model_config, attn_tp=attn_tp, kv_dtype=kv_dtype,
-                         fp8_attn_gemm=fp8_gemm, layers=get_pp_indices(LAYERS, rank, pp))
-        for rank in range(pp)
-    )
-    assert kv_bytes_per_token(recipe_dtype, attn_tp, pp, index_fp8=fp8_gemm) == fullest
+
+@pytest.mark.parametrize("attn_tp", [1, 2, 4, 8, 16])
+@pytest.mark.parametrize("pp", [1, 2, 3, 4, 7])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d[0])
+@pytest.mark.parametrize("index_key_dtype", ["bf16", "fp8_e4m3"])
+def test_kv_bytes_per_token_equal_the_plugin_pool_cell_size(monkeypatch, model_config, attn_tp,
+                                                              pp, dtype, index_key_dtype):
+    monkeypatch.setenv(INDEX_KEY_DTYPE_ENV, index_key_dtype)
+    fullest = fullest_stage(monkeypatch, model_config, attn_tp, pp, dtype, plugin=True)
+    assert kv_bytes_per_token(dtype[0], attn_tp, pp, index_key_dtype=index_key_dtype) == fullest
 
 
 @pytest.mark.parametrize("pp", range(1, 13))
