@@ -172,21 +172,27 @@ def _tile(pid, num_m, num_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def _weight_tile(w_ptr, s_ptr, rows, row_ok, k0, K, stride_wn, stride_sn,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    """Rows ``rows`` x columns ``[k0, k0 + BLOCK_K)`` of one expert's MXFP8 weight, ``[BLOCK_N, BLOCK_K]`` in ``DOT_DTYPE``."""
-    ks = k0 + tl.arange(0, BLOCK_K)
+def _scale_bytes(s_ptr, rows, row_ok, k0, K, stride_sn, BLOCK_K: tl.constexpr):
+    """Rows ``rows``' e8m0 scale bytes ``[BLOCK_N, BLOCK_K / 32]`` for columns ``[k0, k0 + BLOCK_K)``
+    (byte 0, meaning 0.0, past K). Left undecoded: the loop uses them one step later (prefetch)."""
     groups = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-    w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_wn + ks[None, :]
     s_ptrs = s_ptr + rows[:, None].to(tl.int64) * stride_sn + groups[None, :]
+    return tl.load(s_ptrs, mask=row_ok[:, None] & (groups[None, :] < K // 32), other=0)
+
+
+@triton.jit
+def _weight_tile(w_ptr, scales, rows, row_ok, k0, K, stride_wn,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """Rows ``rows`` x columns ``[k0, k0 + BLOCK_K)`` of one expert's e4m3 weight times their
+    ``scales`` (:func:`_scale_bytes`), ``[BLOCK_N, BLOCK_K]`` in ``DOT_DTYPE``."""
+    ks = k0 + tl.arange(0, BLOCK_K)
+    w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_wn + ks[None, :]
     if EVEN_K:
         w = tl.load(w_ptrs, mask=row_ok[:, None], other=0.0)
-        s = tl.load(s_ptrs, mask=row_ok[:, None], other=0)
     else:
         w = tl.load(w_ptrs, mask=row_ok[:, None] & (ks[None, :] < K), other=0.0)
-        s = tl.load(s_ptrs, mask=row_ok[:, None] & (groups[None, :] < K // 32), other=0)
-    factor = (s.to(tl.int32) << 23).to(tl.float32, bitcast=True)  # e8m0 byte -> 2**(b-127), 0 -> 0.0
-    w = tl.reshape(w.to(tl.float32), (BLOCK_N, BLOCK_K // 32, 32)) * factor[:, :, None]
+    factors = (scales.to(tl.int32) << 23).to(tl.float32, bitcast=True)  # byte b -> 2**(b-127), 0 -> 0.0
+    w = tl.reshape(w.to(tl.float32), (BLOCK_N, BLOCK_K // 32, 32)) * factors[:, :, None]
     return tl.reshape(w, (BLOCK_N, BLOCK_K)).to(DOT_DTYPE)
 
 
@@ -215,7 +221,13 @@ def gate_up_kernel(
     s_ptr += expert.to(tl.int64) * stride_se
     gate = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    gate_scales = _scale_bytes(s_ptr, cols, col_ok, 0, K, stride_sn, BLOCK_K)
+    up_scales = _scale_bytes(s_ptr, cols + inter, col_ok, 0, K, stride_sn, BLOCK_K)
     for k0 in range(0, K, BLOCK_K):
+        # The next tile's scales load now, overlapping this tile's work: Triton's pipeliner leaves
+        # loads under 4 bytes per thread (a scale tile) in place, where each would stall its step.
+        next_gate = _scale_bytes(s_ptr, cols, col_ok, k0 + BLOCK_K, K, stride_sn, BLOCK_K)
+        next_up = _scale_bytes(s_ptr, cols + inter, col_ok, k0 + BLOCK_K, K, stride_sn, BLOCK_K)
         ks = k0 + tl.arange(0, BLOCK_K)
         x_ptrs = x_ptr + tokens[:, None] * stride_xm + ks[None, :]
         if EVEN_K:
@@ -223,10 +235,11 @@ def gate_up_kernel(
         else:
             x = tl.load(x_ptrs, mask=live[:, None] & (ks[None, :] < K), other=0.0)
         xt = tl.trans(x.to(DOT_DTYPE))
-        w_gate = _weight_tile(w_ptr, s_ptr, cols, col_ok, k0, K, stride_wn, stride_sn, BLOCK_N, BLOCK_K, EVEN_K, DOT_DTYPE)
+        w_gate = _weight_tile(w_ptr, gate_scales, cols, col_ok, k0, K, stride_wn, BLOCK_N, BLOCK_K, EVEN_K, DOT_DTYPE)
         gate = tl.dot(w_gate, xt, gate)
-        w_up = _weight_tile(w_ptr, s_ptr, cols + inter, col_ok, k0, K, stride_wn, stride_sn, BLOCK_N, BLOCK_K, EVEN_K, DOT_DTYPE)
+        w_up = _weight_tile(w_ptr, up_scales, cols + inter, col_ok, k0, K, stride_wn, BLOCK_N, BLOCK_K, EVEN_K, DOT_DTYPE)
         up = tl.dot(w_up, xt, up)
+        gate_scales, up_scales = next_gate, next_up
     if SWIGLU_OAI:  # M3's swiglu-oai: (clamp(up) + 1) * g * sigmoid(alpha * g), g = min(gate, limit)
         gate = tl.minimum(gate, limit)
         up = tl.minimum(tl.maximum(up, -limit), limit)
@@ -259,15 +272,18 @@ def down_kernel(
     w_ptr += expert.to(tl.int64) * stride_we
     s_ptr += expert.to(tl.int64) * stride_se
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    scales = _scale_bytes(s_ptr, cols, col_ok, 0, K, stride_sn, BLOCK_K)
     for k0 in range(0, K, BLOCK_K):
+        next_scales = _scale_bytes(s_ptr, cols, col_ok, k0 + BLOCK_K, K, stride_sn, BLOCK_K)  # see gate_up_kernel
         ks = k0 + tl.arange(0, BLOCK_K)
         a_ptrs = a_ptr + rows[:, None].to(tl.int64) * stride_am + ks[None, :]
         if EVEN_K:
             a = tl.load(a_ptrs)
         else:
             a = tl.load(a_ptrs, mask=ks[None, :] < K, other=0.0)
-        w = _weight_tile(w_ptr, s_ptr, cols, col_ok, k0, K, stride_wn, stride_sn, BLOCK_N, BLOCK_K, EVEN_K, DOT_DTYPE)
+        w = _weight_tile(w_ptr, scales, cols, col_ok, k0, K, stride_wn, BLOCK_N, BLOCK_K, EVEN_K, DOT_DTYPE)
         acc = tl.dot(w, tl.trans(a.to(DOT_DTYPE)), acc)
+        scales = next_scales
     acc *= tl.load(weights_ptr + slots, mask=live, other=0.0)[None, :]
     y_ptrs = y_ptr + slots[None, :].to(tl.int64) * stride_ym + cols[:, None]
     tl.store(y_ptrs, round_cast(acc, tl.bfloat16), mask=live[None, :] & col_ok[:, None])

@@ -16,8 +16,12 @@ Which block serves (:func:`make_moe_block`): on a CUDA platform, bf16/fp16 model
 block; fp32 models take the torch block's ``static`` path, because SGLang's Triton fused MoE
 computes in fp16 whenever the activations are not bf16 (``compute_type`` in its
 ``fused_moe.py``), and M3's MSA block selection turns such rounding into different attended
-blocks on longer prompts. Other platforms (the CPU) take the torch block's ``loop`` path.
-``SGLANG_M3_MOE_IMPL=loop|static|fused`` forces one (``torch`` is an alias of ``loop``).
+blocks on longer prompts. A bf16 model from an MXFP8 checkpoint on CUDA takes
+:class:`sglang_m3.models.mxfp8_moe.M3Mxfp8MoeBlock` instead (experts kept in MXFP8, W8A16
+kernels) unless the checkpoint leaves that layer's experts unquantized. Other platforms (the CPU)
+take the torch block's ``loop`` path, with any MXFP8 experts dequantized at load.
+``SGLANG_M3_MOE_IMPL=loop|static|fused|mxfp8`` forces one (``torch`` is an alias of ``loop``;
+``fused`` on an MXFP8 checkpoint is the dequantized-bf16 A/B; ``mxfp8`` needs an MXFP8 checkpoint).
 """
 
 from __future__ import annotations
@@ -35,11 +39,12 @@ from sglang_m3.config import M3TextSpec
 from sglang_m3.models.moe import GatedMLP, M3SparseMoeBlock
 from sglang_m3.models.moe_kernel_configs import nearest, tile_table
 from sglang_m3.models.moe_routing import add_router_parameters, sigmoid_topk_route
+from sglang_m3.models.mxfp8_moe import M3Mxfp8MoeBlock
 
 logger = logging.getLogger(__name__)
 
 MOE_IMPL_ENV = "SGLANG_M3_MOE_IMPL"
-MOE_IMPLS = ("auto", "loop", "static", "fused", "torch")
+MOE_IMPLS = ("auto", "loop", "static", "fused", "mxfp8", "torch")
 
 
 class M3FusedMoeBlock(nn.Module):
@@ -103,12 +108,15 @@ class M3FusedMoeBlock(nn.Module):
         return out
 
 
-def moe_impl(dtype: torch.dtype | None = None) -> str:
-    """``loop``, ``static`` or ``fused`` for a model of ``dtype`` (default: torch's default dtype,
-    which SGLang's model loader sets to the model's dtype while it builds the model)."""
+def moe_impl(dtype: torch.dtype | None = None, mxfp8_experts: bool = False) -> str:
+    """``loop``, ``static``, ``fused`` or ``mxfp8`` for a model of ``dtype`` (default: torch's default
+    dtype, which SGLang's model loader sets to the model's dtype while it builds the model) whose
+    checkpoint has MXFP8 routed experts or not."""
     choice = os.environ.get(MOE_IMPL_ENV, "auto")
     if choice not in MOE_IMPLS:
         raise ValueError(f"{MOE_IMPL_ENV} must be one of {', '.join(MOE_IMPLS)}, got {choice!r}")
+    if choice == "mxfp8" and not mxfp8_experts:
+        raise ValueError(f"{MOE_IMPL_ENV}=mxfp8 needs a checkpoint with MXFP8 routed experts (quantization_config)")
     if choice == "torch":
         return "loop"
     if choice != "auto":
@@ -118,13 +126,23 @@ def moe_impl(dtype: torch.dtype | None = None) -> str:
     if not (current_platform.device_type == "cuda" and torch.cuda.is_available()):
         return "loop"
     dtype = dtype or torch.get_default_dtype()
+    if mxfp8_experts and dtype == torch.bfloat16:
+        return "mxfp8"
     return "fused" if dtype in (torch.bfloat16, torch.float16) else "static"
 
 
+def has_mxfp8_experts(spec: M3TextSpec, layer_id: int) -> bool:
+    """Whether the checkpoint stores layer ``layer_id``'s routed experts in MXFP8."""
+    quant = spec.quantization
+    return quant is not None and not quant.ignores(f"model.layers.{layer_id}.block_sparse_moe.experts")
+
+
 def make_moe_block(spec: M3TextSpec, layer_id: int, quant_config=None, prefix: str = "") -> nn.Module:
-    impl = moe_impl()
+    impl = moe_impl(mxfp8_experts=has_mxfp8_experts(spec, layer_id))
     if layer_id == min(i for i, moe in enumerate(spec.moe_layers) if moe):
         logger.info("M3 MoE experts: %s path (model dtype %s)", impl, torch.get_default_dtype())
+    if impl == "mxfp8":
+        return M3Mxfp8MoeBlock(spec, layer_id, quant_config, prefix)
     if impl == "fused":
         return M3FusedMoeBlock(spec, layer_id, quant_config, prefix)
     return M3SparseMoeBlock(spec, quant_config, prefix, experts_path=impl)

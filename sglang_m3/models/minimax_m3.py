@@ -255,6 +255,11 @@ class MiniMaxM3SparseForCausalLM(nn.Module):
         TextWeightLoader(self).load(weights)
 
 
+def mxfp8_expert_layers(model: nn.Module) -> frozenset[int]:
+    """Layers whose MoE block keeps the routed experts in MXFP8 (takes weight/scale pairs as is)."""
+    return frozenset(m.layer_id for m in model.modules() if getattr(m, "holds_mxfp8_experts", False))
+
+
 def announce_implementation(model_class: type) -> None:
     """Log once per server (tensor-parallel rank 0, at model build) which classes serve M3.
 
@@ -275,8 +280,11 @@ class TextWeightLoader:
         self.params = dict(model.named_parameters())
         self.seen: set[str] = set()
         self.skipped_mtp = 0
-        # An MXFP8 checkpoint's weight/scale pairs become plain weights here (dequantize at load).
-        self.dequantizer = MXFP8Dequantizer(self.spec.quantization) if self.spec.quantization else None
+        # An MXFP8 checkpoint's weight/scale pairs become plain weights here (dequantize at load),
+        # but for the routed experts of MoE blocks that keep them quantized (sglang_m3.models.mxfp8_moe).
+        self.dequantizer = (
+            MXFP8Dequantizer(self.spec.quantization, mxfp8_expert_layers(model)) if self.spec.quantization else None
+        )
 
     def load(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         for name, tensor in weights:
@@ -328,7 +336,10 @@ class TextWeightLoader:
     def finish(self) -> None:
         if self.dequantizer is not None:
             self.dequantizer.finish()
-            logger.info("dequantized %d MXFP8 weight(s) at load", self.dequantizer.dequantized)
+            logger.info(
+                "dequantized %d MXFP8 weight(s) at load, kept %d routed-expert weight(s) in MXFP8",
+                self.dequantizer.dequantized, self.dequantizer.kept_quantized,
+            )
         if self.skipped_mtp:
             logger.info(
                 "skipped %d multi-token-prediction tensor(s) (mtp.*): not used until speculative decoding reads them",

@@ -23,6 +23,8 @@ and one all-reduce over the TP group completes the block.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from sglang.srt.distributed import tensor_model_parallel_all_reduce
 from sglang.srt.layers.linear import MergedColumnParallelLinear, RowParallelLinear
@@ -58,34 +60,62 @@ class GatedMLP(nn.Module):
         return out
 
 
+@dataclass(frozen=True)
+class ExpertLayout:
+    """This rank's share of the routed experts (the layout in the module docstring)."""
+
+    tp_size: int
+    #: global ids of the experts this rank holds; local expert ``i`` is ``local_experts.start + i``
+    local_experts: range
+    #: this rank's slice of each expert's intermediate dimension
+    inter_slice: slice
+
+    @property
+    def local_inter(self) -> int:
+        return self.inter_slice.stop - self.inter_slice.start
+
+
+def expert_layout(spec: M3TextSpec, block: str) -> ExpertLayout:
+    """The current rank's :class:`ExpertLayout` from SGLang's parallel context; refuses, naming the
+    flag or field, what ``block`` (for messages) cannot serve."""
+    parallel = get_parallel()
+    if parallel.moe_dp_size > 1:
+        # Each MoE-DP replica would add the whole routed sum into the TP all-reduce.
+        raise ValueError(f"the {block} does not support --moe-dp-size > 1 (got {parallel.moe_dp_size})")
+    ep_size, ep_rank = parallel.moe_ep_size, parallel.moe_ep_rank
+    moe_tp_size, moe_tp_rank = parallel.moe_tp_size, parallel.moe_tp_rank
+    if spec.num_experts % ep_size:
+        raise ValueError(f"num_local_experts ({spec.num_experts}) is not divisible by --ep-size ({ep_size})")
+    if spec.moe_intermediate_size % moe_tp_size:
+        raise ValueError(
+            f"intermediate_size ({spec.moe_intermediate_size}) is not divisible by the expert tensor-parallel "
+            f"size (--tp-size / --ep-size = {moe_tp_size})"
+        )
+    local_inter = spec.moe_intermediate_size // moe_tp_size
+    local_experts = spec.num_experts // ep_size
+    return ExpertLayout(
+        tp_size=parallel.tp_size,
+        local_experts=range(ep_rank * local_experts, (ep_rank + 1) * local_experts),
+        inter_slice=slice(moe_tp_rank * local_inter, (moe_tp_rank + 1) * local_inter),
+    )
+
+
 class M3SparseMoeBlock(nn.Module):
     def __init__(self, spec: M3TextSpec, quant_config=None, prefix: str = "", experts_path: str = "loop"):
         super().__init__()
         if experts_path not in EXPERT_PATHS:
             raise ValueError(f"experts_path must be one of {EXPERT_PATHS}, got {experts_path!r}")
         self.experts_path = experts_path
-        parallel = get_parallel()
-        self.tp_size = parallel.tp_size
-        if parallel.moe_dp_size > 1:
-            # Each MoE-DP replica would add the whole routed sum into the TP all-reduce.
-            raise ValueError(f"the torch MoE block does not support --moe-dp-size > 1 (got {parallel.moe_dp_size})")
-        ep_size, ep_rank = parallel.moe_ep_size, parallel.moe_ep_rank
-        moe_tp_size, moe_tp_rank = parallel.moe_tp_size, parallel.moe_tp_rank
-        if spec.num_experts % ep_size:
-            raise ValueError(f"num_local_experts ({spec.num_experts}) is not divisible by --ep-size ({ep_size})")
-        if spec.moe_intermediate_size % moe_tp_size:
-            raise ValueError(
-                f"intermediate_size ({spec.moe_intermediate_size}) is not divisible by the expert tensor-parallel "
-                f"size (--tp-size / --ep-size = {moe_tp_size})"
-            )
+        layout = expert_layout(spec, "torch MoE block")
+        self.tp_size = layout.tp_size
         self.top_k = spec.experts_per_token
         self.scaling = spec.routed_scaling_factor
         self.act = gated_activation(spec.hidden_act, spec.swiglu_alpha, spec.swiglu_limit)
-        self.local_inter = spec.moe_intermediate_size // moe_tp_size
-        self.inter_slice = slice(moe_tp_rank * self.local_inter, (moe_tp_rank + 1) * self.local_inter)
-        local_experts = spec.num_experts // ep_size
+        self.local_inter = layout.local_inter
+        self.inter_slice = layout.inter_slice
         #: global ids of the experts this rank holds; ``w13[i]`` is expert ``local_experts.start + i``
-        self.local_experts = range(ep_rank * local_experts, (ep_rank + 1) * local_experts)
+        self.local_experts = layout.local_experts
+        local_experts = len(layout.local_experts)
         h = spec.hidden_size
         add_router_parameters(self, spec)
         # Experts: rows [0, I) of w13 are the gate (w1) slice of this rank, rows [I, 2I) the up (w3) slice.

@@ -13,17 +13,22 @@ projections, dense MLP, shared and routed experts), minus the config's ignore li
 gate (built with ``quant_config=None``), norms, routing bias, embeddings, lm_head and the vision
 tower stay BF16: a scale or FP8 weight for them is refused by name, as are pairs with one half
 missing, wrong scale shapes and scale formats MXFP8 does not have.
+
+The routed experts of the layers listed in ``quantized_expert_layers`` are the exception: a
+serving block that keeps MXFP8 experts (``sglang_m3.models.mxfp8_moe``, CUDA) takes their pairs as
+they are, so they leave as ``(X.weight, MXFP8Weight)`` after the same checks, not dequantized.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import torch
 
 from sglang_m3.config import MXFP8Config
 from sglang_m3.models.checkpoint_layout import CheckpointError, quantized_format
-from sglang_m3.quant.mxfp8 import WEIGHT_DTYPE, MXFP8FormatError, dequantize
+from sglang_m3.quant.mxfp8 import WEIGHT_DTYPE, MXFP8FormatError, decode_scales, dequantize, scale_shape
 
 SCALE_SUFFIXES = (".weight_scale_inv", ".weight_scale")
 #: module names (checkpoint spelling, any prefix) that SGLang's M3 builds as quantizable linears
@@ -34,18 +39,36 @@ QUANTIZABLE = re.compile(
     r"|block_sparse_moe\.(?:(?:shared_experts\.)?(?:gate|up|down)_proj|experts\.\d+\.w[123])"
     r")$"
 )
+#: a routed expert's module (checkpoint spelling, any prefix); group 1 is the layer number
+ROUTED_EXPERT = re.compile(r"(?:^|\.)layers\.(\d+)\.block_sparse_moe\.experts\.\d+\.w[123]$")
+
+
+@dataclass(frozen=True)
+class MXFP8Weight:
+    """A checkpoint weight kept quantized: e4m3 ``elements [N, K]`` and uint8 e8m0 ``scales [N, K/32]``."""
+
+    elements: torch.Tensor
+    scales: torch.Tensor
+
+    @property
+    def shape(self) -> torch.Size:
+        """The weight's shape (the loader's shape check reads it as for a plain tensor)."""
+        return self.elements.shape
 
 
 class MXFP8Dequantizer:
     """Pairs an MXFP8 checkpoint's weights with their scales and hands out plain fp32 weights."""
 
-    def __init__(self, config: MXFP8Config):
+    def __init__(self, config: MXFP8Config, quantized_expert_layers: frozenset[int] = frozenset()):
         self.config = config
+        #: layers whose routed experts pass through as :class:`MXFP8Weight` pairs
+        self.quantized_expert_layers = quantized_expert_layers
         self.waiting_weights: dict[str, tuple[str, torch.Tensor]] = {}
         self.waiting_scales: dict[str, tuple[str, torch.Tensor]] = {}
         #: modules whose weight already went through unquantized, with its dtype (names only)
         self.plain: dict[str, torch.dtype] = {}
         self.dequantized = 0
+        self.kept_quantized = 0
 
     def push(self, name: str, tensor: torch.Tensor) -> tuple[str, torch.Tensor] | None:
         """The plain ``(name, tensor)`` to load now, or None while a pair's other half is due."""
@@ -122,10 +145,29 @@ class MXFP8Dequantizer:
         if module in waiting:
             raise CheckpointError(f"checkpoint tensor '{name}' arrives twice for module '{module}' ({waiting[module][0]})")
 
+    def _keeps_quantized(self, module: str) -> bool:
+        expert = ROUTED_EXPERT.search(module)
+        return expert is not None and int(expert.group(1)) in self.quantized_expert_layers
+
     def _pair(self, module: str, weight_name: str, weight: torch.Tensor, scale_name: str, scale: torch.Tensor):
+        what = f"checkpoint tensor '{weight_name}'"
         try:
-            values = dequantize(weight, scale, torch.float32, what=f"checkpoint tensor '{weight_name}'")
+            if self._keeps_quantized(module):
+                return weight_name, self._checked_pair(weight, scale, what)
+            values = dequantize(weight, scale, torch.float32, what=what)
         except MXFP8FormatError as error:
             raise CheckpointError(f"{error} (scale tensor '{scale_name}')") from None
         self.dequantized += 1
         return weight_name, values
+
+    def _checked_pair(self, weight: torch.Tensor, scale: torch.Tensor, what: str) -> MXFP8Weight:
+        """The pair as is, after the checks ``dequantize`` makes (scale shape, no NaN byte)."""
+        expected = scale_shape(tuple(weight.shape), what)
+        if tuple(scale.shape) != expected:
+            raise MXFP8FormatError(
+                f"{what}: scale shape {tuple(scale.shape)} does not match weight shape {tuple(weight.shape)} "
+                f"(expected {expected}: one scale per 32 input elements)"
+            )
+        decode_scales(scale)
+        self.kept_quantized += 1
+        return MXFP8Weight(weight, scale)

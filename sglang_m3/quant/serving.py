@@ -5,8 +5,9 @@ SGLang builds a quantization config from ``config.json``'s ``quantization_config
 weights for MX-scaled GEMMs that exist on Blackwell only (``get_min_capability`` 100) and not at
 all on the CPU. For the M3 architectures this hook returns no quantization config instead: the
 model builds ordinary layers in the serving dtype and ``TextWeightLoader`` turns each weight/scale
-pair into plain values (``sglang_m3.quant.loading``). This is the single switch point for a
-native path later: a Hopper W8A16 MoE would return its own config here instead of None.
+pair into plain values (``sglang_m3.quant.loading``). The one native path, the routed experts
+kept in MXFP8 on CUDA, needs no SGLang quantization config either: the project's own MoE block
+(``sglang_m3.models.mxfp8_moe``) holds them and the loader passes their pairs through.
 """
 
 from __future__ import annotations

@@ -132,3 +132,50 @@ def test_cpu_platform_takes_the_loop_and_env_overrides(monkeypatch, tiny_spec, s
     monkeypatch.setenv(MOE_IMPL_ENV, "triton")
     with pytest.raises(ValueError, match=MOE_IMPL_ENV):
         moe_impl()
+
+
+@pytest.mark.parametrize(
+    "dtype, expected", [(torch.bfloat16, "mxfp8"), (torch.float16, "fused"), (torch.float32, "static")]
+)
+def test_cuda_platform_keeps_mxfp8_experts_for_bf16_models(cuda_platform, monkeypatch, dtype, expected):
+    """MXFP8 experts stay quantized where the W8A16 kernels serve them (bf16 activations); other
+    dtypes take their usual path with the experts dequantized at load."""
+    from sglang_m3.models.fused_moe import MOE_IMPL_ENV, moe_impl
+
+    monkeypatch.delenv(MOE_IMPL_ENV, raising=False)
+    assert moe_impl(dtype, mxfp8_experts=True) == expected
+
+
+def test_mxfp8_env_switch_and_cpu_platform(monkeypatch):
+    """``fused`` on CUDA is the dequantized-bf16 A/B; ``mxfp8`` needs MXFP8 experts; the CPU keeps
+    its loop (dequantized at load) for MXFP8 checkpoints."""
+    from sglang_m3.models.fused_moe import MOE_IMPL_ENV, moe_impl
+
+    monkeypatch.delenv(MOE_IMPL_ENV, raising=False)
+    assert moe_impl(torch.bfloat16, mxfp8_experts=True) == "loop"
+    monkeypatch.setenv(MOE_IMPL_ENV, "fused")
+    assert moe_impl(torch.bfloat16, mxfp8_experts=True) == "fused"
+    monkeypatch.setenv(MOE_IMPL_ENV, "mxfp8")
+    assert moe_impl(torch.bfloat16, mxfp8_experts=True) == "mxfp8"
+    with pytest.raises(ValueError, match=f"{MOE_IMPL_ENV}=mxfp8 needs a checkpoint with MXFP8 routed experts"):
+        moe_impl(torch.bfloat16)
+
+
+def test_make_moe_block_builds_the_mxfp8_block_unless_the_layer_is_ignored(cuda_platform, monkeypatch, tiny_spec, single_rank):
+    from sglang_m3.config import MXFP8Config
+    from sglang_m3.models.fused_moe import MOE_IMPL_ENV, has_mxfp8_experts, make_moe_block
+    from sglang_m3.models.mxfp8_moe import M3Mxfp8MoeBlock
+
+    monkeypatch.delenv(MOE_IMPL_ENV, raising=False)
+    layer = tiny_spec.moe_layers.index(True)
+    ignored = MXFP8Config(ignored_modules=(f"model.layers.{layer}.block_sparse_moe.experts",))
+    assert not has_mxfp8_experts(tiny_spec, layer)
+    assert has_mxfp8_experts(dataclasses.replace(tiny_spec, quantization=MXFP8Config()), layer)
+    assert not has_mxfp8_experts(dataclasses.replace(tiny_spec, quantization=ignored), layer)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        block = make_moe_block(dataclasses.replace(tiny_spec, quantization=MXFP8Config()), layer, prefix="m")
+    finally:
+        torch.set_default_dtype(previous)
+    assert isinstance(block, M3Mxfp8MoeBlock) and block.layer_id == layer and block.w2.dtype == torch.float8_e4m3fn

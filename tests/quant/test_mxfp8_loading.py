@@ -16,6 +16,7 @@ from torch import nn
 from sglang_m3.config import M3TextSpec, MXFP8Config
 from sglang_m3.models.checkpoint_layout import CheckpointError
 from sglang_m3.models.minimax_m3 import TextWeightLoader
+from sglang_m3.quant.loading import MXFP8Weight
 from sglang_m3.quant.mxfp8 import quantize
 from sglang_m3.tiny.checkpoint import build_tiny_checkpoint
 
@@ -24,10 +25,21 @@ INDEX_Q = "language_model.model.layers.2.self_attn.index_q_proj.weight"
 W2 = "language_model.model.layers.3.block_sparse_moe.experts.1.w2.weight"
 
 
+class _Mxfp8Experts(nn.Module):
+    """Stands in for an MoE block that keeps its routed experts in MXFP8 (``M3Mxfp8MoeBlock``)."""
+
+    holds_mxfp8_experts = True
+
+    def __init__(self, layer_id):
+        super().__init__()
+        self.layer_id = layer_id
+
+
 class _Recording(TextWeightLoader):
-    def __init__(self, spec):
+    def __init__(self, spec, mxfp8_expert_layers=()):
         holder = nn.Module()
         holder.spec = spec
+        holder.blocks = nn.ModuleList(_Mxfp8Experts(layer) for layer in mxfp8_expert_layers)
         super().__init__(holder)
         self.copied: dict[str, torch.Tensor] = {}
 
@@ -117,3 +129,37 @@ def test_plain_weight_with_a_scale_is_refused(built):
     plain = dict(tensors["mxfp8-dequantized"])[W2]
     with pytest.raises(CheckpointError, match=rf"'{W2}' is torch.float32, but its module has the MXFP8 scale"):
         _load(spec, _edited(tensors["mxfp8"], replace={W2: plain}))
+
+
+def _load_with_mxfp8_blocks(spec, weights, layers):
+    loader = _Recording(spec, mxfp8_expert_layers=layers)
+    loader.load(weights)
+    return loader
+
+
+def test_routed_experts_of_mxfp8_blocks_pass_through_as_pairs(built):
+    """Layers whose MoE block keeps MXFP8 experts get each expert's (e4m3, e8m0) pair as stored;
+    everything else (other layers' experts, shared experts, attention) is dequantized as before."""
+    spec, tensors = built
+    stored = dict(tensors["mxfp8"])
+    loader = _load_with_mxfp8_blocks(spec, tensors["mxfp8"], layers=(1, 3))
+    twin = _load(dataclasses.replace(spec, quantization=None), tensors["mxfp8-dequantized"])
+    experts_per_layer = 3 * spec.num_experts
+    assert loader.dequantizer.kept_quantized == 2 * experts_per_layer
+    assert loader.dequantizer.dequantized == 100 - 2 * experts_per_layer
+    assert loader.copied.keys() == twin.copied.keys()
+    for name, value in loader.copied.items():
+        if isinstance(value, MXFP8Weight):
+            assert ".layers.2." not in name and ".experts." in name, name
+            source = next(n for n in stored if n.endswith(name.removeprefix("model.")))
+            assert value.elements is stored[source] and value.scales is stored[source + "_scale_inv"]
+        else:
+            assert not (".experts." in name and (".layers.1." in name or ".layers.3." in name)), name
+            assert torch.equal(value.to(twin.copied[name].dtype), twin.copied[name]), name
+
+
+def test_kept_pair_with_a_wrong_scale_shape_is_refused_naming_both_tensors(built):
+    spec, tensors = built
+    bad = {W2 + "_scale_inv": torch.zeros(128, 4, dtype=torch.uint8)}
+    with pytest.raises(CheckpointError, match=rf"'{W2}': scale shape \(128, 4\).*expected \(128, 2\).*'{W2}_scale_inv'"):
+        _load_with_mxfp8_blocks(spec, _edited(tensors["mxfp8"], replace=bad), layers=(3,))

@@ -1,0 +1,160 @@
+"""The MXFP8 W8A16 MoE kernels compiled on CUDA, at M3's real expert shape, and served.
+
+Kernel: 128 experts, hidden 6144, intermediate 3072, top-4, swiglu-oai, against the fp32
+dequantized reference (``msa_kernels.mxfp8_moe_reference``, TF32 off) for decode (1, 16, 64
+tokens) and a prefill chunk (2048 tokens, every expert hit); the tolerance of the interpreter
+tests (``tests/kernels/test_mxfp8_moe.py``: relative Frobenius error <= 6e-3, every element within
+1e-2 of the largest output). Then what only a GPU shows: the call captured in a CUDA graph and
+replayed on new tokens and routing, and two runs bit-identical (the alignment is a stable sort).
+
+Served: the tiny MXFP8 checkpoint in bf16 (experts kept in MXFP8, decode graphs) against its
+dequantized twin on the BF16 fused MoE, both against transformers' fp32 on the twin: the MXFP8
+path adds no error beyond the bf16 noise (``tests/gpu/test_tiny_m3_gpu.py`` states the criterion).
+Skipped without CUDA. Run on the lent GPU with ``scripts/gpu/run.sh tests``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+EXPERTS, HIDDEN, INTER, TOP_K = 128, 6144, 3072, 4
+ALPHA, LIMIT = 1.702, 7.0
+
+
+@pytest.fixture(scope="module")
+def experts():
+    """M3-shaped MXFP8 experts: e4m3 elements ~N(0, 64), scale bytes 112..118 (2**-15..2**-9)."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    tensors = []
+    for rows, cols in ((2 * INTER, HIDDEN), (HIDDEN, INTER)):
+        elements = torch.empty(EXPERTS, rows, cols, dtype=torch.float8_e4m3fn, device="cuda")
+        for e in range(EXPERTS):
+            values = torch.randn(rows, cols, generator=gen, device="cuda", dtype=torch.bfloat16) * 64
+            elements[e] = values.clamp(-448, 448).to(torch.float8_e4m3fn)
+        scales = torch.randint(112, 119, (EXPERTS, rows, cols // 32), generator=gen, device="cuda", dtype=torch.uint8)
+        tensors += [elements, scales]
+    return tuple(tensors)
+
+
+def routing(tokens: int, seed: int):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    # gate/up of standard deviation ~2 (weights ~0.054 rms): some rows beyond the swiglu-oai clamp
+    x = (torch.randn(tokens, HIDDEN, generator=gen, device="cuda") * 0.5).to(torch.bfloat16)
+    ids = torch.rand(tokens, EXPERTS, generator=gen, device="cuda").argsort(dim=1)[:, :TOP_K].to(torch.int32)
+    weights = torch.rand(tokens, TOP_K, generator=gen, device="cuda") + 0.1
+    return x, ids, weights
+
+
+def assert_close(got, want):
+    assert got.dtype == torch.bfloat16 and torch.isfinite(got).all()
+    got = got.float()
+    rel = ((got - want).norm() / want.norm()).item()
+    worst = (got - want).abs().max().item()
+    print(f"[mxfp8 moe gpu] T={got.shape[0]}: relative error {rel:.2e}, max {worst / want.abs().max().item():.2e} of scale")
+    assert rel <= 6e-3, f"relative Frobenius error {rel:.3e}"
+    assert worst <= 1e-2 * want.abs().max().item()
+
+
+def reference(x, ids, weights, experts):
+    from msa_kernels.mxfp8_moe_reference import reference_fused_experts
+
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        return reference_fused_experts(x, *experts, weights, ids, ALPHA, LIMIT)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+
+
+@pytest.mark.parametrize("tokens", [1, 16, 64, 2048])
+def test_m3_shape_matches_reference(experts, tokens):
+    from msa_kernels.triton_mxfp8_moe import mxfp8_fused_experts
+
+    x, ids, weights = routing(tokens, seed=tokens)
+    got = mxfp8_fused_experts(x, *experts, weights, ids, ALPHA, LIMIT)
+    assert_close(got, reference(x, ids, weights, experts))
+    assert torch.equal(mxfp8_fused_experts(x, *experts, weights, ids, ALPHA, LIMIT), got), "two runs differ"
+
+
+@pytest.mark.parametrize("tokens", [1, 16, 64])
+def test_captured_in_a_cuda_graph_and_replayed_on_new_routing(experts, tokens):
+    from msa_kernels.triton_mxfp8_moe import mxfp8_fused_experts
+
+    x, ids, weights = routing(tokens, seed=100 + tokens)
+    mxfp8_fused_experts(x, *experts, weights, ids, ALPHA, LIMIT)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = mxfp8_fused_experts(x, *experts, weights, ids, ALPHA, LIMIT)
+    for seed in (1, 2):
+        new_x, new_ids, new_weights = routing(tokens, seed=200 + 10 * tokens + seed)
+        x.copy_(new_x)
+        ids.copy_(new_ids)
+        weights.copy_(new_weights)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_close(out, reference(new_x, new_ids, new_weights, experts))
+
+
+def test_expert_parallel_half_matches_reference(experts):
+    """A rank holding experts 64..127 (``first_expert``) at the real shape."""
+    from msa_kernels.triton_mxfp8_moe import mxfp8_fused_experts
+
+    held = tuple(t[64:] for t in experts)
+    x, ids, weights = routing(16, seed=7)
+    got = mxfp8_fused_experts(x, *held, weights, ids, ALPHA, LIMIT, first_expert=64)
+    from msa_kernels.mxfp8_moe_reference import reference_fused_experts
+
+    assert_close(got, reference_fused_experts(x, *held, weights, ids, ALPHA, LIMIT, first_expert=64))
+
+
+@pytest.mark.server
+def test_served_mxfp8_checkpoint_within_bf16_noise(tmp_path, server_log_dir):
+    sys.path.insert(0, os.path.dirname(__file__))
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "e2e"))
+    from gpu_server import launch_gpu_server, log_text
+    from served_vs_reference import NEW_TOKENS, generate, output_ids
+    from test_tiny_m3_gpu import BF16_NOISE_CEILING, CHUNK, FUSED_NOISE_RATIO, FUSED_NOISE_SLACK, PROMPTS
+    from test_tiny_m3_gpu import reference_gaps, served_logprobs
+    from transformers_oracle import prompt_logprobs
+
+    from sglang_m3.tiny.checkpoint import build_tiny_checkpoint
+
+    dirs = {mode: build_tiny_checkpoint(str(tmp_path / mode), quantization=mode) for mode in ("mxfp8", "mxfp8-dequantized")}
+    prompts = {name: PROMPTS[name] for name in ("p61", "p233", "p457")}
+    served = {}
+    for impl, mode in (("mxfp8", "mxfp8"), ("fused", "mxfp8-dequantized")):
+        with launch_gpu_server(
+            dirs[mode], server_log_dir, "--chunked-prefill-size", str(CHUNK), name=f"bf16-{impl}-{mode}",
+            dtype="bfloat16", prefill_graphs=False,
+        ) as server:
+            log = log_text(server)
+            assert f"M3 MoE experts: {impl} path" in log
+            if impl == "mxfp8":
+                assert "kept 72 routed-expert weight(s) in MXFP8" in log  # 3 MoE layers x 8 experts x w1/w2/w3
+            served[impl] = {name: generate(server, p, logprob_start=0) for name, p in prompts.items()}
+    failures = []
+    for name, prompt in prompts.items():
+        reference_lp = prompt_logprobs(dirs["mxfp8-dequantized"], prompt)
+        delta = {}
+        for impl, results in served.items():
+            diffs = [abs(v - reference_lp[p - 1].item()) for p, v in served_logprobs(results[name], prompt).items()]
+            delta[impl] = max(diffs)
+            gaps = reference_gaps(dirs["mxfp8-dequantized"], prompt, output_ids(results[name]))
+            print(f"[gpu mxfp8 served] {impl} {name}: prompt logprob delta {delta[impl]:.3e}, served-token gaps max {max(gaps):.3e}")
+            if delta[impl] > BF16_NOISE_CEILING:
+                failures.append(f"{impl} {name}: prompt logprob noise {delta[impl]} over {BF16_NOISE_CEILING}")
+            if max(gaps) > 2 * delta[impl]:
+                failures.append(f"{impl} {name}: a served token is {max(gaps)} below the fp32 argmax (noise {delta[impl]})")
+        if delta["mxfp8"] > FUSED_NOISE_RATIO * delta["fused"] + FUSED_NOISE_SLACK:
+            failures.append(f"mxfp8 {name}: noise {delta['mxfp8']} vs the BF16 fused MoE's {delta['fused']}")
+    assert NEW_TOKENS > 0 and not failures, failures
