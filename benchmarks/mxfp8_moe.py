@@ -1,0 +1,277 @@
+"""MXFP8 W8A16 MoE experts (ours) against SGLang's BF16 Triton fused MoE at M3's shape, on one GPU.
+
+One M3 MoE layer's routed experts at TP1: 128 experts, hidden 6144, intermediate 3072, top-4,
+swiglu-oai. Both sides compute the same function: random MXFP8 weights (e4m3 elements, e8m0 scale
+bytes 2**-14..2**-11) for ours, their exact bf16 dequantization for SGLang's ``fused_experts`` (the
+served BF16 path, with the project's measured tile table where one exists for this GPU, as
+``M3FusedMoeBlock`` uses it). Routing is excluded from both: random distinct top-4 ids and
+weights are inputs.
+
+Before timing, each token count checks both against the fp32 dequantized reference
+(``msa_kernels.mxfp8_moe_reference``); ours must be within a relative error of 1e-2.
+Timing: CUDA-graph replays of ``--reps`` calls, each call on the next of several input sets
+(different tokens and routing), so consecutive calls read different experts; the weights of even
+one call's 4 experts (226 MB in MXFP8, 453 MB in BF16) exceed L2 many times over. Reported per
+call: microseconds, the byte minimum (the weights of the distinct experts the call's routing
+chose, each read once) and the bandwidth that implies, and the BF16 / MXFP8 time ratio.
+``--sweep`` also times ours over a few tile configs per token count (the best goes to
+``TILE_TABLE`` in ``msa_kernels/triton_mxfp8_moe.py``).
+
+    scripts/gpu/run.sh exec python benchmarks/mxfp8_moe.py --out "$OUT" [--tokens 1 16 64 8192] [--sweep]
+
+Writes ``mxfp8_moe_<gpu>.json`` and ``mxfp8_moe_<gpu>.md`` into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+# This folder holds benchmarks/msa_kernels.py, which would shadow the kernels package: drop it.
+sys.path = [p for p in sys.path if os.path.abspath(p or ".") != HERE]
+sys.path[:0] = [os.path.join(ROOT, "kernels"), ROOT]
+
+import torch  # noqa: E402
+
+from msa_kernels.mxfp8_moe_reference import dequantize, reference_fused_experts  # noqa: E402
+from msa_kernels.triton_mxfp8_moe import TileConfig, mxfp8_fused_experts, pick_config  # noqa: E402
+
+EXPERTS, HIDDEN, INTER, TOP_K = 128, 6144, 3072, 4
+ALPHA, LIMIT = 1.702, 7.0
+#: e8m0 bytes drawn per 32-element group (high end exclusive): factors 2**-14 .. 2**-11, weights of
+#: standard deviation ~1e-2 (elements ~N(0, 64)), gate/up of order 1 for unit activations
+SCALE_BYTES = (113, 117)
+SWEEP = {
+    "decode": [
+        TileConfig(16, 32, 128, 1, 4, 4), TileConfig(16, 64, 128, 1, 4, 4), TileConfig(16, 64, 256, 1, 4, 3),
+        TileConfig(16, 128, 128, 1, 4, 3), TileConfig(16, 64, 128, 1, 4, 5), TileConfig(16, 32, 256, 1, 4, 4),
+    ],
+    "prefill": [
+        TileConfig(64, 128, 64, 8, 8, 3), TileConfig(64, 128, 128, 8, 8, 3), TileConfig(128, 128, 64, 8, 8, 3),
+        TileConfig(64, 64, 128, 8, 4, 4), TileConfig(128, 64, 64, 8, 4, 3),
+    ],
+}
+
+
+def load_benchmark_module(name: str):
+    """A sibling benchmark module, loaded by path (this folder is off ``sys.path``, see above)."""
+    spec = importlib.util.spec_from_file_location(f"{name}_bench", os.path.join(HERE, f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class Weights:
+    """Random MXFP8 experts (built expert by expert) and their exact BF16 dequantization."""
+
+    def __init__(self, seed: int = 0):
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        shapes = {"w13": (2 * INTER, HIDDEN), "w2": (HIDDEN, INTER)}
+        self.fp8, self.scale, self.bf16 = {}, {}, {}
+        for name, (rows, cols) in shapes.items():
+            self.fp8[name] = torch.empty(EXPERTS, rows, cols, dtype=torch.float8_e4m3fn, device="cuda")
+            self.scale[name] = torch.randint(*SCALE_BYTES, (EXPERTS, rows, cols // 32), generator=gen, device="cuda", dtype=torch.uint8)
+            self.bf16[name] = torch.empty(EXPERTS, rows, cols, dtype=torch.bfloat16, device="cuda")
+            for e in range(EXPERTS):
+                values = torch.randn(rows, cols, generator=gen, device="cuda", dtype=torch.bfloat16) * 64
+                self.fp8[name][e] = values.clamp(-448, 448).to(torch.float8_e4m3fn)
+                self.bf16[name][e] = dequantize(self.fp8[name][e], self.scale[name][e]).to(torch.bfloat16)
+
+    def mxfp8_args(self):
+        return self.fp8["w13"], self.scale["w13"], self.fp8["w2"], self.scale["w2"]
+
+    @staticmethod
+    def expert_bytes() -> dict[str, int]:
+        elements = 3 * INTER * HIDDEN
+        return {"bf16": 2 * elements, "mxfp8": elements + elements // 32}
+
+
+def inputs(tokens: int, count: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """``count`` sets of (x, topk_ids int32, topk_weights fp32): distinct uniformly random top-4."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    sets = []
+    for _ in range(count):
+        x = torch.randn(tokens, HIDDEN, generator=gen, device="cuda", dtype=torch.bfloat16)
+        ids = torch.rand(tokens, EXPERTS, generator=gen, device="cuda").argsort(dim=1)[:, :TOP_K].to(torch.int32)
+        weights = torch.rand(tokens, TOP_K, generator=gen, device="cuda") + 0.1
+        sets.append((x, ids, weights / weights.sum(dim=1, keepdim=True)))
+    return sets
+
+
+class Bf16Baseline:
+    """SGLang's ``fused_experts`` (its Triton fused MoE) with M3's activation, on one rank."""
+
+    def __init__(self, weights: Weights):
+        from sglang.srt.layers.moe.moe_runner import MoeRunnerConfig
+
+        from sglang_m3.models.moe_kernel_configs import tile_table
+
+        tune = load_benchmark_module("tune_fused_moe")
+        midsize = load_benchmark_module("midsize_m3")
+        tune.publish_single_rank(midsize.write_midsize_checkpoint(tempfile.mkdtemp(prefix="m3-mxfp8-bench-"), 1, 1))
+        self.weights = weights
+        self.runner = MoeRunnerConfig(
+            num_experts=EXPERTS, num_local_experts=EXPERTS, hidden_size=HIDDEN, intermediate_size_per_partition=INTER,
+            top_k=TOP_K, params_dtype=torch.bfloat16, activation="silu", is_gated=True, inplace=False,
+            gemm1_alpha=ALPHA, gemm1_clamp_limit=LIMIT, gate_up_interleaved=False,
+        )
+        self.table = tile_table(EXPERTS, INTER, HIDDEN)
+
+    def tiles(self, tokens: int) -> dict | None:
+        from sglang_m3.models.moe_kernel_configs import nearest
+
+        return nearest(self.table, tokens) if self.table else None
+
+    def __call__(self, x, ids, weights):
+        from sglang.srt.layers.moe.fused_moe_triton import override_config
+        from sglang.srt.layers.moe.moe_runner.triton_utils import fused_experts
+        from sglang.srt.layers.moe.topk import StandardTopKOutput
+
+        tiles = self.tiles(x.shape[0])
+        topk = StandardTopKOutput(topk_weights=weights, topk_ids=ids, router_logits=None)
+        with override_config(tiles) if tiles else contextlib.nullcontext():
+            return fused_experts(x, self.weights.bf16["w13"], self.weights.bf16["w2"], topk, self.runner)
+
+
+def graph_us(call, sets, reps: int) -> float:
+    """Mean GPU time of one ``call(*set)``, from CUDA-graph replays of ``reps`` calls cycling ``sets``."""
+    for inputs_ in sets[:2]:
+        call(*inputs_)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(reps):
+            call(*sets[i % len(sets)])
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(5):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    del graph
+    return 1e3 * start.elapsed_time(end) / (5 * reps)
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    if not torch.isfinite(got).all():
+        return float("inf")
+    return ((got.float() - want).norm() / want.norm()).item()
+
+
+def measure(tokens: int, weights: Weights, baseline: Bf16Baseline, reps: int, sweep: bool) -> dict:
+    sets = inputs(tokens, 8 if tokens <= 64 else 2, seed=tokens)
+    x, ids, topk_weights = sets[0]
+    torch.backends.cuda.matmul.allow_tf32 = False
+    want = reference_fused_experts(x, *weights.mxfp8_args(), topk_weights, ids, ALPHA, LIMIT)
+    ours_error = relative_error(mxfp8_fused_experts(x, *weights.mxfp8_args(), topk_weights, ids, ALPHA, LIMIT), want)
+    bf16_error = relative_error(baseline(x, ids, topk_weights), want)
+    if ours_error > 1e-2:
+        raise SystemExit(f"T={tokens}: MXFP8 experts differ from the reference by {ours_error:.3e} (relative)")
+
+    def ours(config):
+        return lambda x, ids, w: mxfp8_fused_experts(x, *weights.mxfp8_args(), w, ids, ALPHA, LIMIT, config=config)
+
+    row = {
+        "tokens": tokens,
+        "distinct_experts": sum(torch.unique(s[1]).numel() for s in sets) / len(sets),
+        "relative_error": {"mxfp8": ours_error, "bf16": bf16_error},
+        "bf16_tiles": baseline.tiles(tokens) or "sglang default",
+        "mxfp8_tiles": vars(pick_config(tokens)),
+        "bf16_us": graph_us(baseline, sets, reps),
+        "mxfp8_us": graph_us(ours(None), sets, reps),
+    }
+    if sweep:
+        candidates = SWEEP["decode" if tokens <= 64 else "prefill"]
+        row["sweep"] = []
+        for config in candidates:
+            try:
+                row["sweep"].append({"tiles": vars(config), "us": graph_us(ours(config), sets, reps)})
+            except Exception as error:  # a tile too large for shared memory
+                row["sweep"].append({"tiles": vars(config), "error": f"{type(error).__name__}: {error}"[:300]})
+    sizes = Weights.expert_bytes()
+    for kind in ("bf16", "mxfp8"):
+        row[f"{kind}_min_bytes"] = row["distinct_experts"] * sizes[kind]
+        row[f"{kind}_gb_per_s"] = row[f"{kind}_min_bytes"] / row[f"{kind}_us"] / 1e3
+    row["speedup"] = row["bf16_us"] / row["mxfp8_us"]
+    return row
+
+
+def markdown(result: dict) -> str:
+    lines = [
+        f"# MXFP8 W8A16 MoE vs BF16 fused MoE, {result['gpu']}",
+        "",
+        f"M3 experts at TP1 ({EXPERTS} x [{2 * INTER}x{HIDDEN} + {HIDDEN}x{INTER}]), top-{TOP_K}, routing excluded; "
+        f"CUDA-graph replays of {result['reps']} calls on rotating inputs; commit {result['commit']}.",
+        "Byte minimum: the weights of the distinct chosen experts, read once.",
+        "",
+        "| tokens | distinct experts | BF16 us | BF16 GB/s | MXFP8 us | MXFP8 GB/s | BF16 / MXFP8 | rel. error (ours, bf16) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in result["rows"]:
+        lines.append(
+            f"| {r['tokens']} | {r['distinct_experts']:.1f} | {r['bf16_us']:.1f} | {r['bf16_gb_per_s']:.0f} | "
+            f"{r['mxfp8_us']:.1f} | {r['mxfp8_gb_per_s']:.0f} | {r['speedup']:.2f}x | "
+            f"{r['relative_error']['mxfp8']:.1e}, {r['relative_error']['bf16']:.1e} |"
+        )
+    sweeps = [r for r in result["rows"] if "sweep" in r]
+    if sweeps:
+        lines += ["", "Tile sweep (ours): block_m, block_n, block_k, group_m, warps, stages -> us", ""]
+        for r in sweeps:
+            timed = [f"{tuple(s['tiles'].values())}: {s['us']:.1f}" for s in r["sweep"] if "us" in s]
+            lines.append(f"- T={r['tokens']}: " + "; ".join(timed))
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 64, 8192])
+    parser.add_argument("--reps", type=int, default=10, help="calls per captured graph")
+    parser.add_argument("--sweep", action="store_true", help="also time ours over candidate tile configs")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("needs a CUDA GPU")
+    import triton
+
+    torch.set_grad_enabled(False)
+    started = time.perf_counter()
+    weights = Weights()
+    baseline = Bf16Baseline(weights)
+    print(f"weights ready in {time.perf_counter() - started:.0f} s; BF16 tiles: {'measured table' if baseline.table else 'SGLang default'}", flush=True)
+    gpu = torch.cuda.get_device_name()
+    result = {
+        "gpu": gpu, "triton": triton.__version__, "torch": torch.__version__, "commit": os.environ.get("M3_COMMIT", "unknown"),
+        "shape": {"experts": EXPERTS, "hidden": HIDDEN, "intermediate": INTER, "top_k": TOP_K}, "reps": args.reps, "rows": [],
+    }
+    for tokens in args.tokens:
+        row = measure(tokens, weights, baseline, args.reps, args.sweep)
+        result["rows"].append(row)
+        print(
+            f"T={tokens:5d}: BF16 {row['bf16_us']:9.1f} us ({row['bf16_gb_per_s']:6.0f} GB/s) | MXFP8 {row['mxfp8_us']:9.1f} us "
+            f"({row['mxfp8_gb_per_s']:6.0f} GB/s) | {row['speedup']:.2f}x | rel err {row['relative_error']['mxfp8']:.1e}",
+            flush=True,
+        )
+        for entry in row.get("sweep", []):
+            print(f"    {entry['tiles']}: {entry.get('us', entry.get('error'))}", flush=True)
+    tag = "h100" if "H100" in gpu else "h200" if "H200" in gpu else gpu.replace(" ", "_").lower()
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, f"mxfp8_moe_{tag}.json"), "w", encoding="utf-8") as handle:
+        json.dump(result, handle, indent=1)
+    with open(os.path.join(args.out, f"mxfp8_moe_{tag}.md"), "w", encoding="utf-8") as handle:
+        handle.write(markdown(result))
+    print(f"wrote mxfp8_moe_{tag}.json/.md in {time.perf_counter() - started:.0f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
