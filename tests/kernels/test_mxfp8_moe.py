@@ -20,7 +20,7 @@ import torch
 
 from msa_kernels import triton_mxfp8_moe as moe
 from msa_kernels.mxfp8_moe_reference import dequantize, reference_fused_experts
-from msa_kernels.triton_mxfp8_moe import TileConfig, align_tokens, mxfp8_fused_experts, num_blocks_bound
+from msa_kernels.triton_mxfp8_moe import TileConfig, align_tokens, mxfp8_fused_experts, num_blocks_bound, pick_config
 
 pytestmark = pytest.mark.skipif(
     torch.cuda.is_available(), reason="interpreter tests run on CPU machines; tests/gpu covers CUDA"
@@ -83,6 +83,7 @@ def assert_close(got, want):
         (17, 16, 4, 96, 64, SMALL),  # hidden not a multiple of BLOCK_K (K tail masks)
         (70, 8, 2, 64, 160, TileConfig(block_m=32, block_n=64, block_k=128, group_m=4)),  # K tail on the down GEMM
         (5, 128, 4, 64, 32, SMALL),  # M3's expert count: 20 pairs over 128 experts
+        (20, 8, 2, 64, 96, pick_config(8192)),  # the prefill tiles (64-row blocks wider than the weights)
     ],
 )
 def test_matches_reference(tokens, experts, top_k, hidden, inter, config):
