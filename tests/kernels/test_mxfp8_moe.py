@@ -83,7 +83,7 @@ def assert_close(got, want):
         (17, 16, 4, 96, 64, SMALL),  # hidden not a multiple of BLOCK_K (K tail masks)
         (70, 8, 2, 64, 160, TileConfig(block_m=32, block_n=64, block_k=128, group_m=4)),  # K tail on the down GEMM
         (5, 128, 4, 64, 32, SMALL),  # M3's expert count: 20 pairs over 128 experts
-        (20, 8, 2, 64, 96, pick_config(8192)),  # the prefill tiles (64-row blocks wider than the weights)
+        (20, 8, 2, 64, 96, pick_config(8192)),  # the prefill tiles (128-row blocks, more rows than tokens)
     ],
 )
 def test_matches_reference(tokens, experts, top_k, hidden, inter, config):
