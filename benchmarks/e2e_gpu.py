@@ -87,8 +87,9 @@ def upstream_moe_tables() -> list[str]:
 
 def ours_moe_tables() -> list[str]:
     """The plugin's tuned tables (``sglang_m3/models/moe_kernel_configs/``)."""
-    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "sglang_m3", "models", "moe_kernel_configs")
-    return sorted(glob.glob(os.path.join(root, "*.json")))
+    from sglang_m3.models.moe_kernel_configs import CONFIG_DIR
+
+    return sorted(glob.glob(os.path.join(CONFIG_DIR, "*.json")))
 
 
 class PeakGpuMemory:

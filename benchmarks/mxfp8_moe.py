@@ -69,6 +69,10 @@ def load_benchmark_module(name: str):
     return module
 
 
+#: the fused-MoE tuner: its single-rank runtime context and its CUDA-graph timing serve here too
+TUNE = load_benchmark_module("tune_fused_moe")
+
+
 class Weights:
     """Random MXFP8 experts (built expert by expert) and their exact BF16 dequantization."""
 
@@ -114,9 +118,8 @@ class Bf16Baseline:
 
         from sglang_m3.models.moe_kernel_configs import tile_table
 
-        tune = load_benchmark_module("tune_fused_moe")
         midsize = load_benchmark_module("midsize_m3")
-        tune.publish_single_rank(midsize.write_midsize_checkpoint(tempfile.mkdtemp(prefix="m3-mxfp8-bench-"), 1, 1))
+        TUNE.publish_single_rank(midsize.write_midsize_checkpoint(tempfile.mkdtemp(prefix="m3-mxfp8-bench-"), 1, 1))
         self.weights = weights
         self.runner = MoeRunnerConfig(
             num_experts=EXPERTS, num_local_experts=EXPERTS, hidden_size=HIDDEN, intermediate_size_per_partition=INTER,
@@ -139,27 +142,6 @@ class Bf16Baseline:
         topk = StandardTopKOutput(topk_weights=weights, topk_ids=ids, router_logits=None)
         with override_config(tiles) if tiles else contextlib.nullcontext():
             return fused_experts(x, self.weights.bf16["w13"], self.weights.bf16["w2"], topk, self.runner)
-
-
-def graph_us(call, sets, reps: int) -> float:
-    """Mean GPU time of one ``call(*set)``, from CUDA-graph replays of ``reps`` calls cycling ``sets``."""
-    for inputs_ in sets[:2]:
-        call(*inputs_)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(reps):
-            call(*sets[i % len(sets)])
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(5):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    del graph
-    return 1e3 * start.elapsed_time(end) / (5 * reps)
 
 
 def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -187,15 +169,15 @@ def measure(tokens: int, weights: Weights, baseline: Bf16Baseline, reps: int, sw
         "relative_error": {"mxfp8": ours_error, "bf16": bf16_error},
         "bf16_tiles": baseline.tiles(tokens) or "sglang default",
         "mxfp8_tiles": vars(pick_config(tokens)),
-        "bf16_us": graph_us(baseline, sets, reps),
-        "mxfp8_us": graph_us(ours(None), sets, reps),
+        "bf16_us": TUNE.graph_us(baseline, sets, reps),
+        "mxfp8_us": TUNE.graph_us(ours(None), sets, reps),
     }
     if sweep:
         candidates = SWEEP["decode" if tokens <= 64 else "prefill"]
         row["sweep"] = []
         for config in candidates:
             try:
-                row["sweep"].append({"tiles": vars(config), "us": graph_us(ours(config), sets, reps)})
+                row["sweep"].append({"tiles": vars(config), "us": TUNE.graph_us(ours(config), sets, reps)})
             except Exception as error:  # a tile too large for shared memory
                 row["sweep"].append({"tiles": vars(config), "error": f"{type(error).__name__}: {error}"[:300]})
     sizes = Weights.expert_bytes()

@@ -108,25 +108,33 @@ class MoeCase:
             return fused_experts(x, self.w13, self.w2, topk, self.runner)
 
     def time_us(self, tokens: int, config: dict | None, reps: int) -> float:
-        """Mean GPU time of one call, from CUDA-graph replays of ``reps`` calls (the server replays
-        decode and small prefills as graphs too, and eager timing would measure launch overhead)."""
-        torch = self.torch
-        for _ in range(2):
-            self.run(tokens, config)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(reps):
-                self.run(tokens, config)
+        """Mean GPU time of one call (the server replays decode and small prefills as graphs too,
+        and eager timing would measure launch overhead)."""
+        return graph_us(lambda: self.run(tokens, config), [()], reps, replays=3)
+
+
+def graph_us(call, sets: list[tuple], reps: int, replays: int = 5) -> float:
+    """Mean GPU time of one ``call(*set)``, from CUDA-graph replays of ``reps`` calls cycling
+    ``sets`` (two warm-up calls first: compilation and autotuning stay out of the capture)."""
+    import torch
+
+    for i in range(2):
+        call(*sets[i % len(sets)])
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(reps):
+            call(*sets[i % len(sets)])
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(replays):
         graph.replay()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
-        for _ in range(3):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        del graph
-        return 1e3 * start.elapsed_time(end) / (3 * reps)
+    end.record()
+    torch.cuda.synchronize()
+    del graph
+    return 1e3 * start.elapsed_time(end) / (replays * reps)
 
 
 def default_config(tokens: int, case: MoeCase) -> dict:
