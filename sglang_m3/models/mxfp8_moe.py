@@ -35,7 +35,7 @@ from sglang_m3.models.checkpoint_layout import CheckpointError
 from sglang_m3.models.moe import GatedMLP, expert_layout
 from sglang_m3.models.moe_routing import add_router_parameters, sigmoid_topk_route
 from sglang_m3.quant.loading import MXFP8Weight
-from sglang_m3.quant.mxfp8 import BLOCK, SCALE_DTYPE, WEIGHT_DTYPE
+from sglang_m3.quant.mxfp8 import BIAS as UNIT_SCALE, BLOCK, SCALE_DTYPE, WEIGHT_DTYPE
 
 
 class M3Mxfp8MoeBlock(nn.Module):
@@ -66,10 +66,13 @@ class M3Mxfp8MoeBlock(nn.Module):
         e, i, h = len(layout.local_experts), layout.local_inter, spec.hidden_size
         add_router_parameters(self, spec)
         # Rows [0, i) of w13 are this rank's gate (w1) slice, rows [i, 2i) its up (w3) slice.
+        # Scales start at e8m0 127 (2^0): SGLang's dummy loader fills only floating-point
+        # parameters, so a --load-format dummy model (the benchmarks) multiplies by 1, not by
+        # whatever bytes the allocation held (255 is NaN). A real load overwrites them.
         self.w13 = nn.Parameter(torch.empty(e, 2 * i, h, dtype=WEIGHT_DTYPE), requires_grad=False)
-        self.w13_scale = nn.Parameter(torch.empty(e, 2 * i, h // BLOCK, dtype=SCALE_DTYPE), requires_grad=False)
+        self.w13_scale = nn.Parameter(torch.full((e, 2 * i, h // BLOCK), UNIT_SCALE, dtype=SCALE_DTYPE), requires_grad=False)
         self.w2 = nn.Parameter(torch.empty(e, h, i, dtype=WEIGHT_DTYPE), requires_grad=False)
-        self.w2_scale = nn.Parameter(torch.empty(e, h, i // BLOCK, dtype=SCALE_DTYPE), requires_grad=False)
+        self.w2_scale = nn.Parameter(torch.full((e, h, i // BLOCK), UNIT_SCALE, dtype=SCALE_DTYPE), requires_grad=False)
         self.shared_experts = GatedMLP(
             spec, spec.shared_intermediate_size, reduce_results=False, quant_config=quant_config, prefix=f"{prefix}.shared_experts"
         )
