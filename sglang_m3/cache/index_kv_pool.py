@@ -43,9 +43,7 @@ class M3IndexedKVPool(MHATokenToKVPool):
             self.index_dtype = torch.float8_e4m3fn
         else:
             self.index_dtype = index_key_storage_dtype(self.dtype, self.model_dtype)
-        layers = [
-            layer_id for layer_id in self.sparse_layer_ids if self.start_layer <= layer_id < self.start_layer + self.layer_num
-        ]
+        layers = self.local_sparse_layer_ids()
         rows = self.size + self.page_size
         self.index_k_buffer = {
             layer_id: torch.zeros((rows, self.index_head_dim), dtype=self.index_dtype, device=self.device) for layer_id in layers
@@ -54,6 +52,10 @@ class M3IndexedKVPool(MHATokenToKVPool):
         self.index_k_scale_buffer = {
             layer_id: torch.zeros(rows, dtype=torch.float32, device=self.device) for layer_id in layers if self.index_key_fp8
         }
+
+    def local_sparse_layer_ids(self) -> list[int]:
+        """The sparse layers (global ids) whose KV this rank's pool holds."""
+        return [layer_id for layer_id in self.sparse_layer_ids if self.start_layer <= layer_id < self.start_layer + self.layer_num]
 
     def _clear_buffers(self):
         super()._clear_buffers()

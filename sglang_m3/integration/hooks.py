@@ -60,20 +60,28 @@ def wrap_with_msa_backend(original, runner, full_attn_backend):
 
     from sglang_m3.msa.dense_prefill import SDPADensePrefill, sdpa_dense_prefill_enabled
     from sglang_m3.msa.hybrid import M3HybridAttnBackend
-    from sglang_m3.msa.triton_backend import msa_backend_for
 
     spec = spec_of(runner.model_config)
     dense = original(runner, full_attn_backend)
     dense_prefill = SDPADensePrefill(runner) if sdpa_dense_prefill_enabled(torch.device(runner.device)) else None
-    return M3HybridAttnBackend(dense, msa_backend_for(runner, spec), spec.sparse_layer_ids, dense_prefill)
+    return M3HybridAttnBackend(dense, _sparse_backend(runner, spec), spec.sparse_layer_ids, dense_prefill)
+
+
+def _sparse_backend(runner, spec):
+    """The offload backend where the pool offloads (``sglang_m3.cache.offload_pool``), else the device one."""
+    from sglang_m3.cache.offload_pool import M3SparseOffloadKVPool
+    from sglang_m3.msa.offload_backend import MSAOffloadTorchBackend
+    from sglang_m3.msa.triton_backend import msa_backend_for
+
+    if isinstance(runner.token_to_kv_pool, M3SparseOffloadKVPool):
+        return MSAOffloadTorchBackend(runner, spec)
+    return msa_backend_for(runner, spec)
 
 
 def build_indexed_kv_pool(original, configurator, *, max_total_num_tokens, mha_pool_class, quant_method=None):
     if not is_m3(configurator.model_config.hf_config):
         return original(configurator, max_total_num_tokens=max_total_num_tokens, mha_pool_class=mha_pool_class, quant_method=quant_method)
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
-
-    from sglang_m3.cache.index_kv_pool import indexed_pool_class
 
     spec = spec_of(configurator.model_config)
     spec.validate_page_size(configurator.pool_page_size)
@@ -82,9 +90,30 @@ def build_indexed_kv_pool(original, configurator, *, max_total_num_tokens, mha_p
     return original(
         configurator,
         max_total_num_tokens=max_total_num_tokens,
-        mha_pool_class=indexed_pool_class(spec, configurator.model_dtype),
+        mha_pool_class=_m3_pool_class(configurator, spec),
         quant_method=quant_method,
     )
+
+
+def _m3_pool_class(configurator, spec):
+    """The sparse-offload pool when ``SGLANG_M3_SPARSE_OFFLOAD_BLOCKS`` asks for it (checked against
+    the server's settings), else the index-key pool."""
+    from sglang.srt.runtime_context import get_parallel
+
+    from sglang_m3.cache.index_kv_pool import indexed_pool_class
+    from sglang_m3.cache.offload_pool import offload_pool_class
+    from sglang_m3.cache.offload_settings import OffloadShape, check_sparse_offload, max_query_tokens, sparse_offload_blocks
+
+    blocks = sparse_offload_blocks()
+    if not blocks:
+        return indexed_pool_class(spec, configurator.model_dtype)
+    parallel = get_parallel()
+    shape = OffloadShape(
+        cache_blocks=blocks, block_size=spec.index_block_size, topk=spec.index_topk_blocks,
+        kv_heads=configurator.model_config.get_num_kv_heads(parallel.attn_tp_size, parallel.attn_dcp_size),
+        max_query_tokens=max_query_tokens(configurator.server_args))
+    check_sparse_offload(shape, configurator.server_args, configurator.device, configurator.pool_page_size)
+    return offload_pool_class(spec, configurator.model_dtype, shape)
 
 
 def add_index_key_bytes(cell_size, pool_configurator, kvc, num_layers):

@@ -1,0 +1,108 @@
+"""The device-side block cache of one sparse layer whose main K/V live in the host store.
+
+``num_entries`` entries of one page (``block_size`` token slots) of K and V each, plus a scratch
+entry that absorbs padded copies and writes to pages that are not resident. The cache is keyed by
+host page, not by request: requests that share a radix prefix share its slots, so its pages and
+their entries; a page stays valid as long as every write to its slots goes through
+:meth:`SparseBlockCache.write_through` (the pool's ``set_kv_buffer``) or :meth:`invalidate`.
+
+Attention reads K/V through :meth:`entry_table`, the request's page table remapped to cache
+entries: the MSA attention kernels take a page table already, so on the GPU they can read the cache
+with that table in place of the pool's, unchanged.
+
+Counters (device tensors, read only when someone asks): distinct wanted pages found resident
+(hits), fetched (misses) and the bytes those fetches copied host -> device.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sglang_m3.cache.offload_fetch_plan import NEVER_USED, FetchPlan, plan_fetch
+
+
+class SparseBlockCache:
+    def __init__(self, num_entries: int, num_pages: int, block_size: int, head_num: int, head_dim: int,
+                 v_head_dim: int, dtype: torch.dtype, device):
+        if num_entries < 1:
+            raise ValueError(f"a block cache needs at least one entry, got {num_entries}")
+        self.num_entries = num_entries
+        self.num_pages = num_pages
+        self.block_size = block_size
+        # zeros: the scratch entry is read (under a mask) where a block was not selected, so it must
+        # hold finite values; it only ever receives real K/V afterwards.
+        self.k_pages = torch.zeros((num_entries + 1, block_size, head_num, head_dim), dtype=dtype, device=device)
+        self.v_pages = torch.zeros((num_entries + 1, block_size, head_num, v_head_dim), dtype=dtype, device=device)
+        self.page_entry = torch.full((num_pages + 1,), -1, dtype=torch.int64, device=device)
+        self.entry_page = torch.full((num_entries + 1,), num_pages, dtype=torch.int64, device=device)
+        self.entry_age = torch.full((num_entries + 1,), NEVER_USED, dtype=torch.int64, device=device)
+        self.clock = torch.zeros((), dtype=torch.int64, device=device)
+        self.hits = torch.zeros((), dtype=torch.int64, device=device)
+        self.misses = torch.zeros((), dtype=torch.int64, device=device)
+        self.page_bytes = block_size * head_num * (head_dim + v_head_dim) * dtype.itemsize
+
+    @property
+    def scratch(self) -> int:
+        return self.num_entries
+
+    def fetch(self, wanted: torch.Tensor, host_k: torch.Tensor, host_v: torch.Tensor) -> FetchPlan:
+        """Make every page of ``wanted`` (page ids, -1 padded) resident: one batched gather-copy.
+
+        ``host_k [slots, heads, head_dim]`` / ``host_v``: the layer's host store. The copy moves the
+        plan's full (static) length; rows that fetch nothing copy a host page into the scratch entry
+        (a GPU gather kernel would stop at ``plan.misses`` instead).
+        """
+        plan = plan_fetch(wanted, self.page_entry, self.entry_age)
+        if wanted.device.type == "cpu" and int(plan.hits + plan.misses) > self.num_entries:
+            raise RuntimeError(
+                f"a fetch wants {int(plan.hits + plan.misses)} distinct pages, the block cache holds "
+                f"{self.num_entries}: the backend's rounds must keep within the cache")
+        evicted = self.entry_page[plan.fill_entries]
+        self.page_entry[evicted] = -1
+        self.page_entry[plan.fill_pages] = plan.fill_entries
+        self.entry_page[plan.fill_entries] = plan.fill_pages
+        self.entry_age[plan.used_entries] = self.clock
+        self.clock += 1
+        source = plan.fill_pages.clamp(max=self.num_pages - 1)
+        self.k_pages[plan.fill_entries] = self._as_pages(host_k)[source]
+        self.v_pages[plan.fill_entries] = self._as_pages(host_v)[source]
+        self.hits += plan.hits
+        self.misses += plan.misses
+        return plan
+
+    def _as_pages(self, host: torch.Tensor) -> torch.Tensor:
+        return host[: self.num_pages * self.block_size].view(self.num_pages, self.block_size, *host.shape[1:])
+
+    def entry_table(self, page_table: torch.Tensor) -> torch.Tensor:
+        """``page_table`` (any shape of page ids) with every page replaced by its entry (scratch where absent)."""
+        entries = self.page_entry[page_table.long()]
+        return torch.where(entries >= 0, entries, self.scratch)
+
+    def write_through(self, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Mirror K/V just stored at slots ``loc`` of the host store into the entries holding their pages."""
+        loc = loc.long()
+        entries = self.entry_table(loc // self.block_size)
+        offsets = loc % self.block_size
+        self.k_pages[entries, offsets] = k.to(self.k_pages.dtype)
+        self.v_pages[entries, offsets] = v.to(self.v_pages.dtype)
+
+    def invalidate(self, pages: torch.Tensor | None = None) -> None:
+        """Forget ``pages`` (all pages if None): their host slots were written behind the cache's back."""
+        if pages is None:
+            self.page_entry.fill_(-1)
+            self.entry_page.fill_(self.num_pages)
+            self.entry_age.fill_(NEVER_USED)
+            return
+        entries = self.entry_table(pages)
+        self.entry_page[entries] = self.num_pages
+        self.entry_age[entries] = NEVER_USED
+        self.page_entry[pages.long()] = -1
+
+    def rows(self, entries: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Rows of the flattened cache holding the tokens at ``positions`` of a request whose
+        block ``b`` sits in entry ``entries[b]`` (slots keep their offset within a page)."""
+        return entries[positions // self.block_size] * self.block_size + positions % self.block_size
+
+    def flat(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V as ``[(num_entries + 1) * block_size, heads, dim]`` rows."""
+        return self.k_pages.flatten(0, 1), self.v_pages.flatten(0, 1)

@@ -1,0 +1,125 @@
+"""The M3 KV pool under sparse offload: sparse layers' main K/V in a host store, a block cache each.
+
+Only the sparse layers' main K and V move: they are what grows with context (2 KB per token and
+layer on M3) while MSA reads 16 blocks of them per query. Their index keys (every decode scans all
+of them) and the dense layers' K/V stay in device buffers, as in :class:`M3IndexedKVPool`. The host
+store keeps SGLang's slot layout (``k_buffer[layer][slot]``), so the radix cache, chunked prefill
+and slot freeing work on it unchanged and requests sharing a prefix share its host K/V; on CUDA it
+would be pinned so fetches can be asynchronous.
+
+Every write to an offloaded layer lands in the host store and, where its page is resident, in the
+layer's :class:`SparseBlockCache` entry too (write-through), so the block that decode is filling is
+served fresh whether or not it is resident. Slot moves and bulk loads that bypass ``set_kv_buffer``
+invalidate the pages they touch.
+"""
+
+from __future__ import annotations
+
+import torch
+from sglang.srt.constants import GPU_MEMORY_TYPE_KV_CACHE
+from sglang.srt.mem_cache.memory_pool import unwrap_write_loc
+
+from sglang_m3.cache.index_kv_pool import M3IndexedKVPool, indexed_pool_class
+from sglang_m3.cache.offload_block_cache import SparseBlockCache
+from sglang_m3.cache.offload_settings import OffloadShape
+from sglang_m3.config import M3TextSpec
+
+
+class M3SparseOffloadKVPool(M3IndexedKVPool):
+    """``M3IndexedKVPool`` whose sparse layers' K/V buffers are the host store, plus their block caches."""
+
+    offload_shape: OffloadShape | None = None  # set per server by :func:`offload_pool_class`
+
+    def _offloaded_local_layers(self) -> set[int]:
+        return {layer_id - self.start_layer for layer_id in self.local_sparse_layer_ids()}
+
+    def _create_buffers_normal(self):
+        if self.kv_cache_layout != "nhd":
+            raise ValueError(f"M3 sparse offload keeps token-major (NHD) K/V, not the {self.kv_cache_layout!r} layout")
+        k_shape, v_shape = self._kv_buffer_shapes()
+        offloaded = self._offloaded_local_layers()
+        pin = torch.device(self.device).type == "cuda"
+        host = {
+            local: (torch.zeros(k_shape, dtype=self.store_dtype, pin_memory=pin),
+                    torch.zeros(v_shape, dtype=self.store_dtype, pin_memory=pin))
+            for local in offloaded
+        }
+        with self.memory_saver_adapter.region(GPU_MEMORY_TYPE_KV_CACHE):
+            device = {
+                local: (torch.zeros(k_shape, dtype=self.store_dtype, device=self.device),
+                        torch.zeros(v_shape, dtype=self.store_dtype, device=self.device))
+                for local in range(self.layer_num) if local not in offloaded
+            }
+        buffers = {**host, **device}
+        self.k_buffer = [buffers[local][0] for local in range(self.layer_num)]
+        self.v_buffer = [buffers[local][1] for local in range(self.layer_num)]
+
+    def _create_buffers(self):
+        super()._create_buffers()
+        shape = self.offload_shape
+        rows = self.size + self.page_size
+        if rows % shape.block_size:
+            raise ValueError(f"the KV pool's {rows} slots are not whole MSA blocks of {shape.block_size}")
+        self.block_caches = {
+            layer_id: SparseBlockCache(shape.cache_blocks, rows // shape.block_size, shape.block_size, self.head_num,
+                                       self.head_dim, self.v_head_dim, self.store_dtype, self.device)
+            for layer_id in self.local_sparse_layer_ids()
+        }
+
+    def _clear_buffers(self):
+        super()._clear_buffers()
+        del self.block_caches
+
+    def block_cache(self, layer_id: int) -> SparseBlockCache:
+        return self.block_caches[layer_id]
+
+    def fetch_pages(self, layer_id: int, wanted: torch.Tensor):
+        """Bring the host pages ``wanted`` (-1 padded) of one layer into its block cache."""
+        local = layer_id - self.start_layer
+        return self.block_caches[layer_id].fetch(wanted, self.k_buffer[local], self.v_buffer[local])
+
+    def cached_kv(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's block cache as ``[rows, heads, dim]`` K and V in the dtype attention reads."""
+        k, v = self.block_caches[layer_id].flat()
+        if self.store_dtype != self.dtype:
+            return k.view(self.dtype), v.view(self.dtype)
+        return k, v
+
+    def set_kv_buffer(self, layer, loc_info, cache_k, cache_v, k_scale=None, v_scale=None,
+                      layer_id_override=None, dcp_kv_mask=None):
+        super().set_kv_buffer(layer, loc_info, cache_k, cache_v, k_scale, v_scale, layer_id_override, dcp_kv_mask)
+        layer_id = layer_id_override if layer_id_override is not None else layer.layer_id
+        cache = self.block_caches.get(layer_id)
+        if cache is not None:
+            loc = unwrap_write_loc(loc_info)[0]
+            local = layer_id - self.start_layer
+            # the stored rows, so the cache holds exactly what SGLang's conversion wrote to the host
+            cache.write_through(loc, self.k_buffer[local][loc], self.v_buffer[local][loc])
+
+    def store_fused(self, layer_id, loc, k, v, index_k) -> bool:
+        # the fused Triton store writes device buffers; offloaded layers go through set_kv_buffer
+        return False if layer_id in self.block_caches else super().store_fused(layer_id, loc, k, v, index_k)
+
+    def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor):
+        super().move_kv_cache(tgt_loc, src_loc)
+        for cache in self.block_caches.values():
+            cache.invalidate(tgt_loc.long() // cache.block_size)
+
+    def load_cpu_copy(self, kv_cache_cpu, indices, mamba_indices=None, req_pool_index=None):
+        super().load_cpu_copy(kv_cache_cpu, indices, mamba_indices, req_pool_index)
+        for cache in self.block_caches.values():
+            cache.invalidate()
+
+    def offload_counters(self) -> dict[str, int]:
+        """Totals over this rank's sparse layers since start-up (reads the device counters)."""
+        caches = self.block_caches.values()
+        return {
+            "hits": sum(int(c.hits) for c in caches),
+            "misses": sum(int(c.misses) for c in caches),
+            "h2d_bytes": sum(int(c.misses) * c.page_bytes for c in caches),
+        }
+
+
+def offload_pool_class(spec: M3TextSpec, model_dtype: torch.dtype, shape: OffloadShape) -> type[M3SparseOffloadKVPool]:
+    """The offload pool bound to one model (through :func:`indexed_pool_class`) and one cache shape."""
+    return type("M3SparseOffloadKVPool", (M3SparseOffloadKVPool, indexed_pool_class(spec, model_dtype)), {"offload_shape": shape})

@@ -1,0 +1,97 @@
+"""The sparse-offload switch and the server settings it cannot run with.
+
+Sparse offload keeps the main K/V of every sparse layer in a host store and serves decode /
+verify from a per-layer device block cache (:mod:`sglang_m3.cache.offload_pool`,
+:mod:`sglang_m3.msa.offload_backend`). Like the project's other serving switches it is an
+environment variable (SGLang's server arguments cannot be extended by a plugin):
+``SGLANG_M3_SPARSE_OFFLOAD_BLOCKS=N`` turns it on with N cache entries (one MSA block each) per
+sparse layer; unset or 0 keeps every K/V on the device. ``SGLANG_M3_SPARSE_OFFLOAD_LOG_STEPS``
+sets how many decode / verify steps pass between two log lines of the cache's counters.
+
+Every incompatible setting is refused at start-up by its flag's name (:func:`check_sparse_offload`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+SPARSE_OFFLOAD_BLOCKS_ENV = "SGLANG_M3_SPARSE_OFFLOAD_BLOCKS"
+SPARSE_OFFLOAD_LOG_STEPS_ENV = "SGLANG_M3_SPARSE_OFFLOAD_LOG_STEPS"
+DEFAULT_LOG_STEPS = 100
+
+
+def _non_negative_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f"{name}={raw!r}: expected a whole number >= 0")
+    return value
+
+
+def sparse_offload_blocks() -> int:
+    """Block-cache entries per sparse layer; 0 when sparse offload is off."""
+    return _non_negative_int(SPARSE_OFFLOAD_BLOCKS_ENV, 0)
+
+
+def offload_log_steps() -> int:
+    """Decode / verify steps between two counter log lines (0: never log)."""
+    return _non_negative_int(SPARSE_OFFLOAD_LOG_STEPS_ENV, DEFAULT_LOG_STEPS)
+
+
+@dataclass(frozen=True)
+class OffloadShape:
+    """What sizes the block cache: its entries and what one request of the server can select."""
+
+    cache_blocks: int
+    block_size: int
+    topk: int
+    kv_heads: int  # per rank
+    max_query_tokens: int  # per request and step: 1, or the speculative draft tokens
+
+    @property
+    def pages_per_request(self) -> int:
+        """Distinct pages one request can need in one step: every query token's top-k per KV head."""
+        return self.max_query_tokens * self.kv_heads * self.topk
+
+    @property
+    def requests_per_round(self) -> int:
+        """Requests whose fetches and attention share the cache at once (the batch runs in rounds)."""
+        return self.cache_blocks // self.pages_per_request
+
+
+def max_query_tokens(server_args) -> int:
+    """Query tokens per request of a decode or verify step under these server arguments."""
+    if getattr(server_args, "speculative_algorithm", None) is None:
+        return 1
+    return max(1, int(getattr(server_args, "speculative_num_draft_tokens", None) or 1))
+
+
+def check_sparse_offload(shape: OffloadShape, server_args, device: str, page_size: int) -> None:
+    """Refuse, naming the setting, what sparse offload cannot serve (yet)."""
+    blocks = f"{SPARSE_OFFLOAD_BLOCKS_ENV}={shape.cache_blocks}"
+    if str(device).split(":")[0] != "cpu":
+        raise ValueError(
+            f"{blocks}: sparse offload runs on the CPU platform's torch path only so far (the CUDA "
+            f"path, pinned host store and fetch kernels, is not written); unset {SPARSE_OFFLOAD_BLOCKS_ENV} on {device}")
+    if page_size != shape.block_size:
+        raise ValueError(
+            f"{blocks} needs --page-size {shape.block_size} (the MSA block size): the host store is "
+            f"fetched a whole page per selected block; got --page-size {page_size}")
+    if getattr(server_args, "enable_hierarchical_cache", False):
+        raise ValueError(f"{blocks} cannot be combined with --enable-hierarchical-cache yet: its loads "
+                         "write the host store behind the block cache")
+    if getattr(server_args, "enable_hisparse", False):
+        raise ValueError(f"{blocks} replaces --enable-hisparse (upstream's sparse offload): pass one of them")
+    if (getattr(server_args, "speculative_eagle_topk", None) or 1) > 1:
+        raise ValueError(f"{blocks} serves speculative chains only: run with --speculative-eagle-topk 1")
+    if shape.requests_per_round < 1:
+        raise ValueError(
+            f"{blocks} is smaller than one request's selection: {shape.max_query_tokens} query token(s) x "
+            f"{shape.kv_heads} KV heads x top-{shape.topk} = {shape.pages_per_request} blocks per step; "
+            f"set {SPARSE_OFFLOAD_BLOCKS_ENV} to at least {shape.pages_per_request}")
