@@ -64,7 +64,7 @@ find "$SITE" -name '__pycache__' -type d -prune -exec rm -rf {} +
 rm -rf "$SITE/sglang/multimodal_gen"  # diffusion serving: never imported by the LLM server
 
 # The stand-ins, and the platform's entry point (SGLang discovers platforms through dist-info).
-cp -r "$HERE/standins/sgl_kernel" "$HERE/standins/m3_gpu_harness" "$HERE/standins/av" "$SITE/"
+cp -r "$HERE/standins/sgl_kernel" "$HERE/standins/m3_gpu_harness" "$HERE/standins/av" "$HERE/standins/flash_mla" "$SITE/"
 DI="$SITE/m3_gpu_harness-0.0.0.dist-info"
 mkdir -p "$DI"
 printf 'Metadata-Version: 2.1\nName: m3-gpu-harness\nVersion: 0.0.0\nSummary: sglang-m3 GPU harness platform (test infrastructure)\n' >"$DI/METADATA"
