@@ -32,6 +32,21 @@ class HarnessCudaPlatform(CudaDeviceMixin, SRTPlatform):
     def supports_speculative_draft_attention_backend(self, algorithm: str, backend: str) -> bool:
         return backend == "triton"
 
+    def get_speculative_graph_runner_cls(self, algorithm: str, phase: str):
+        """The EAGLE draft graph runners SGLang's in-tree CUDA platform gets (its draft backend is
+        Triton here, one SGLang captures draft-extend graphs for). Without them every draft step
+        ran eagerly: measured on the H100, a chain of 3 at acceptance 4.0 was slower per token
+        than no speculation (4.80 vs 3.31 ms at concurrency 1)."""
+        if phase == "draft_decode":
+            from sglang.srt.speculative.eagle_draft_cuda_graph_runner import EAGLEDraftCudaGraphRunner
+
+            return EAGLEDraftCudaGraphRunner
+        if phase == "draft_extend":
+            from sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner import EAGLEDraftExtendCudaGraphRunner
+
+            return EAGLEDraftExtendCudaGraphRunner
+        return None
+
     def get_dispatch_key_name(self) -> str:
         return "native"
 
