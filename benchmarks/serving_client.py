@@ -96,3 +96,10 @@ def run_group(base_url: str, prompts: list[list[int]], max_new_tokens: int) -> G
     with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
         timings = list(pool.map(lambda ids: stream_generate(base_url, ids, max_new_tokens), prompts))
     return GroupTiming(timings, time.perf_counter() - start)
+
+
+def single_stream_tpot_ms(base_url: str, prompts: list[list[int]], max_new_tokens: int) -> list[float]:
+    """TPOT of each prompt sent alone, one after another. One request's TPOT varied by up to 40%
+    between otherwise identical runs on the H100 (2.5 vs 3.3-3.6 ms), so concurrency 1 is
+    reported as the median of several."""
+    return [1e3 * stream_generate(base_url, ids, max_new_tokens).tpot_s for ids in prompts]

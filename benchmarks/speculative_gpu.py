@@ -5,9 +5,10 @@ served by the plugin with the same flags as there, once without a draft and once
 (``chain3``: 3 drafts verified as 4 tokens; ``tree8``: top-3 branches over 3 steps, 8 verify
 tokens), with the lm-head-copy draft of ``midsize_draft.py`` (high acceptance, reduced draft
 vocabulary) loaded from real files (``--speculative-draft-load-format auto``). Per server: TPOT
-at concurrency 1 and 16 (2K-token prompts, 256 output tokens, streamed), the acceptance length
-(tokens per verify step over a concurrent group) and the greedy output of fixed prompts, which
-must equal the output without a draft token for token (``greedy_identical``).
+at concurrency 1 (median of 5 requests one at a time) and 16 (2K-token prompts, 256 output
+tokens, streamed), the acceptance length (tokens per verify step over a concurrent group) and
+the greedy output of fixed prompts, which must equal the output without a draft token for token
+(``greedy_identical``).
 
 Run through the harness: ``scripts/gpu/run.sh exec python benchmarks/speculative_gpu.py --out $OUT``;
 it writes ``speculative_gpu_<gpu>.json`` under ``--out`` after every server.
@@ -20,6 +21,7 @@ import json
 import os
 import random
 import signal
+import statistics
 import sys
 import tempfile
 
@@ -28,7 +30,7 @@ from e2e_gpu import PeakGpuMemory, commit, gpu_name, graphs_captured, start_serv
 from e2e_gpu_report import gpu_key  # noqa: E402
 from midsize_draft import hot_ids, write_copy_draft  # noqa: E402
 from midsize_m3 import midsize_text_config, write_midsize_checkpoint  # noqa: E402
-from serving_client import run_group, stream_generate  # noqa: E402
+from serving_client import run_group, single_stream_tpot_ms, stream_generate  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "speculative"))
 from spec_requests import accept_length, generate, generate_concurrently  # noqa: E402
@@ -39,6 +41,7 @@ DRAFTS = {
     "tree8": ("--speculative-num-steps", "3", "--speculative-eagle-topk", "3", "--speculative-num-draft-tokens", "8"),
 }
 PROMPT_TOKENS, OUTPUT_TOKENS, CONCURRENCY = 2048, 256, (1, 16)
+SINGLE_RUNS = 5  # concurrency 1: the median of this many requests, one at a time
 #: greedy-identity prompts: short, several MSA blocks (128 tokens each), and a long chunked one
 IDENTITY_LENGTHS, IDENTITY_TOKENS = (5, 700, 3000, 9000), 48
 
@@ -76,10 +79,16 @@ def bench_draft(draft: str, model_dir: str, draft_dir: str, out_dir: str, draft_
             for length in IDENTITY_LENGTHS:
                 answer = generate(base_url, hot_prompt(length, 7 + length, draft_vocab), IDENTITY_TOKENS)
                 result["greedy"][str(length)] = answer["output_ids"]
+            output = 64 if quick else OUTPUT_TOKENS
             for concurrency in CONCURRENCY:
-                prompts = [hot_prompt(PROMPT_TOKENS, next(seed), draft_vocab) for _ in range(concurrency)]
-                group = run_group(base_url, prompts, 64 if quick else OUTPUT_TOKENS)
-                result["rows"].append({"metric": "tpot_ms", "concurrency": concurrency, "draft": draft, "value": group.mean_tpot_ms})
+                prompts = [hot_prompt(PROMPT_TOKENS, next(seed), draft_vocab) for _ in range(max(concurrency, SINGLE_RUNS))]
+                if concurrency == 1:
+                    singles = single_stream_tpot_ms(base_url, prompts, output)
+                    row = {"value": statistics.median(singles), "runs": singles}
+                else:
+                    row = {"value": run_group(base_url, prompts[:concurrency], output).mean_tpot_ms}
+                result["rows"].append({"metric": "tpot_ms", "concurrency": concurrency, "draft": draft, **row})
+                prompts = prompts[:concurrency]
                 if draft != "none":
                     answers = generate_concurrently(base_url, prompts, 64)
                     result["rows"].append({"metric": "accept_len", "concurrency": concurrency, "draft": draft, "value": accept_length(answers)})
