@@ -214,11 +214,14 @@ def measure(base_url: str, quick: bool, seed, rows: list[dict], saved) -> None:
         saved()
 
 
-def profile_steps(base_url: str, out_dir: str, label: str, prompt_tokens: int, max_new_tokens: int, steps: int, delay_s: float) -> dict:
-    """Per-kernel GPU time of ``steps`` forward steps of one greedy request, from SGLang's torch
-    profiler (``/start_profile``), started ``delay_s`` after the request (0: before it)."""
+def profile_steps(base_url: str, out_dir: str, label: str, prompt_tokens: int, max_new_tokens: int, steps: int, delay_s: float,
+                  prompt: list[int] | None = None) -> dict:
+    """Per-kernel GPU time of ``steps`` forward steps of one greedy request (``prompt``, else a
+    random one of ``prompt_tokens``), from SGLang's torch profiler (``/start_profile``), started
+    ``delay_s`` after the request (0: before it)."""
     trace_dir = os.path.join(out_dir, f"profile-{label}")
-    request = threading.Thread(target=stream_generate, args=(base_url, random_prompt(prompt_tokens, 10**7), max_new_tokens))
+    prompt = prompt or random_prompt(prompt_tokens, 10**7)
+    request = threading.Thread(target=stream_generate, args=(base_url, prompt, max_new_tokens))
     if delay_s:
         request.start()
         time.sleep(delay_s)

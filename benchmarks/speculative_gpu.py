@@ -26,7 +26,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
-from e2e_gpu import PeakGpuMemory, commit, gpu_name, graphs_captured, start_server, stop_server  # noqa: E402
+from e2e_gpu import PeakGpuMemory, commit, gpu_name, graphs_captured, profile_steps, start_server, stop_server  # noqa: E402
 from e2e_gpu_report import gpu_key  # noqa: E402
 from midsize_draft import hot_ids, write_copy_draft  # noqa: E402
 from midsize_m3 import midsize_text_config, write_midsize_checkpoint  # noqa: E402
@@ -42,6 +42,7 @@ DRAFTS = {
 }
 PROMPT_TOKENS, OUTPUT_TOKENS, CONCURRENCY = 2048, 256, (1, 16)
 SINGLE_RUNS = 5  # concurrency 1: the median of this many requests, one at a time
+PROFILE_STEPS = 20
 #: greedy-identity prompts: short, several MSA blocks (128 tokens each), and a long chunked one
 IDENTITY_LENGTHS, IDENTITY_TOKENS = (5, 700, 3000, 9000), 48
 
@@ -63,7 +64,7 @@ def speculative_args(draft: str, draft_dir: str) -> tuple[str, ...]:
     )
 
 
-def bench_draft(draft: str, model_dir: str, draft_dir: str, out_dir: str, draft_vocab: int, quick: bool) -> dict:
+def bench_draft(draft: str, model_dir: str, draft_dir: str, out_dir: str, draft_vocab: int, quick: bool, profile: bool) -> dict:
     """One server: its rows, acceptance and greedy outputs."""
     result = {"draft": draft, "rows": [], "greedy": {}}
     seed = iter(range(10**6))
@@ -93,6 +94,12 @@ def bench_draft(draft: str, model_dir: str, draft_dir: str, out_dir: str, draft_
                     answers = generate_concurrently(base_url, prompts, 64)
                     result["rows"].append({"metric": "accept_len", "concurrency": concurrency, "draft": draft, "value": accept_length(answers)})
                 print(f"[{draft}] c{concurrency}: " + ", ".join(f"{r['metric']} {r['value']:.3f}" for r in result["rows"][-2:]), flush=True)
+            if profile:
+                # 20 steps of one request 0.5 s in (its 2K prefill is long done): a step is a
+                # decode step without a draft, a whole draft-verify cycle with one.
+                result["profile_c1"] = profile_steps(
+                    base_url, out_dir, f"spec-{draft}", PROMPT_TOKENS, 400, PROFILE_STEPS, 0.5,
+                    prompt=hot_prompt(PROMPT_TOKENS, 10**7, draft_vocab))
         finally:
             stop_server(process)
     result["peak_gpu_memory_gb"] = memory.peak_mib * 2**20 / 1e9
@@ -105,6 +112,7 @@ def main(argv=None) -> int:
     parser.add_argument("--draft", choices=list(DRAFTS), action="append", help="servers to run (default: all, 'none' first)")
     parser.add_argument("--draft-vocab", type=int, default=32000, help="the copy draft's vocabulary size (default 32000)")
     parser.add_argument("--quick", action="store_true", help="64 output tokens per timed request")
+    parser.add_argument("--profile", action="store_true", help="also profile 20 steps at concurrency 1 per server (GPU kernel time and span per step)")
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(f"stopped by signal {signum}"))
@@ -120,7 +128,7 @@ def main(argv=None) -> int:
     failures = 0
     for draft in drafts:
         try:
-            server = bench_draft(draft, model_dir, draft_dir, args.out, args.draft_vocab, args.quick)
+            server = bench_draft(draft, model_dir, draft_dir, args.out, args.draft_vocab, args.quick, args.profile)
         except Exception as error:  # one server failing must not lose the others' numbers
             print(f"[{draft}] FAILED: {error}", flush=True)
             summary["servers"][draft] = {"failed": str(error)[-2000:]}

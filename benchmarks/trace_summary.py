@@ -30,15 +30,23 @@ def kernel_summary(events: list[dict], steps: int = 1, top: int = 40) -> dict:
         raise ValueError(f"steps must be >= 1, got {steps}")
     totals: dict[str, float] = defaultdict(float)
     counts: dict[str, int] = defaultdict(int)
+    starts, ends = [], []
     for event in events:
         if event.get("ph") == "X" and event.get("cat") == "kernel":
             totals[event["name"]] += float(event.get("dur", 0.0))
             counts[event["name"]] += 1
+            if "ts" in event:
+                starts.append(float(event["ts"]))
+                ends.append(float(event["ts"]) + float(event.get("dur", 0.0)))
     ranked = sorted(totals, key=totals.get, reverse=True)
     all_us = sum(totals.values())
+    # First kernel start to last kernel end: beside the kernel total it shows how long the GPU
+    # sat idle between kernels (host-side work the step waited for).
+    span_us = max(ends) - min(starts) if starts else 0.0
     return {
         "kernel_us_total": all_us,
         "kernel_us_per_step": all_us / steps,
+        "span_us_per_step": span_us / steps,
         "launches_per_step": sum(counts.values()) / steps,
         "kernels": [
             {"name": name, "us_per_step": totals[name] / steps, "calls_per_step": counts[name] / steps,

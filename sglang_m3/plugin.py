@@ -66,7 +66,15 @@ HOOKS: tuple[Hook, ...] = (
         "sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator._compute_cell_size",
         "AFTER",
         hooks.add_index_key_bytes,
-        "The KV budget must count the index keys, or the pool would overrun its memory share.",
+        "The KV budget must count the index keys, or the pool would overrun its memory share; under "
+        "sparse offload it must not count the sparse layers' K/V, which live in host memory.",
+    ),
+    Hook(
+        "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._apply_token_constraints",
+        "AFTER",
+        hooks.cap_tokens_by_host_budget,
+        "Under sparse offload every slot also costs host memory: the pool gets no more slots than "
+        "SGLANG_M3_SPARSE_OFFLOAD_HOST_GB holds, and a budget below one full-length request is refused.",
     ),
     Hook(
         "sglang.srt.entrypoints.openai.serving_chat.OpenAIServingChat.__init__",

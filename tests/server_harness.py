@@ -66,6 +66,31 @@ def launch_cpu_server(model_path: str, log_dir: str, *extra: str, env: dict[str,
         _stop(server.process)
 
 
+@contextlib.contextmanager
+def serve_tiny_recipe(recipe_path: str, root, *extra: str):
+    """``sglang-m3 serve`` of a recipe of the tiny model (cpu profile), its checkpoint cached under
+    ``root``; yields the ready server, whose ``model_path`` is the checkpoint directory."""
+    from sglang_m3.tiny.checkpoint import BUILD_FORMAT, build_tiny_checkpoint
+
+    cache = os.path.join(root, "cache")
+    # serve builds the tiny checkpoint here unless it exists: build it first to know its path.
+    model_dir = build_tiny_checkpoint(os.path.join(cache, f"tiny-m3-v{BUILD_FORMAT}-seed0"), seed=0)
+    port = free_port()
+    log_path = os.path.join(root, "serve.log")
+    command = [sys.executable, "-m", "sglang_m3.cli", "serve", recipe_path, "--host", "127.0.0.1", "--port", str(port), *extra]
+    with open(log_path, "w", encoding="utf-8") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                   env={**os.environ, "SGLANG_M3_CACHE": cache})
+    server = RunningServer(f"http://127.0.0.1:{port}", model_dir, log_path, process)
+    try:
+        _wait_ready(server)
+        yield server
+    finally:
+        _stop(process)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, 9)  # serve's SGLang children, if serve exited first
+
+
 def start_cpu_server(model_path: str, log_dir: str, *extra: str, env: dict[str, str] | None = None) -> RunningServer:
     """Spawn the server process (not waiting for it); the caller stops it with ``_stop``."""
     port = free_port()

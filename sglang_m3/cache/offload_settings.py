@@ -3,9 +3,11 @@
 Sparse offload keeps the main K/V of every sparse layer in a host store and serves decode /
 verify from a per-layer device block cache (:mod:`sglang_m3.cache.offload_pool`,
 :mod:`sglang_m3.msa.offload_backend`). Like the project's other serving switches it is an
-environment variable (SGLang's server arguments cannot be extended by a plugin):
+environment variable (SGLang's server arguments cannot be extended by a plugin), which a recipe
+sets from ``spec.hostOffload`` (``mode: sparse-offload``, ``cacheBlocks``; the renderer owns the name):
 ``SGLANG_M3_SPARSE_OFFLOAD_BLOCKS=N`` turns it on with N cache entries (one MSA block each) per
-sparse layer; unset or 0 keeps every K/V on the device. ``SGLANG_M3_SPARSE_OFFLOAD_LOG_STEPS``
+sparse layer; unset or 0 keeps every K/V on the device. Its host budget is
+:mod:`sglang_m3.cache.offload_budget`'s. ``SGLANG_M3_SPARSE_OFFLOAD_LOG_STEPS``
 sets how many decode / verify steps pass between two log lines of the cache's counters.
 
 Every incompatible setting is refused at start-up by its flag's name (:func:`check_sparse_offload`).
@@ -16,22 +18,30 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-SPARSE_OFFLOAD_BLOCKS_ENV = "SGLANG_M3_SPARSE_OFFLOAD_BLOCKS"
+from sglang_m3.recipe.render import SPARSE_OFFLOAD_BLOCKS_ENV
+
 SPARSE_OFFLOAD_LOG_STEPS_ENV = "SGLANG_M3_SPARSE_OFFLOAD_LOG_STEPS"
 DEFAULT_LOG_STEPS = 100
 
 
-def _non_negative_int(name: str, default: int) -> int:
+def env_number(name: str, convert, accept, expected: str):
+    """The environment variable ``name`` as ``convert`` reads it, None when unset; a value that does
+    not convert or that ``accept`` rejects is refused naming the variable and ``expected``."""
     raw = os.environ.get(name, "").strip()
     if not raw:
-        return default
+        return None
     try:
-        value = int(raw)
+        value = convert(raw)
     except ValueError:
-        value = -1
-    if value < 0:
-        raise ValueError(f"{name}={raw!r}: expected a whole number >= 0")
+        value = None
+    if value is None or not accept(value):
+        raise ValueError(f"{name}={raw!r}: expected {expected}")
     return value
+
+
+def _non_negative_int(name: str, default: int) -> int:
+    value = env_number(name, int, lambda v: v >= 0, "a whole number >= 0")
+    return default if value is None else value
 
 
 def sparse_offload_blocks() -> int:
@@ -88,6 +98,8 @@ def check_sparse_offload(shape: OffloadShape, server_args, device: str, page_siz
                          "write the host store behind the block cache")
     if getattr(server_args, "enable_hisparse", False):
         raise ValueError(f"{blocks} replaces --enable-hisparse (upstream's sparse offload): pass one of them")
+    if (getattr(server_args, "pp_size", None) or 1) > 1:
+        raise ValueError(f"{blocks} cannot run with --pp-size > 1 yet: stages would size different host stores")
     if (getattr(server_args, "speculative_eagle_topk", None) or 1) > 1:
         raise ValueError(f"{blocks} serves speculative chains only: run with --speculative-eagle-topk 1")
     if shape.requests_per_round < 1:

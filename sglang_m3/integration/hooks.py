@@ -120,9 +120,41 @@ def add_index_key_bytes(cell_size, pool_configurator, kvc, num_layers):
     if not is_m3(kvc.model_config.hf_config):
         return cell_size
     from sglang_m3.cache.index_kv_pool import index_bytes_per_token
+    from sglang_m3.cache.offload_settings import sparse_offload_blocks
 
     spec = spec_of(kvc.model_config)
     info = kvc.layer_info
-    return cell_size + index_bytes_per_token(
-        spec, info.start_layer, info.end_layer, kvc.kv_cache_dtype, model_dtype=kvc.model_dtype
-    )
+    index_bytes = index_bytes_per_token(spec, info.start_layer, info.end_layer, kvc.kv_cache_dtype, model_dtype=kvc.model_dtype)
+    # under sparse offload the sparse layers' K/V live in the host store, not in device memory
+    offloaded = _offloaded_bytes_per_token(kvc, spec) if sparse_offload_blocks() else 0
+    return cell_size + index_bytes - offloaded
+
+
+def _offloaded_bytes_per_token(kvc, spec) -> int:
+    from sglang.srt.runtime_context import get_parallel
+
+    from sglang_m3.cache.offload_budget import offloaded_bytes_per_token
+
+    info = kvc.layer_info
+    sparse = sum(1 for layer in spec.sparse_layer_ids if info.start_layer <= layer < info.end_layer)
+    kv_heads = kvc.model_config.get_num_kv_heads(get_parallel().attn_tp_size)
+    return offloaded_bytes_per_token(sparse, kv_heads, spec.head_dim, spec.head_dim, kvc.kv_cache_dtype.itemsize)
+
+
+def cap_tokens_by_host_budget(capacity, kvc, token_capacity):
+    """AFTER SGLang's token constraints: no more slots than the sparse-offload host budget holds."""
+    if not is_m3(kvc.model_config.hf_config):
+        return capacity
+    from sglang.srt.runtime_context import get_schedule
+
+    from sglang_m3.cache.offload_budget import check_host_room, host_budget_bytes
+    from sglang_m3.cache.offload_settings import sparse_offload_blocks
+    from sglang_m3.recipe.fit import sparse_offload_host_tokens
+
+    budget = host_budget_bytes()
+    if not sparse_offload_blocks() or budget is None:
+        return capacity
+    per_token = _offloaded_bytes_per_token(kvc, spec_of(kvc.model_config))
+    cap = sparse_offload_host_tokens(budget, per_token, get_schedule().page_size)
+    check_host_room(cap, kvc.model_config.context_len, budget, per_token, get_schedule().page_size)
+    return min(capacity, cap)

@@ -28,6 +28,12 @@ Per GPU rank of one replica:
   project's host pool mirrors both, so a prefix comes back whole): host tokens = that budget /
   the same bytes per token, page-rounded the way SGLang sizes its host pool. It extends what
   prefixes stay cached, not what one request may hold: every running token is on the GPU;
+* sparse offload (``hostOffload.mode: sparse-offload``) moves the sparse layers' main K/V to a
+  host store of sizeGbPerRank GB per rank: a token then costs the GPU only its index keys and the
+  dense layers' K/V, the host 2 x KV heads per rank x 128 x KV dtype per sparse layer; the pool
+  holds as many tokens as the tighter tier allows (the plugin caps SGLang's pool the same way,
+  ``sglang_m3.cache.offload_budget``), and the per-layer block caches (cacheBlocks blocks of
+  pageSize tokens of every sparse layer) come off the GPU's KV budget first;
 * the static budget is GPU memory x memFractionStatic; the KV pool is what the weights leave
   of it; the rest of the GPU must hold the runtime reserve (activations of one prefill chunk,
   logits, CUDA graphs), which is a stated heuristic, not a measurement.
@@ -101,6 +107,11 @@ class FitReport:
     #: hierarchical-cache host tier per rank (0: no host tier)
     host_pool_bytes: int = 0
     host_pool_tokens: int = 0
+    #: sparse offload: host-store budget, bytes per token and tokens it holds; device block caches
+    host_store_bytes: int = 0
+    host_store_bytes_per_token: int = 0
+    host_store_tokens: int = 0
+    block_cache_bytes: int = 0
 
     @property
     def static_budget_bytes(self) -> int:
@@ -129,7 +140,8 @@ class FitReport:
              f"{gb(self.weight_bytes_per_gpu)} (draft {gb(self.draft_bytes_per_gpu)})"),
             ("KV pool per GPU", gb(self.kv_pool_bytes)),
             ("KV heads per rank", f"{self.kv_heads_per_rank} ({replication})"),
-            ("KV + index bytes per token per GPU", f"{self.kv_bytes_per_token:,}"),
+            ("KV + index bytes per token per GPU", f"{self.kv_bytes_per_token:,}"
+                                                    + (" (sparse layers' K/V on the host)" if self.host_store_bytes else "")),
             ("KV pool tokens", f"{self.pool_tokens:,}"
                                + (" (capped by maxTotalTokens)" if self.pool_capped else "")),
             ("runtime reserve needed / left", f"{gb(self.reserve_bytes)} / "
@@ -140,7 +152,11 @@ class FitReport:
             ("largest concurrency at requested context", f"{self.max_concurrency_at_context:,}"),
         ] + ([("host tier tokens (KV + index keys)",
                f"{self.host_pool_tokens:,} ({gb(self.host_pool_bytes)} sizeGbPerRank)")]
-             if self.host_pool_bytes else [])
+             if self.host_pool_bytes else []) + ([
+            ("sparse-offload host store tokens", f"{self.host_store_tokens:,} ({gb(self.host_store_bytes)} "
+                                                 f"sizeGbPerRank, {self.host_store_bytes_per_token:,} bytes per token)"),
+            ("sparse-offload block caches per GPU", gb(self.block_cache_bytes)),
+        ] if self.host_store_bytes else [])
 
 
 def fit_applies(recipe: Recipe) -> bool:
@@ -162,12 +178,19 @@ def estimate_fit(recipe: Recipe, geometry: M3Geometry = M3) -> FitReport:
                                            parallel.attention_dp, geometry,
                                            mxfp8_residency=profile.mxfp8_residency)
     kv_heads = max(1, geometry.num_kv_heads // attention_tp)
-    per_token = kv_bytes_per_token(spec.kv_cache.dtype, attention_tp, parallel.pp, geometry,
-                                   index_key_dtype=spec.kv_cache.index_key_dtype)
-    static_budget = int(profile.memory_bytes * spec.serving.mem_fraction_static)
-    kv_pool = max(0, static_budget - weights)
     page = spec.kv_cache.page_size
+    offload = sparse_offload(recipe)
+    host_per_token = offloaded_bytes_per_token(spec.kv_cache.dtype, attention_tp, parallel.pp, geometry) if offload else 0
+    per_token = kv_bytes_per_token(spec.kv_cache.dtype, attention_tp, parallel.pp, geometry,
+                                   index_key_dtype=spec.kv_cache.index_key_dtype) - host_per_token
+    block_caches = offload.cache_blocks * page * host_per_token if offload else 0
+    host_store = offload.size_gb_per_rank * 10**9 if offload else 0
+    host_tokens = sparse_offload_host_tokens(host_store, host_per_token, page) if offload else 0
+    static_budget = int(profile.memory_bytes * spec.serving.mem_fraction_static)
+    kv_pool = max(0, static_budget - weights - block_caches)
     pool_tokens = (kv_pool // per_token) // page * page
+    if offload:
+        pool_tokens = min(pool_tokens, host_tokens)
     cap = spec.serving.max_total_tokens  # SGLang never allocates more than this many tokens
     pool_capped = cap is not None and cap < pool_tokens
     if pool_capped:
@@ -198,7 +221,25 @@ def estimate_fit(recipe: Recipe, geometry: M3Geometry = M3) -> FitReport:
         max_concurrency_at_context=pool_tokens // spec.context_length,
         host_pool_bytes=host_bytes,
         host_pool_tokens=host_tier_tokens(host_bytes, per_token, page),
+        host_store_bytes=host_store,
+        host_store_bytes_per_token=host_per_token,
+        host_store_tokens=host_tokens,
+        block_cache_bytes=block_caches,
     )
+
+
+def sparse_offload(recipe: Recipe):
+    """The recipe's ``hostOffload`` when it is a sized sparse offload, else None."""
+    offload = recipe.spec.host_offload
+    if offload is None or offload.mode != "sparse-offload" or not offload.size_gb_per_rank or not offload.cache_blocks:
+        return None
+    return offload
+
+
+def sparse_offload_host_tokens(host_bytes: int, bytes_per_token: int, page: int) -> int:
+    """Slots whose sparse-layer K/V fit a host store of ``host_bytes``: whole pages, less the
+    pool's padding page (the plugin caps SGLang's slot pool to this)."""
+    return max(0, (host_bytes // bytes_per_token // page - 1) * page)
 
 
 def host_tier_bytes(recipe: Recipe) -> int:
@@ -267,6 +308,15 @@ def kv_bytes_per_token(kv_dtype: str, attention_tp: int, pp: int, geometry: M3Ge
         return len(layers) * main_per_layer + sparse * index_per_sparse_layer
 
     return max(stage_bytes(stage) for stage in pipeline_stages(geometry.num_layers, pp))
+
+
+def offloaded_bytes_per_token(kv_dtype: str, attention_tp: int, pp: int, geometry: M3Geometry = M3) -> int:
+    """Main K/V of the sparse layers of the fullest pipeline stage, one token on one rank: what
+    sparse offload moves to the host store."""
+    kv_heads = max(1, geometry.num_kv_heads // attention_tp)
+    per_layer = 2 * kv_heads * geometry.head_dim * KV_DTYPE_BYTES[kv_dtype]
+    return max(sum(geometry.layer_is_sparse[layer] for layer in stage) * per_layer
+               for stage in pipeline_stages(geometry.num_layers, pp))
 
 
 def runtime_reserve_bytes(recipe: Recipe, profile: HardwareProfile,

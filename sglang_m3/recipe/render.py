@@ -25,6 +25,11 @@ CPU_PLATFORM_NAME = "sglang_m3_cpu"
 #: server arguments cannot be extended by a plugin).
 INDEX_KEY_DTYPE_ENV = "SGLANG_M3_INDEX_KEY_DTYPE"
 
+#: Environment variables of ``hostOffload.mode: sparse-offload`` (read by ``sglang_m3.cache``):
+#: block-cache entries per sparse layer, host-store budget per rank in GB.
+SPARSE_OFFLOAD_BLOCKS_ENV = "SGLANG_M3_SPARSE_OFFLOAD_BLOCKS"
+SPARSE_OFFLOAD_HOST_GB_ENV = "SGLANG_M3_SPARSE_OFFLOAD_HOST_GB"
+
 #: Every SGLang option the renderer owns, with the aliases SGLang registers for it. An extra
 #: argument spelling any of these (or an abbreviation argparse would expand to one) duplicates
 #: a typed field; the value names that field.
@@ -166,6 +171,7 @@ def render_launch(
     env = {"SGLANG_PLATFORM": CPU_PLATFORM_NAME} if not profile.is_gpu else {}
     if spec.kv_cache.index_key_dtype != "bf16":
         env[INDEX_KEY_DTYPE_ENV] = spec.kv_cache.index_key_dtype
+    env.update(_sparse_offload_env(recipe))
     env.update(spec.env)
     return LaunchSpec(argv=argv, env=env)
 
@@ -255,6 +261,8 @@ def _add_host_offload(add, recipe: Recipe) -> None:
     offload = recipe.spec.host_offload
     if offload is None:
         return
+    if offload.mode == "sparse-offload":
+        return  # environment only: _sparse_offload_env
     if offload.mode == "hisparse":
         add("--enable-hisparse")
         add("--disable-radix-cache")
@@ -265,6 +273,18 @@ def _add_host_offload(add, recipe: Recipe) -> None:
     add("--enable-hierarchical-cache")
     if offload.size_gb_per_rank is not None:
         add("--hicache-size", offload.size_gb_per_rank)
+
+
+def _sparse_offload_env(recipe: Recipe) -> dict[str, str]:
+    offload = recipe.spec.host_offload
+    if offload is None or offload.mode != "sparse-offload":
+        return {}
+    env = {}
+    if offload.cache_blocks is not None:
+        env[SPARSE_OFFLOAD_BLOCKS_ENV] = str(offload.cache_blocks)
+    if offload.size_gb_per_rank is not None:
+        env[SPARSE_OFFLOAD_HOST_GB_ENV] = str(offload.size_gb_per_rank)
+    return env
 
 
 def _add_serving(add, recipe: Recipe) -> None:

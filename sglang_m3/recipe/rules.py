@@ -398,10 +398,10 @@ def check_host_offload(recipe: Recipe, profile: HardwareProfile) -> Iterator[Fin
                      "hisparse is SGLang's own M3 offload, which this plugin's MSA backend and "
                      "index-key pool replace (the server refuses --enable-hisparse); use mode: "
                      "hierarchical-cache", "offload.hisparse")
-    if offload.mode == "hierarchical-cache":
+    if offload.mode in ("hierarchical-cache", "sparse-offload"):
         if offload.size_gb_per_rank is None:
             yield _error("spec.hostOffload.sizeGbPerRank",
-                         "hierarchical-cache needs the host pool size; set sizeGbPerRank",
+                         f"{offload.mode} needs the host memory per rank; set sizeGbPerRank",
                          "offload.size")
         if offload.host_to_device_ratio is not None:
             yield _error("spec.hostOffload.hostToDeviceRatio",
@@ -411,6 +411,27 @@ def check_host_offload(recipe: Recipe, profile: HardwareProfile) -> Iterator[Fin
         yield _error("spec.hostOffload.sizeGbPerRank",
                      "hisparse is sized by hostToDeviceRatio; remove sizeGbPerRank",
                      "offload.mode-field")
+    if offload.mode == "sparse-offload":
+        yield from _check_sparse_offload(recipe, profile)
+    elif offload.cache_blocks is not None:
+        yield _error("spec.hostOffload.cacheBlocks", "cacheBlocks sizes sparse-offload only; remove it",
+                     "offload.mode-field")
+
+
+def _check_sparse_offload(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
+    if recipe.spec.host_offload.cache_blocks is None:
+        yield _error("spec.hostOffload.cacheBlocks",
+                     "sparse-offload needs the device block cache size; set cacheBlocks (blocks per "
+                     "sparse layer, at least KV heads per rank x top-k blocks x query tokens per step)",
+                     "offload.cache-blocks")
+    if profile.is_gpu:
+        yield _error("spec.hostOffload.mode",
+                     "sparse-offload is served on the CPU platform only so far: its CUDA path (pinned "
+                     "host store, fetch kernels) is not written; the server refuses it on GPUs",
+                     "offload.sparse-gpu")
+    if recipe.spec.parallelism.pp > 1:
+        yield _error("spec.parallelism.pp", "sparse-offload runs with pp 1 only (the server refuses --pp-size > 1)",
+                     "offload.sparse-pp")
 
 
 def check_provenance(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:

@@ -32,7 +32,7 @@ ThinkingMode = Literal["adaptive", "enabled", "disabled"]
 KVCacheDtype = Literal["auto", "bf16", "fp8_e4m3", "fp8_e5m2"]
 IndexKeyDtype = Literal["bf16", "fp8_e4m3"]
 SpeculativeAlgorithm = Literal["EAGLE3", "EAGLE", "NGRAM"]
-HostOffloadMode = Literal["hierarchical-cache", "hisparse"]
+HostOffloadMode = Literal["hierarchical-cache", "sparse-offload", "hisparse"]
 
 
 class RecipeModel(BaseModel):
@@ -208,11 +208,18 @@ class HostOffload(RecipeModel):
 
     mode: HostOffloadMode = "hierarchical-cache"
     """hierarchical-cache keeps evicted prefixes in host memory (HiCache, sized by
-    sizeGbPerRank); hisparse keeps the sparse layers' KV on the host and fetches the chosen
-    blocks (sized by hostToDeviceRatio; the radix cache is turned off)."""
+    sizeGbPerRank); sparse-offload keeps the sparse layers' main K/V of every token in host
+    memory (sizeGbPerRank) and serves decode from a per-layer block cache on the device
+    (cacheBlocks), radix cache kept; hisparse is SGLang's own sparse offload, which this
+    plugin replaces (refused)."""
     size_gb_per_rank: int | None = Field(default=None, ge=1)
-    """Host memory for offloaded KV per GPU rank, in GB (--hicache-size); hierarchical-cache
-    only."""
+    """Host memory per GPU rank, in GB: the host tier (--hicache-size) of hierarchical-cache,
+    the host store of sparse-offload (SGLANG_M3_SPARSE_OFFLOAD_HOST_GB; the server holds no
+    more tokens than it has room for)."""
+    cache_blocks: int | None = Field(default=None, ge=1)
+    """sparse-offload only: device block-cache entries (one MSA block of K/V each) per sparse
+    layer (SGLANG_M3_SPARSE_OFFLOAD_BLOCKS); at least one request's selection (KV heads per
+    rank x top-k blocks x query tokens per step)."""
     host_to_device_ratio: float | None = Field(default=None, gt=0)
     """Host KV pool size as a multiple of the GPU pool; hisparse only."""
 

@@ -11,19 +11,14 @@ with the session's server without a host tier.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 import requests
 import yaml
-from server_harness import RunningServer, _stop, _wait_ready, free_port
+from server_harness import serve_tiny_recipe
 from transformers_oracle import random_prompt
 
-from sglang_m3.tiny.checkpoint import BUILD_FORMAT, build_tiny_checkpoint
 from tests.e2e.served_vs_reference import assert_matches_reference, generate, output_ids
 from tests.recipe.recipe_factory import LIBRARY
 
@@ -47,26 +42,10 @@ def hicache_recipe(path) -> str:
 def served(tmp_path_factory):
     """(server, tiny checkpoint dir) of ``sglang-m3 serve`` on the hostOffload recipe."""
     root = tmp_path_factory.mktemp("hicache")
-    cache = root / "cache"
-    # serve builds the tiny checkpoint here unless it exists: build it first to know its path.
-    model_dir = build_tiny_checkpoint(str(cache / f"tiny-m3-v{BUILD_FORMAT}-seed0"), seed=0)
-    port = free_port()
-    log_path = root / "serve.log"
-    command = [sys.executable, "-m", "sglang_m3.cli", "serve", hicache_recipe(root / "recipe.yaml"),
-               "--host", "127.0.0.1", "--port", str(port),
-               # observability only: the recipe renders the serving flags under test
-               "--enable-metrics", "--enable-cache-report", "--sleep-on-idle"]
-    with open(log_path, "w", encoding="utf-8") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                   env={**os.environ, "SGLANG_M3_CACHE": str(cache)})
-    server = RunningServer(f"http://127.0.0.1:{port}", model_dir, str(log_path), process)
-    try:
-        _wait_ready(server)
-        yield server, model_dir
-    finally:
-        _stop(process)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, 9)  # serve's SGLang children, if serve exited first
+    # observability only: the recipe renders the serving flags under test
+    with serve_tiny_recipe(hicache_recipe(root / "recipe.yaml"), root,
+                           "--enable-metrics", "--enable-cache-report", "--sleep-on-idle") as server:
+        yield server, server.model_path
 
 
 def test_recipe_flags_reach_sglang_and_build_the_m3_host_pool(served):

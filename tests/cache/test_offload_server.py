@@ -5,6 +5,9 @@ most 8 blocks per layer) with ``SGLANG_M3_SPARSE_OFFLOAD_BLOCKS=16`` (16 cache e
 layer, two requests per round) and ``--page-size 16``; prefill is chunked. Its greedy tokens and
 logprobs are compared with the session's server that keeps every K/V on the device, for a prompt of
 63 blocks, for concurrent requests and for a radix hit, and the prompt logprobs with transformers.
+Its host budget (``SGLANG_M3_SPARSE_OFFLOAD_HOST_GB``, 1,536 host bytes per token: 3 sparse layers x
+2 heads x (32 + 32) fp32) holds fewer tokens than ``--max-total-tokens``: the slot pool shrinks to
+it, and requests that do not fit together wait instead of failing.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import pytest
 from server_harness import expect_start_refused, launch_cpu_server
 from transformers_oracle import random_prompt
 
+from sglang_m3.cache.offload_budget import SPARSE_OFFLOAD_HOST_GB_ENV
 from sglang_m3.cache.offload_settings import SPARSE_OFFLOAD_BLOCKS_ENV, SPARSE_OFFLOAD_LOG_STEPS_ENV
 from tests.e2e.served_vs_reference import assert_matches_reference, generate, output_ids
 
@@ -27,7 +31,9 @@ LONG_PROMPT = random_prompt(41, 1000)  # 63 blocks, four times what a layer's ca
 #: output logprobs of the two servers differ by summation order only (other chunking and batching)
 LOGPROB_NOISE = 1e-4
 OFFLOAD_FLAGS = ("--page-size", str(BLOCK), "--chunked-prefill-size", "112")
-OFFLOAD_ENV = {SPARSE_OFFLOAD_BLOCKS_ENV: str(CACHE_BLOCKS), SPARSE_OFFLOAD_LOG_STEPS_ENV: "1"}
+#: 1e7 bytes / 1,536 per token = 406 pages of 16, less the padding page: 6,480 of the 8,192 slots asked for
+HOST_GB, HOST_TOKENS = "0.01", 6480
+OFFLOAD_ENV = {SPARSE_OFFLOAD_BLOCKS_ENV: str(CACHE_BLOCKS), SPARSE_OFFLOAD_LOG_STEPS_ENV: "1", SPARSE_OFFLOAD_HOST_GB_ENV: HOST_GB}
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +87,24 @@ def test_a_radix_hit_reads_the_shared_prefix_from_the_host_store(offload_server,
     result = generate(offload_server, second, logprob_start=len(second) - 1)
     assert result["meta_info"]["cached_tokens"] >= len(prefix) // BLOCK * BLOCK
     assert_same_answer(result, generate(tiny_m3_server, second, logprob_start=len(second) - 1), "a radix hit")
+
+
+def test_the_host_budget_caps_the_pool_and_requests_beyond_it_wait(offload_server, tiny_m3_server):
+    assert f"max_total_num_tokens={HOST_TOKENS}," in open(offload_server.log_path, encoding="utf-8").read()
+    prompts = [random_prompt(70 + i, 2000) for i in range(4)]  # 8,000 tokens: not all fit at once
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        offloaded = list(pool.map(lambda p: generate(offload_server, p, logprob_start=len(p) - 1), prompts))
+    for i, (prompt, result) in enumerate(zip(prompts, offloaded)):
+        assert_same_answer(result, generate(tiny_m3_server, prompt, logprob_start=len(prompt) - 1), f"over-budget request {i}")
+
+
+def test_a_host_budget_below_one_full_length_request_is_refused_by_name(tiny_m3_checkpoint, server_log_dir, monkeypatch):
+    monkeypatch.setenv(SPARSE_OFFLOAD_BLOCKS_ENV, str(CACHE_BLOCKS))
+    monkeypatch.setenv(SPARSE_OFFLOAD_HOST_GB_ENV, "0.005")
+    refused = expect_start_refused(tiny_m3_checkpoint, server_log_dir, "--page-size", str(BLOCK))
+    assert refused.returncode != 0
+    assert (f"{SPARSE_OFFLOAD_HOST_GB_ENV}=0.005: the host store holds 3,232 tokens (1,536 bytes each), fewer than "
+            "one request of --context-length 4,096") in refused.log
 
 
 def test_a_cache_smaller_than_one_requests_selection_is_refused_by_name(tiny_m3_checkpoint, server_log_dir, monkeypatch):

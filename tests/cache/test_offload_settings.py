@@ -54,6 +54,7 @@ def test_m3_geometry_on_the_cpu_platform_is_accepted():
     ("cpu", 128, {"enable_hierarchical_cache": True}, "cannot be combined with --enable-hierarchical-cache"),
     ("cpu", 128, {"enable_hisparse": True}, "replaces --enable-hisparse"),
     ("cpu", 128, {"speculative_eagle_topk": 4}, "run with --speculative-eagle-topk 1"),
+    ("cpu", 128, {"pp_size": 2}, "cannot run with --pp-size > 1 yet"),
 ])
 def test_incompatible_settings_are_refused_by_name(device, page, server, message):
     with pytest.raises(ValueError, match=f"^{SPARSE_OFFLOAD_BLOCKS_ENV}=256.*{message}"):

@@ -1,0 +1,40 @@
+"""How many tokens a server under sparse offload admits: device room and host room, per rank.
+
+Under sparse offload every token slot costs memory in two tiers: on the device its index keys and
+the dense layers' K/V (SGLang's cell size, minus the offloaded K/V), in the host store the sparse
+layers' K/V. SGLang sizes its slot pool from device memory (and ``--max-total-tokens``); the host
+budget ``SGLANG_M3_SPARSE_OFFLOAD_HOST_GB`` (GB of 1e9 bytes per rank, as ``--hicache-size``) caps
+it further, so the pool never holds more tokens than the host store has room for. SGLang's own
+admission then works on those slots: an input longer than the pool gets its "Input length ...
+exceeds the maximum allowed length" error, concurrent requests that do not fit together wait in
+the queue. A budget that cannot hold one request of ``--context-length`` is refused at start-up:
+such a request would otherwise be cut short when the pool runs out mid-answer.
+"""
+
+from __future__ import annotations
+
+import math
+
+from sglang_m3.cache.offload_settings import env_number
+from sglang_m3.recipe.render import SPARSE_OFFLOAD_HOST_GB_ENV
+
+
+def host_budget_bytes() -> int | None:
+    """The host budget per rank in bytes, None when unset (the host store follows the slot pool)."""
+    gigabytes = env_number(SPARSE_OFFLOAD_HOST_GB_ENV, float, lambda v: v > 0, "a positive number of GB (1e9 bytes) per rank")
+    return None if gigabytes is None else int(gigabytes * 10**9)
+
+
+def offloaded_bytes_per_token(sparse_layers: int, kv_heads: int, head_dim: int, v_head_dim: int, element_bytes: int) -> int:
+    """Host-store bytes of one token: K and V of every sparse layer of the rank."""
+    return sparse_layers * kv_heads * (head_dim + v_head_dim) * element_bytes
+
+
+def check_host_room(cap_tokens: int, context_length: int, budget_bytes: int, bytes_per_token: int, page_size: int) -> None:
+    """Refuse a host budget that cannot hold one full-length request."""
+    if cap_tokens < context_length:
+        needed_gb = math.ceil((context_length + 2 * page_size) * bytes_per_token / 10**7) / 100
+        raise ValueError(
+            f"{SPARSE_OFFLOAD_HOST_GB_ENV}={budget_bytes / 10**9:g}: the host store holds {cap_tokens:,} tokens "
+            f"({bytes_per_token:,} bytes each), fewer than one request of --context-length {context_length:,}; "
+            f"raise it to at least {needed_gb:g} or lower --context-length")
