@@ -2,9 +2,7 @@
 
 Hopper has no MX-scaled FP8 GEMM (that is Blackwell's ``tcgen05``), but decode is bound by
 reading the expert weights, not by FLOPs: keeping them as e4m3 (1 byte) plus one e8m0 byte per 32
-elements halves what each step reads against BF16. Each weight tile is widened in registers to
-bf16 (exact: an e4m3 value times a power of two fits bf16) and the bf16 tensor-core dot
-accumulates in fp32.
+elements halves what each step reads against BF16.
 
 Weights are the checkpoint's layout, stacked per expert: ``w13 [E, 2I, H]`` (rows ``[0, I)`` the
 gate ``w1``, ``[I, 2I)`` the up ``w3``), ``w2 [E, H, I]``, each with uint8 scales
@@ -19,18 +17,32 @@ host, with grids fixed by the token count, so it can be captured in a CUDA graph
    plus the expert of each block (-1 for the unused blocks at the end). The number of blocks is
    the static bound ``ceil((T*k + min(T*k, E) * (BLOCK_M - 1)) / BLOCK_M)``. One program, two
    passes over the pairs in chunks (counts, then placement); stable, so results are deterministic.
+   On the fp16 path the same launch has one more program per token, which writes the token's
+   row prescaled to fp16 (``mxfp8_gemm.prescale_row``).
 2. gate/up GEMM with the activation in its epilogue: each program owns ``BLOCK_N`` intermediate
    columns of one block, accumulates the gate and the up rows side by side and stores
-   ``act(gate, up)`` (bf16) by block row.
+   ``act(gate, up)`` by block row (bf16; fp32 on the fp16 path, whose next launch prescales each
+   activation row to fp16 as step 1 did the tokens: ``mxfp8_gemm.prescale_rows``).
 3. down GEMM: block rows of the activation times ``w2``, times each pair's routed weight, stored
    per (token, slot).
 4. the sum over the top-k slots per token in fp32, rounded once to bf16.
 
-The GEMMs put the weights on the MMA's M side and the (few) tokens on N ("swap AB"), so a decode
-block of 16 rows does not pad the weight-side tile. The scale multiply runs in fp32 before the
-bf16 cast: the Triton interpreter mis-evaluates bf16 arithmetic, and fp32 keeps the dequantized
-value exact on both. Expert parallelism: ``first_expert`` maps global expert ids onto the local
-stack; pairs routed to experts outside it contribute nothing (their rank's sum is zero there).
+The GEMMs run one of two ways, chosen by the token count (:func:`gemm_path`):
+
+- ``fp16`` (decode and short prefill chunks, up to :data:`FP16_PATH_MAX_TOKENS` tokens): the
+  shared core of ``mxfp8_gemm`` (e4m3 -> fp16 in one conversion per two elements, fp16 dots per
+  32-column group with the group scales applied to the fp32 partial sums, both GEMMs' activation
+  rows prescaled by a power of two). Five launches: the activation's prescale is its own.
+- ``bf16`` (long prefill chunks): each weight tile widened in registers to bf16 with its group
+  scales (in fp32, exact) and bf16 dots; its per-element widening costs about 9 instructions per
+  element and lane, which a 64-128-token tile amortizes but a decode tile does not.
+
+Both put the weights on the MMA's M side and the (few) tokens on N ("swap AB"), so a decode block
+of 16 rows does not pad the weight-side tile, and both accumulate in fp32. On the bf16 path the
+scale multiply runs in fp32 before the bf16 cast: the Triton interpreter mis-evaluates bf16
+arithmetic, and fp32 keeps the dequantized value exact on both. Expert parallelism:
+``first_expert`` maps global expert ids onto the local stack; pairs routed to experts outside it
+contribute nothing (their rank's sum is zero there).
 """
 
 from __future__ import annotations
@@ -41,9 +53,9 @@ import torch
 import triton
 import triton.language as tl
 
+from msa_kernels.mxfp8_gemm import GROUP, PRESCALE_BLOCK, mx_gemm_rows, prescale_row, prescale_rows, scale_words, unscale
 from msa_kernels.triton_cast import round_cast
 
-GROUP = 32  # elements per e8m0 scale along K
 WEIGHT_DTYPE = torch.float8_e4m3fn
 SCALE_DTYPE = torch.uint8
 
@@ -51,7 +63,9 @@ SCALE_DTYPE = torch.uint8
 @dataclass(frozen=True)
 class TileConfig:
     """Tiles of both GEMMs: ``block_m`` token rows per expert block (the alignment's unit),
-    ``block_n`` weight rows (output columns), ``block_k`` along the reduction (a multiple of 32)."""
+    ``block_n`` output columns (bf16 path: the gate/up tile holds their ``2 * block_n`` gate and up
+    rows; fp16 path: ``block_n`` weight rows in both GEMMs, the gate/up tile taking ``block_n / 2``
+    intermediate columns), ``block_k`` along the reduction (a multiple of 32)."""
 
     block_m: int
     block_n: int
@@ -61,22 +75,44 @@ class TileConfig:
     num_stages: int = 3
 
 
-#: (largest token count, config), first match wins. Decode keeps 16-row blocks (most experts get
-#: one or two tokens) and narrow weight tiles for enough programs to stream HBM; prefill takes
-#: 128-row blocks, whose weight tiles are reused across a block's tokens. The first and last rows
-#: are the winners of ``benchmarks/mxfp8_moe.py --sweep`` on the H100 (commit 1829e27: T=1 126 us,
-#: T=16 1.19 ms, T=64 2.67 ms with 32-wide tiles; T=8192 15.4 ms with 128x64x64, 4 warps); the
-#: middle row is not measured.
+#: Tiles of the bf16 path: (largest token count, config), first match wins. Decode kept 16-row
+#: blocks (most experts get one or two tokens) and narrow weight tiles for enough programs to
+#: stream HBM; prefill takes 128-row blocks, whose weight tiles are reused across a block's tokens.
+#: The first and last rows are the winners of ``benchmarks/mxfp8_moe.py --sweep`` on the H100
+#: (commit 1829e27: T=1 126 us, T=16 1.19 ms, T=64 2.67 ms with 32-wide tiles; T=8192 15.4 ms with
+#: 128x64x64, 4 warps); the middle row is not measured.
 TILE_TABLE: tuple[tuple[int, TileConfig], ...] = (
     (64, TileConfig(block_m=16, block_n=32, block_k=128, num_warps=4, num_stages=4)),
     (512, TileConfig(block_m=32, block_n=64, block_k=128, group_m=4, num_warps=4, num_stages=3)),
     (1 << 62, TileConfig(block_m=128, block_n=64, block_k=64, group_m=8, num_warps=4, num_stages=3)),
 )
+#: Tiles of the fp16 path (``block_k`` is one K step: 128 = four scale groups read as one int32
+#: word per row). 64 weight rows per warpgroup (one wgmma m64): with more, Triton routes the group
+#: factors through shared memory every group (seen in the sm_90 compile); with fewer, it pads. At
+#: one token: 4 blocks x 96 programs per GEMM, all resident at once (41 KB of shared memory at 4
+#: stages and 56 registers per thread each), so no partial last wave. Chosen from the sm_90 compile
+#: (Triton 3.8: about 3.7 instructions per weight element and lane in the K loop, against the bf16
+#: path's 9), not yet timed: ``benchmarks/mxfp8_moe.py --sweep`` times the alternatives.
+FP16_TILE_TABLE: tuple[tuple[int, TileConfig], ...] = (
+    (64, TileConfig(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4)),
+    (1 << 62, TileConfig(block_m=32, block_n=64, block_k=128, group_m=4, num_warps=4, num_stages=3)),
+)
+TABLES = {"fp16": FP16_TILE_TABLE, "bf16": TILE_TABLE}
+#: Largest token count the fp16 path serves: up to here the weights are read about once per
+#: expert and the step is bound by those bytes, where the fp16 path's lighter instruction stream
+#: matters; beyond it the bf16 path's larger token tiles reuse each weight tile more.
+#: To be checked against ``benchmarks/mxfp8_moe.py`` (it times both paths at every token count).
+FP16_PATH_MAX_TOKENS = 512
 
 
-def pick_config(tokens: int) -> TileConfig:
-    """The tile config for a batch of ``tokens`` rows (:data:`TILE_TABLE`)."""
-    return next(config for bound, config in TILE_TABLE if tokens <= bound)
+def gemm_path(tokens: int) -> str:
+    """``"fp16"`` or ``"bf16"``: the GEMM path :func:`mxfp8_fused_experts` takes (module docstring)."""
+    return "fp16" if tokens <= FP16_PATH_MAX_TOKENS else "bf16"
+
+
+def pick_config(tokens: int, path: str = "bf16") -> TileConfig:
+    """The tile config of ``path`` for a batch of ``tokens`` rows (:data:`TABLES`)."""
+    return next(config for bound, config in TABLES[path] if tokens <= bound)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -95,9 +131,24 @@ def _local_experts(ids_ptr, slots, n_slots, first_expert, num_experts):
 @triton.jit
 def align_kernel(
     ids_ptr, sorted_ptr, block_expert_ptr, n_slots, first_expert, num_experts, num_blocks,
+    x_ptr, x16_ptr, shift_ptr, hidden, stride_x, stride_x16,
+    BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, E_POW2: tl.constexpr, PRESCALE: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    """Program 0 aligns the pairs (:func:`_align_pairs`); with ``PRESCALE`` (the fp16 path) programs
+    ``1 + t`` write token ``t``'s prescaled fp16 row (``mxfp8_gemm.prescale_row``)."""
+    pid = tl.program_id(0)
+    if PRESCALE and pid > 0:
+        prescale_row(x_ptr, x16_ptr, shift_ptr, pid - 1, hidden, stride_x, stride_x16, BLOCK_H)
+    else:
+        _align_pairs(ids_ptr, sorted_ptr, block_expert_ptr, n_slots, first_expert, num_experts, num_blocks, BLOCK_M, CHUNK, E_POW2)
+
+
+@triton.jit
+def _align_pairs(
+    ids_ptr, sorted_ptr, block_expert_ptr, n_slots, first_expert, num_experts, num_blocks,
     BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, E_POW2: tl.constexpr,
 ):
-    """Single program. Pass 1 counts pairs per expert; expert ``e`` then owns rows
+    """Pass 1 counts pairs per expert; expert ``e`` then owns rows
     ``[start_e, start_e + ceil(count_e / BLOCK_M) * BLOCK_M)``. Pass 2 writes each pair's slot
     id at ``start_e`` + (pairs of ``e`` before it), after the sentinel fill of every row."""
     experts = tl.arange(0, E_POW2)
@@ -142,6 +193,15 @@ def align_tokens(
     """``(sorted_slots [blocks * block_m] int32, block_expert [blocks] int32)`` for ``topk_ids
     [T, k]`` (global ids; local expert = id - ``first_expert``). Pair ``s`` is token ``s // k``'s
     slot ``s % k``; padding rows hold ``T * k``; unused blocks have expert -1."""
+    sorted_slots, block_expert, _ = align_and_prescale(topk_ids, num_experts, block_m, first_expert, None)
+    return sorted_slots, block_expert
+
+
+def align_and_prescale(
+    topk_ids: torch.Tensor, num_experts: int, block_m: int, first_expert: int, x: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+    """:func:`align_tokens`' two tensors, and with ``x [T, H]`` also ``(x16 [T, H] fp16, shifts [T]
+    int32)`` from ``mxfp8_gemm.prescale_row`` (the fp16 path's operand), all in one launch."""
     if topk_ids.dim() != 2 or topk_ids.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"topk_ids must be [tokens, top_k] int32/int64, got {tuple(topk_ids.shape)} {topk_ids.dtype}")
     ids = topk_ids.contiguous()
@@ -149,15 +209,19 @@ def align_tokens(
     blocks = num_blocks_bound(n_slots, num_experts, block_m)
     sorted_slots = torch.empty(blocks * block_m, dtype=torch.int32, device=ids.device)
     block_expert = torch.empty(blocks, dtype=torch.int32, device=ids.device)
+    prescaled = None
+    if x is not None:
+        prescaled = (torch.empty(x.shape, dtype=torch.float16, device=x.device), torch.empty(x.shape[0], dtype=torch.int32, device=x.device))
     if n_slots == 0:
-        return sorted_slots, block_expert
+        return sorted_slots, block_expert, prescaled
     e_pow2 = max(16, triton.next_power_of_2(num_experts))
     chunk = 64 if e_pow2 <= 128 else 32
-    align_kernel[(1,)](
-        ids, sorted_slots, block_expert, n_slots, first_expert, num_experts, blocks,
-        BLOCK_M=block_m, CHUNK=chunk, E_POW2=e_pow2, num_warps=8 if n_slots > 4096 else 4,
+    rows = (x, *prescaled, x.shape[1], x.stride(0), prescaled[0].stride(0)) if x is not None else (None, None, None, 0, 0, 0)
+    align_kernel[(1 + (x.shape[0] if x is not None else 0),)](
+        ids, sorted_slots, block_expert, n_slots, first_expert, num_experts, blocks, *rows,
+        BLOCK_M=block_m, CHUNK=chunk, E_POW2=e_pow2, PRESCALE=x is not None, BLOCK_H=PRESCALE_BLOCK, num_warps=8 if n_slots > 4096 else 4,
     )
-    return sorted_slots, block_expert
+    return sorted_slots, block_expert, prescaled
 
 
 # ---------------------------------------------------------------------------------------------
@@ -197,6 +261,19 @@ def _weight_tile(w_ptr, scales, rows, row_ok, k0, K, stride_wn,
     factors = (scales.to(tl.int32) << 23).to(tl.float32, bitcast=True)  # byte b -> 2**(b-127), 0 -> 0.0
     w = tl.reshape(w.to(tl.float32), (BLOCK_N, BLOCK_K // 32, 32)) * factors[:, :, None]
     return tl.reshape(w, (BLOCK_N, BLOCK_K)).to(DOT_DTYPE)
+
+
+@triton.jit
+def _activation(gate, up, alpha, limit, SWIGLU_OAI: tl.constexpr):
+    """M3's swiglu-oai ``(clamp(up) + 1) * g * sigmoid(alpha * g)``, ``g = min(gate, limit)``, or
+    plain gated silu."""
+    if SWIGLU_OAI:
+        gate = tl.minimum(gate, limit)
+        up = tl.minimum(tl.maximum(up, -limit), limit)
+        out = (up + 1.0) * (gate * tl.sigmoid(gate * alpha))
+    else:
+        out = gate * tl.sigmoid(gate) * up
+    return out
 
 
 @triton.jit
@@ -243,12 +320,7 @@ def gate_up_kernel(
         w_up = _weight_tile(w_ptr, up_scales, cols + inter, col_ok, k0, K, stride_wn, BLOCK_N, BLOCK_K, EVEN_K, DOT_DTYPE)
         up = tl.dot(w_up, xt, up)
         gate_scales, up_scales = next_gate, next_up
-    if SWIGLU_OAI:  # M3's swiglu-oai: (clamp(up) + 1) * g * sigmoid(alpha * g), g = min(gate, limit)
-        gate = tl.minimum(gate, limit)
-        up = tl.minimum(tl.maximum(up, -limit), limit)
-        out = (up + 1.0) * (gate * tl.sigmoid(gate * alpha))
-    else:  # plain gated silu
-        out = gate * tl.sigmoid(gate) * up
+    out = _activation(gate, up, alpha, limit, SWIGLU_OAI)
     a_ptrs = act_ptr + rows[None, :].to(tl.int64) * stride_am + cols[:, None]
     tl.store(a_ptrs, round_cast(out, tl.bfloat16), mask=col_ok[:, None])
 
@@ -288,6 +360,69 @@ def down_kernel(
         acc = tl.dot(w, tl.trans(a.to(DOT_DTYPE)), acc)
         scales = next_scales
     acc *= tl.load(weights_ptr + slots, mask=live, other=0.0)[None, :]
+    y_ptrs = y_ptr + slots[None, :].to(tl.int64) * stride_ym + cols[:, None]
+    tl.store(y_ptrs, round_cast(acc, tl.bfloat16), mask=live[None, :] & col_ok[:, None])
+
+
+
+@triton.jit
+def gate_up_fp16_kernel(
+    x16_ptr, shift_ptr, w_ptr, words_ptr, act_ptr, sorted_ptr, block_expert_ptr,
+    n_slots, num_blocks, inter, K, alpha, limit,
+    stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_am,
+    TOP_K: tl.constexpr, SWIGLU_OAI: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    """:func:`gate_up_kernel` on the fp16 path: one tile of ``BLOCK_N`` weight rows, the gate rows of
+    ``BLOCK_N / 2`` intermediate columns then their up rows, against the block's prescaled token
+    rows (``mxfp8_gemm.mx_gemm_rows``); the activation is stored in fp32. One tile rather than a
+    gate and an up tile: a K step then reads twice the bytes per loop iteration."""
+    HALF: tl.constexpr = BLOCK_N // 2
+    pid_m, pid_n = _tile(tl.program_id(0), num_blocks, tl.cdiv(inter, HALF), GROUP_M)
+    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    if expert < 0:
+        return
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    slots = tl.load(sorted_ptr + rows)
+    live = slots < n_slots
+    tokens = slots // TOP_K
+    tile_rows = tl.arange(0, BLOCK_N)
+    cols = pid_n * HALF + tile_rows % HALF
+    acc = mx_gemm_rows(
+        w_ptr + expert * stride_we, words_ptr + expert * stride_se, cols + (tile_rows // HALF) * inter, cols < inter,
+        stride_wn, stride_sn, x16_ptr, tokens, live, stride_xm, K, BLOCK_N, BLOCK_M, GROUPS,
+    )
+    acc *= unscale(tl.load(shift_ptr + tokens, mask=live, other=0))[None, :]
+    gate, up = tl.split(tl.permute(tl.reshape(acc, (2, HALF, BLOCK_M)), (1, 2, 0)))
+    out = _activation(gate, up, alpha, limit, SWIGLU_OAI)
+    cols = pid_n * HALF + tl.arange(0, HALF)
+    a_ptrs = act_ptr + rows[None, :].to(tl.int64) * stride_am + cols[:, None]
+    tl.store(a_ptrs, out, mask=(cols < inter)[:, None])
+
+
+@triton.jit
+def down_fp16_kernel(
+    a16_ptr, shift_ptr, w_ptr, words_ptr, y_ptr, weights_ptr, sorted_ptr, block_expert_ptr,
+    n_slots, num_blocks, hidden, K,
+    stride_am, stride_we, stride_wn, stride_se, stride_sn, stride_ym,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    """:func:`down_kernel` on the fp16 path: the prescaled activation rows of one block times
+    ``w2`` (``mxfp8_gemm.mx_gemm_rows``), times each pair's routed weight."""
+    pid_m, pid_n = _tile(tl.program_id(0), num_blocks, tl.cdiv(hidden, BLOCK_N), GROUP_M)
+    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    if expert < 0:
+        return
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    slots = tl.load(sorted_ptr + rows)
+    live = slots < n_slots
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < hidden
+    acc = mx_gemm_rows(
+        w_ptr + expert * stride_we, words_ptr + expert * stride_se, cols, col_ok, stride_wn, stride_sn,
+        a16_ptr, rows, live, stride_am, K, BLOCK_N, BLOCK_M, GROUPS,
+    )
+    acc *= (unscale(tl.load(shift_ptr + rows)) * tl.load(weights_ptr + slots, mask=live, other=0.0))[None, :]
     y_ptrs = y_ptr + slots[None, :].to(tl.int64) * stride_ym + cols[:, None]
     tl.store(y_ptrs, round_cast(acc, tl.bfloat16), mask=live[None, :] & col_ok[:, None])
 
@@ -344,14 +479,15 @@ def mxfp8_fused_experts(
     *,
     first_expert: int = 0,
     config: TileConfig | None = None,
+    path: str | None = None,
 ) -> torch.Tensor:
     """``sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t])`` as bf16 ``[T, H]``.
 
     ``x [T, H]`` bf16 (unit stride along H); ``w13 [E, 2I, H]`` / ``w2 [E, H, I]`` e4m3 with uint8
-    scales ``[E, 2I, H/32]`` / ``[E, H, I/32]``; ``topk_weights [T, k]`` (fp32 used as is),
-    ``topk_ids [T, k]`` int32/int64 global ids, local ``id - first_expert`` in ``[0, E)`` or
+    scales ``[E, 2I, H/32]`` / ``[E, H, I/32]`` (contiguous); ``topk_weights [T, k]`` (fp32 used as
+    is), ``topk_ids [T, k]`` int32/int64 global ids, local ``id - first_expert`` in ``[0, E)`` or
     skipped. Expert ``act``: swiglu-oai with ``alpha``/``limit``, plain gated silu when both are
-    None. ``config`` overrides :func:`pick_config`.
+    None. ``path`` ("fp16"/"bf16") overrides :func:`gemm_path` and ``config`` :func:`pick_config`.
     """
     if x.dim() != 2 or x.dtype != torch.bfloat16 or (x.shape[1] > 1 and x.stride(1) != 1):
         raise ValueError(f"x must be [tokens, hidden] bf16 with unit stride along hidden, got {tuple(x.shape)} {x.dtype}")
@@ -369,36 +505,97 @@ def mxfp8_fused_experts(
         )
     if (alpha is None) != (limit is None):
         raise ValueError(f"alpha and limit go together (swiglu-oai) or are both None (silu), got {alpha}, {limit}")
+    path = path or gemm_path(tokens)
+    if path not in TABLES:
+        raise ValueError(f"path must be one of {sorted(TABLES)}, got {path!r}")
     out = torch.empty((tokens, hidden), dtype=torch.bfloat16, device=x.device)
     if tokens == 0:
         return out
     top_k = topk_ids.shape[1]
-    n_slots = tokens * top_k
-    config = config or pick_config(tokens)
+    config = config or pick_config(tokens, path)
     ids = topk_ids.contiguous()
     weights = topk_weights.to(torch.float32).contiguous()
-    sorted_slots, block_expert = align_tokens(ids, experts, config.block_m, first_expert)
-    blocks = block_expert.shape[0]
-    launch = {"num_warps": config.num_warps, "num_stages": config.num_stages}
-    tiles = {"BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "BLOCK_K": config.block_k, "GROUP_M": config.group_m,
-             "DOT_DTYPE": tl.bfloat16 if x.is_cuda else tl.float32}
-
-    act = torch.empty((blocks * config.block_m, inter), dtype=torch.bfloat16, device=x.device)
-    gate_up_kernel[(blocks * triton.cdiv(inter, config.block_n),)](
-        x, w13, w13_scale, act, sorted_slots, block_expert,
-        n_slots, blocks, inter, hidden, 0.0 if alpha is None else alpha, 0.0 if limit is None else limit,
-        x.stride(0), w13.stride(0), w13.stride(1), w13_scale.stride(0), w13_scale.stride(1), act.stride(0),
-        TOP_K=top_k, SWIGLU_OAI=alpha is not None, EVEN_K=hidden % config.block_k == 0, **tiles, **launch,
+    sorted_slots, block_expert, prescaled = align_and_prescale(
+        ids, experts, config.block_m, first_expert, x if path == "fp16" else None
     )
-    y = torch.empty((n_slots, hidden), dtype=torch.bfloat16, device=x.device)
-    down_kernel[(blocks * triton.cdiv(hidden, config.block_n),)](
-        act, w2, w2_scale, y, weights, sorted_slots, block_expert,
-        n_slots, blocks, hidden, inter,
-        act.stride(0), w2.stride(0), w2.stride(1), w2_scale.stride(0), w2_scale.stride(1), y.stride(0),
-        EVEN_K=inter % config.block_k == 0, **tiles, **launch,
-    )
+    routing = Routing(ids, weights, sorted_slots, block_expert, top_k, first_expert)
+    gemms = _fp16_gemms if path == "fp16" else _bf16_gemms
+    y = gemms(x, prescaled, w13, w13_scale, w2, w2_scale, routing, alpha, limit, config)
     block_h = min(1024, triton.next_power_of_2(hidden))
     sum_slots_kernel[(tokens, triton.cdiv(hidden, block_h))](
         y, ids, out, hidden, first_expert, experts, TOP_K=top_k, BLOCK_H=block_h, num_warps=4,
     )
     return out
+
+
+@dataclass(frozen=True)
+class Routing:
+    """One call's routing as the GEMM launches read it (:func:`align_and_prescale`'s blocks)."""
+
+    ids: torch.Tensor
+    weights: torch.Tensor
+    sorted_slots: torch.Tensor
+    block_expert: torch.Tensor
+    top_k: int
+    first_expert: int
+
+    @property
+    def n_slots(self) -> int:
+        return self.ids.numel()
+
+    @property
+    def blocks(self) -> int:
+        return self.block_expert.shape[0]
+
+
+def _bf16_gemms(x, prescaled, w13, w13_scale, w2, w2_scale, routing: Routing, alpha, limit, config: TileConfig):
+    """Steps 2 and 3 on the bf16 path: ``y [T * k, H]`` bf16 per (token, slot)."""
+    tokens, hidden = x.shape
+    inter = w13.shape[1] // 2
+    launch = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+    tiles = {"BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "BLOCK_K": config.block_k, "GROUP_M": config.group_m,
+             "DOT_DTYPE": tl.bfloat16 if x.is_cuda else tl.float32}
+    blocks, n_slots = routing.blocks, routing.n_slots
+    act = torch.empty((blocks * config.block_m, inter), dtype=torch.bfloat16, device=x.device)
+    gate_up_kernel[(blocks * triton.cdiv(inter, config.block_n),)](
+        x, w13, w13_scale, act, routing.sorted_slots, routing.block_expert,
+        n_slots, blocks, inter, hidden, 0.0 if alpha is None else alpha, 0.0 if limit is None else limit,
+        x.stride(0), w13.stride(0), w13.stride(1), w13_scale.stride(0), w13_scale.stride(1), act.stride(0),
+        TOP_K=routing.top_k, SWIGLU_OAI=alpha is not None, EVEN_K=hidden % config.block_k == 0, **tiles, **launch,
+    )
+    y = torch.empty((n_slots, hidden), dtype=torch.bfloat16, device=x.device)
+    down_kernel[(blocks * triton.cdiv(hidden, config.block_n),)](
+        act, w2, w2_scale, y, routing.weights, routing.sorted_slots, routing.block_expert,
+        n_slots, blocks, hidden, inter,
+        act.stride(0), w2.stride(0), w2.stride(1), w2_scale.stride(0), w2_scale.stride(1), y.stride(0),
+        EVEN_K=inter % config.block_k == 0, **tiles, **launch,
+    )
+    return y
+
+
+def _fp16_gemms(x, prescaled, w13, w13_scale, w2, w2_scale, routing: Routing, alpha, limit, config: TileConfig):
+    """Steps 2 and 3 on the fp16 path: ``y [T * k, H]`` bf16 per (token, slot)."""
+    x16, shifts = prescaled
+    tokens, hidden = x.shape
+    inter = w13.shape[1] // 2
+    launch = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+    tiles = {"BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "GROUP_M": config.group_m}
+    blocks, n_slots = routing.blocks, routing.n_slots
+    w13_words, groups = scale_words(w13_scale, config.block_k)
+    act = torch.empty((blocks * config.block_m, inter), dtype=torch.float32, device=x.device)
+    gate_up_fp16_kernel[(blocks * triton.cdiv(inter, config.block_n // 2),)](
+        x16, shifts, w13, w13_words, act, routing.sorted_slots, routing.block_expert,
+        n_slots, blocks, inter, hidden, 0.0 if alpha is None else alpha, 0.0 if limit is None else limit,
+        x16.stride(0), w13.stride(0), w13.stride(1), w13_words.stride(0), w13_words.stride(1), act.stride(0),
+        TOP_K=routing.top_k, SWIGLU_OAI=alpha is not None, GROUPS=groups, **tiles, **launch,
+    )
+    act16, act_shifts = prescale_rows(act)
+    w2_words, groups = scale_words(w2_scale, config.block_k)
+    y = torch.empty((n_slots, hidden), dtype=torch.bfloat16, device=x.device)
+    down_fp16_kernel[(blocks * triton.cdiv(hidden, config.block_n),)](
+        act16, act_shifts, w2, w2_words, y, routing.weights, routing.sorted_slots, routing.block_expert,
+        n_slots, blocks, hidden, inter,
+        act16.stride(0), w2.stride(0), w2.stride(1), w2_words.stride(0), w2_words.stride(1), y.stride(0),
+        GROUPS=groups, **tiles, **launch,
+    )
+    return y

@@ -1,12 +1,17 @@
 """The MXFP8 W8A16 MoE kernels (Triton interpreter, CPU) against the torch reference.
 
 ``msa_kernels.mxfp8_moe_reference`` dequantizes and runs each hit expert in fp32 from the same
-bf16 inputs. The kernels accumulate in fp32 too, but round three intermediate results to bf16 (the
-activation, each slot's weighted expert output, the token sum), each a relative error of at most
-2**-9: measured relative Frobenius error 2.5e-3..3.1e-3, largest element error 3.3e-3 of the
-output's largest magnitude. Asserted: relative Frobenius error <= 6e-3 and every element within
-1e-2 of the output's largest magnitude, all finite. A wrong scale group,
-expert, slot or routed weight moves results by O(1) relative.
+bf16 inputs. Both GEMM paths accumulate in fp32 from exact operands (the fp16 path's e4m3 -> fp16
+weights and power-of-two prescaled fp16 activations are exact, see ``msa_kernels.mxfp8_gemm``),
+then round intermediate results: the bf16 path three times to bf16 (the activation, each slot's
+weighted expert output, the token sum; each a relative error of at most 2**-9), the fp16 path
+the activation once to fp16 (its prescaled row: 2**-12) and the other two to bf16. Measured
+relative Frobenius error 2.5e-3..3.1e-3 (bf16 path) and 2.5e-3..2.8e-3 (fp16 path), largest
+element error 3.3e-3 and 4.3e-3 of the output's largest magnitude. Asserted: relative Frobenius error <= 6e-3 and every
+element within 1e-2 of the output's largest magnitude, all finite: room for the rounding, while
+a wrong scale group, expert, slot, routed weight or prescale moves results by O(1) relative.
+Every comparison runs on both paths (``path=``); the token-count dispatch between them is tested
+on its own.
 
 Each test draws fresh inputs (its own seed). Intermediate buffers are allocated poisoned (NaN,
 out-of-range indices) so a row or block the kernels forget to write cannot pass as zeros.
@@ -20,7 +25,15 @@ import torch
 
 from msa_kernels import triton_mxfp8_moe as moe
 from msa_kernels.mxfp8_moe_reference import dequantize, reference_fused_experts
-from msa_kernels.triton_mxfp8_moe import TileConfig, align_tokens, mxfp8_fused_experts, num_blocks_bound, pick_config
+from msa_kernels.triton_mxfp8_moe import (
+    FP16_PATH_MAX_TOKENS,
+    TileConfig,
+    align_tokens,
+    gemm_path,
+    mxfp8_fused_experts,
+    num_blocks_bound,
+    pick_config,
+)
 
 pytestmark = pytest.mark.skipif(
     torch.cuda.is_available(), reason="interpreter tests run on CPU machines; tests/gpu covers CUDA"
@@ -28,6 +41,7 @@ pytestmark = pytest.mark.skipif(
 
 ALPHA, LIMIT = 1.702, 7.0
 SMALL = TileConfig(block_m=16, block_n=32, block_k=64)
+PATHS = ("fp16", "bf16")
 
 
 @pytest.fixture(autouse=True)
@@ -66,7 +80,7 @@ def case(tokens, experts, top_k, hidden, inter, seed, concentrated=False):
 def assert_close(got, want):
     assert got.dtype == torch.bfloat16 and got.shape == want.shape
     assert torch.isfinite(got).all(), "non-finite output"
-    got = got.float()
+    got, want = got.double(), want.double()  # norms of tiny rows would underflow in fp32
     scale = want.abs().max().item()
     assert scale > 0
     rel = ((got - want).norm() / want.norm()).item()
@@ -75,45 +89,91 @@ def assert_close(got, want):
     assert worst <= 1e-2 * scale, f"max |error| {worst:.3e} > 1e-2 x {scale:.3e}"
 
 
+def assert_rows_close(got, want):
+    """:func:`assert_close` row by row: rows of very different magnitudes each within the bound."""
+    for row in range(want.shape[0]):
+        assert_close(got[row : row + 1], want[row : row + 1])
+
+
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize(
     "tokens, experts, top_k, hidden, inter, config",
     [
         (1, 8, 2, 64, 64, None),  # decode: most experts empty
-        (3, 8, 4, 128, 96, SMALL),  # intermediate not a multiple of BLOCK_N
-        (17, 16, 4, 96, 64, SMALL),  # hidden not a multiple of BLOCK_K (K tail masks)
+        (3, 8, 4, 128, 96, SMALL),  # intermediate not a multiple of BLOCK_N; fp16 path: 2-group K steps
+        (17, 16, 4, 96, 64, SMALL),  # hidden not a multiple of BLOCK_K (bf16 path: K tail masks; fp16: 1-group steps)
         (70, 8, 2, 64, 160, TileConfig(block_m=32, block_n=64, block_k=128, group_m=4)),  # K tail on the down GEMM
         (5, 128, 4, 64, 32, SMALL),  # M3's expert count: 20 pairs over 128 experts
         (20, 8, 2, 64, 96, pick_config(8192)),  # the prefill tiles (128-row blocks, more rows than tokens)
+        (4, 8, 2, 256, 128, None),  # fp16 path: 4-group (int32-word) K steps in both GEMMs
     ],
 )
-def test_matches_reference(tokens, experts, top_k, hidden, inter, config):
+def test_matches_reference(tokens, experts, top_k, hidden, inter, config, path):
     args = case(tokens, experts, top_k, hidden, inter, seed=tokens * 7 + experts)
-    got = mxfp8_fused_experts(*args, ALPHA, LIMIT, config=config)
+    got = mxfp8_fused_experts(*args, ALPHA, LIMIT, config=config, path=path)
     assert_close(got, reference_fused_experts(*args, ALPHA, LIMIT))
 
 
-def test_experts_with_many_tokens_span_several_blocks():
+@pytest.mark.parametrize("path", PATHS)
+def test_experts_with_many_tokens_span_several_blocks(path):
     """67 tokens over 3 of 8 experts: every hit expert fills several 16-row blocks (one partly)."""
     args = case(67, 8, 2, 64, 64, seed=11, concentrated=True)
-    got = mxfp8_fused_experts(*args, ALPHA, LIMIT, config=SMALL)
+    got = mxfp8_fused_experts(*args, ALPHA, LIMIT, config=SMALL, path=path)
     assert_close(got, reference_fused_experts(*args, ALPHA, LIMIT))
 
 
-def test_plain_silu_without_alpha_and_limit():
+@pytest.mark.parametrize("path", PATHS)
+def test_activation_rows_of_any_magnitude(path):
+    """Token rows scaled by 2**20 (entries past fp16's 65504), 2**-40 and 2**-60 (past fp16's
+    subnormals, as are their activations), and an all-zero row, among ordinary ones: the fp16 path's per-row power-of-two
+    prescales (of the tokens and of the activations) keep each row exact, so every row is within
+    the bound of its own magnitude."""
+    x, w13, s13, w2, s2, weights, ids = case(6, 8, 2, 128, 64, seed=21)
+    factors = torch.tensor([2.0**20, 1.0, 2.0**-40, 0.0, 2.0**-60, 1.0])
+    x = (x.float() * factors[:, None]).to(torch.bfloat16)
+    assert x[0].float().abs().max() > 65504 and x[4].float().abs().max() < 2.0**-60
+    want = reference_fused_experts(x, w13, s13, w2, s2, weights, ids, ALPHA, LIMIT)
+    got = mxfp8_fused_experts(x, w13, s13, w2, s2, weights, ids, ALPHA, LIMIT, config=SMALL, path=path)
+    assert torch.equal(got[3].float(), torch.zeros(128))
+    assert_rows_close(got[[0, 1, 2, 4, 5]], want[[0, 1, 2, 4, 5]])
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_subnormal_e4m3_weights(path):
+    """Weights whose e4m3 elements are mostly subnormal (|v| < 2**-6: exponent field 0), with
+    scales far from 1 (2**-40 and 2**30): they convert exactly to fp16 and bf16 alike."""
+    x, w13, s13, w2, s2, weights, ids = case(5, 8, 2, 64, 64, seed=22)
+    gen = torch.Generator().manual_seed(23)
+    w13 = (torch.randn(w13.shape, generator=gen) * 2.0**-7).to(torch.float8_e4m3fn)
+    w2 = (torch.randn(w2.shape, generator=gen) * 2.0**-7).to(torch.float8_e4m3fn)
+    subnormal = (w13.view(torch.uint8) & 0x78) == 0
+    assert subnormal.float().mean() > 0.5 and (w13.float() != 0).float().mean() > 0.5
+    s13 = torch.full_like(s13, 127 - 40 + 5)
+    s2 = torch.full_like(s2, 127 + 30 - 5)
+    x = (x.float() * 2.0**40 / 64).to(torch.bfloat16)  # gate/up back to order 1
+    args = (x, w13, s13, w2, s2, weights, ids)
+    got = mxfp8_fused_experts(*args, ALPHA, LIMIT, config=SMALL, path=path)
+    assert_close(got, reference_fused_experts(*args, ALPHA, LIMIT))
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_plain_silu_without_alpha_and_limit(path):
     args = case(9, 8, 2, 64, 64, seed=3)
-    got = mxfp8_fused_experts(*args, None, None, config=SMALL)
+    got = mxfp8_fused_experts(*args, None, None, config=SMALL, path=path)
     assert_close(got, reference_fused_experts(*args, None, None))
 
 
-def test_routed_weights_scale_the_output():
+@pytest.mark.parametrize("path", PATHS)
+def test_routed_weights_scale_the_output(path):
     """Doubling every routed weight doubles the output (the weights reach the down GEMM)."""
     x, w13, s13, w2, s2, weights, ids = case(6, 8, 2, 64, 64, seed=4)
-    once = mxfp8_fused_experts(x, w13, s13, w2, s2, weights, ids, ALPHA, LIMIT, config=SMALL)
-    twice = mxfp8_fused_experts(x, w13, s13, w2, s2, 2 * weights, ids, ALPHA, LIMIT, config=SMALL)
+    once = mxfp8_fused_experts(x, w13, s13, w2, s2, weights, ids, ALPHA, LIMIT, config=SMALL, path=path)
+    twice = mxfp8_fused_experts(x, w13, s13, w2, s2, 2 * weights, ids, ALPHA, LIMIT, config=SMALL, path=path)
     assert torch.equal(twice.float(), 2 * once.float())
 
 
-def test_expert_parallel_ranks_sum_to_the_whole():
+@pytest.mark.parametrize("path", PATHS)
+def test_expert_parallel_ranks_sum_to_the_whole(path):
     """Two ranks each holding half the experts (``first_expert``) sum to the single-rank result;
     pairs routed to the other rank's experts contribute nothing on this one."""
     x, w13, s13, w2, s2, weights, ids = case(11, 8, 4, 64, 64, seed=5)
@@ -122,21 +182,30 @@ def test_expert_parallel_ranks_sum_to_the_whole():
     for rank in range(2):
         held = slice(4 * rank, 4 * rank + 4)
         args = (x, w13[held], s13[held], w2[held], s2[held], weights, ids)
-        part = mxfp8_fused_experts(*args, ALPHA, LIMIT, first_expert=4 * rank, config=SMALL)
+        part = mxfp8_fused_experts(*args, ALPHA, LIMIT, first_expert=4 * rank, config=SMALL, path=path)
         assert_close(part, reference_fused_experts(*args, ALPHA, LIMIT, first_expert=4 * rank))
         total += part.float()
     assert ((total - whole).norm() / whole.norm()).item() <= 6e-3
 
 
-def test_scale_bytes_decode_to_powers_of_two_and_zero():
+@pytest.mark.parametrize("path", PATHS)
+def test_scale_bytes_decode_to_powers_of_two_and_zero(path):
     """Byte 0 is 0.0 (its group contributes nothing), bytes far from 127 are exact powers of two."""
-    x, w13, s13, w2, s2, weights, ids = case(4, 4, 2, 64, 64, seed=6)
+    x, w13, s13, w2, s2, weights, ids = case(4, 4, 2, 128, 128, seed=6)
     s13[:, :, 0] = 0
     s2[:, :, 1] = 0
-    s13[:, ::3, 1] = 90  # 2**-37: tiny but normal in bf16
-    assert torch.equal(dequantize(w13[:, :, :32], s13[:, :, :1]), torch.zeros(4, 128, 32))
-    got = mxfp8_fused_experts(x, w13, s13, w2, s2, weights, ids, ALPHA, LIMIT, config=SMALL)
+    s13[:, ::3, 3] = 90  # 2**-37: tiny but normal in bf16; the last byte of an int32 scale word
+    assert torch.equal(dequantize(w13[:, :, :32], s13[:, :, :1]), torch.zeros(4, 256, 32))
+    got = mxfp8_fused_experts(x, w13, s13, w2, s2, weights, ids, ALPHA, LIMIT, path=path)
     assert_close(got, reference_fused_experts(x, w13, s13, w2, s2, weights, ids, ALPHA, LIMIT))
+
+
+def test_token_count_picks_the_path():
+    """fp16 path up to FP16_PATH_MAX_TOKENS tokens, bf16 path beyond; an unknown path is refused."""
+    assert gemm_path(1) == gemm_path(FP16_PATH_MAX_TOKENS) == "fp16"
+    assert gemm_path(FP16_PATH_MAX_TOKENS + 1) == "bf16"
+    with pytest.raises(ValueError, match="path must be one of"):
+        mxfp8_fused_experts(*case(1, 4, 2, 64, 64, seed=0), ALPHA, LIMIT, path="fp8")
 
 
 def test_no_tokens():
@@ -187,3 +256,54 @@ def test_refusals_name_the_argument():
         mxfp8_fused_experts(x, w13, s13, w2, s2, weights, ids[:, :1], ALPHA, LIMIT)
     with pytest.raises(ValueError, match="alpha and limit"):
         mxfp8_fused_experts(x, w13, s13, w2, s2, weights, ids, ALPHA, None)
+
+
+# ---------------------------------------------------------------- compiled form (no GPU needed)
+
+_COMPILE_FOR_HOPPER = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from msa_kernels import triton_mxfp8_moe as moe
+from msa_kernels.mxfp8_gemm import PRESCALE_BLOCK, prescale_rows_kernel
+
+POINTERS = {
+    "x16_ptr": "*fp16", "a16_ptr": "*fp16", "x_ptr": "*bf16", "act_ptr": "*fp32", "out_ptr": "*fp16", "y_ptr": "*bf16",
+    "w_ptr": "*fp8e4nv", "words_ptr": "*i32", "weights_ptr": "*fp32", "alpha": "fp32", "limit": "fp32",
+}
+
+
+def compile_for_sm90(kernel, consts, warps=4, stages=3):
+    signature = {n: "constexpr" if n in consts else POINTERS.get(n, "*i32" if n.endswith("_ptr") else "i32") for n in kernel.arg_names}
+    # as Triton specializes a launch at M3's shape: 16-byte aligned tensors, strides and K multiples of 16
+    aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
+               if n not in consts and (signature[n].startswith("*") or n.startswith(("stride", "K", "inter", "hidden")))}
+    return triton.compile(ASTSource(kernel, signature, consts, aligned), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": warps, "num_stages": stages}).asm["ptx"]
+
+
+config = moe.pick_config(1, "fp16")
+tiles = dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, GROUPS=config.block_k // 32, GROUP_M=config.group_m)
+for kernel, extra in ((moe.gate_up_fp16_kernel, dict(TOP_K=4, SWIGLU_OAI=True)), (moe.down_fp16_kernel, {})):
+    ptx = compile_for_sm90(kernel, {**tiles, **extra}, config.num_warps, config.num_stages)
+    assert "wgmma.mma_async" in ptx and ".f16.f16" in ptx, f"{kernel.__name__}: no fp16 wgmma"
+    assert "cvt.rn.f16x2.e4m3x2" in ptx, f"{kernel.__name__}: e4m3 -> fp16 not one conversion per pair"
+    assert "cp.async" in ptx, f"{kernel.__name__}: weight loads not pipelined"
+compile_for_sm90(moe.align_kernel, dict(BLOCK_M=16, CHUNK=64, E_POW2=128, PRESCALE=True, BLOCK_H=PRESCALE_BLOCK))
+compile_for_sm90(prescale_rows_kernel, dict(BLOCK=PRESCALE_BLOCK))
+print("compiled")
+"""
+
+
+def test_fp16_path_compiles_for_hopper():
+    """The interpreter does not run Triton's compiler: compile the fp16 path's kernels for sm_90
+    with the decode tiles (no GPU needed) and check the instructions its design rests on (fp16
+    wgmma, the paired e4m3 -> fp16 conversion, cp.async weight loads)."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton.backends.nvidia")
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_HOPPER], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-3000:]
