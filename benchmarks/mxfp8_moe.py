@@ -7,15 +7,20 @@ served BF16 path, with the project's measured tile table where one exists for th
 ``M3FusedMoeBlock`` uses it). Routing is excluded from both: random distinct top-4 ids and
 weights are inputs.
 
-Before timing, each token count checks both against the fp32 dequantized reference
-(``msa_kernels.mxfp8_moe_reference``); ours must be within a relative error of 1e-2.
+Ours has two GEMM paths (``msa_kernels.triton_mxfp8_moe``: ``fp16`` for up to
+``FP16_PATH_MAX_TOKENS`` tokens, ``bf16`` beyond); the headline column is the path the served
+block takes at that token count, and every token count also times the other path, so the
+crossover (``FP16_PATH_MAX_TOKENS``) can be set from the same run.
+
+Before timing, each token count checks BF16 and both of our paths against the fp32 dequantized
+reference (``msa_kernels.mxfp8_moe_reference``); ours must be within a relative error of 1e-2.
 Timing: CUDA-graph replays of ``--reps`` calls, each call on the next of several input sets
 (different tokens and routing), so consecutive calls read different experts; the weights of even
 one call's 4 experts (226 MB in MXFP8, 453 MB in BF16) exceed L2 many times over. Reported per
 call: microseconds, the byte minimum (the weights of the distinct experts the call's routing
 chose, each read once) and the bandwidth that implies, and the BF16 / MXFP8 time ratio.
-``--sweep`` also times ours over a few tile configs per token count (the best goes to
-``TILE_TABLE`` in ``msa_kernels/triton_mxfp8_moe.py``).
+``--sweep`` also times the served path over a few tile configs per token count (the best goes to
+``FP16_TILE_TABLE`` or ``TILE_TABLE`` in ``msa_kernels/triton_mxfp8_moe.py``).
 
     scripts/gpu/run.sh exec python benchmarks/mxfp8_moe.py --out "$OUT" [--tokens 1 16 64 8192] [--sweep]
 
@@ -42,7 +47,7 @@ sys.path[:0] = [os.path.join(ROOT, "kernels"), ROOT]
 import torch  # noqa: E402
 
 from msa_kernels.mxfp8_moe_reference import dequantize, reference_fused_experts  # noqa: E402
-from msa_kernels.triton_mxfp8_moe import TileConfig, mxfp8_fused_experts, pick_config  # noqa: E402
+from msa_kernels.triton_mxfp8_moe import TABLES, TileConfig, gemm_path, mxfp8_fused_experts, pick_config  # noqa: E402
 
 EXPERTS, HIDDEN, INTER, TOP_K = 128, 6144, 3072, 4
 ALPHA, LIMIT = 1.702, 7.0
@@ -50,6 +55,11 @@ ALPHA, LIMIT = 1.702, 7.0
 #: standard deviation ~1e-2 (elements ~N(0, 64)), gate/up of order 1 for unit activations
 SCALE_BYTES = (113, 117)
 SWEEP = {
+    # fp16 path: block_n is weight rows per program (64 per warpgroup is the compiled sweet spot)
+    "fp16": [
+        TileConfig(16, 64, 128, 1, 4, 3), TileConfig(16, 64, 128, 1, 4, 5), TileConfig(16, 64, 128, 1, 4, 6),
+        TileConfig(16, 128, 128, 1, 8, 4), TileConfig(16, 64, 64, 1, 4, 6), TileConfig(32, 64, 128, 4, 4, 4),
+    ],
     "decode": [
         TileConfig(16, 32, 128, 1, 4, 4), TileConfig(16, 64, 128, 1, 4, 4), TileConfig(16, 64, 256, 1, 4, 3),
         TileConfig(16, 128, 128, 1, 4, 3), TileConfig(16, 64, 128, 1, 4, 5), TileConfig(16, 32, 256, 1, 4, 4),
@@ -155,25 +165,30 @@ def measure(tokens: int, weights: Weights, baseline: Bf16Baseline, reps: int, sw
     x, ids, topk_weights = sets[0]
     torch.backends.cuda.matmul.allow_tf32 = False
     want = reference_fused_experts(x, *weights.mxfp8_args(), topk_weights, ids, ALPHA, LIMIT)
-    ours_error = relative_error(mxfp8_fused_experts(x, *weights.mxfp8_args(), topk_weights, ids, ALPHA, LIMIT), want)
-    bf16_error = relative_error(baseline(x, ids, topk_weights), want)
-    if ours_error > 1e-2:
-        raise SystemExit(f"T={tokens}: MXFP8 experts differ from the reference by {ours_error:.3e} (relative)")
+    served = gemm_path(tokens)
+    errors = {"bf16_fused_experts": relative_error(baseline(x, ids, topk_weights), want)}
+    for path in TABLES:
+        errors[path] = relative_error(mxfp8_fused_experts(x, *weights.mxfp8_args(), topk_weights, ids, ALPHA, LIMIT, path=path), want)
+        if errors[path] > 1e-2:
+            raise SystemExit(f"T={tokens}: MXFP8 experts ({path} path) differ from the reference by {errors[path]:.3e} (relative)")
 
-    def ours(config):
-        return lambda x, ids, w: mxfp8_fused_experts(x, *weights.mxfp8_args(), w, ids, ALPHA, LIMIT, config=config)
+    def ours(config, path=served):
+        return lambda x, ids, w: mxfp8_fused_experts(x, *weights.mxfp8_args(), w, ids, ALPHA, LIMIT, config=config, path=path)
 
     row = {
         "tokens": tokens,
         "distinct_experts": sum(torch.unique(s[1]).numel() for s in sets) / len(sets),
-        "relative_error": {"mxfp8": ours_error, "bf16": bf16_error},
+        "relative_error": errors,
         "bf16_tiles": baseline.tiles(tokens) or "sglang default",
-        "mxfp8_tiles": vars(pick_config(tokens)),
+        "mxfp8_path": served,
+        "mxfp8_tiles": vars(pick_config(tokens, served)),
         "bf16_us": TUNE.graph_us(baseline, sets, reps),
         "mxfp8_us": TUNE.graph_us(ours(None), sets, reps),
     }
+    other = next(path for path in TABLES if path != served)
+    row["other_path"] = {"path": other, "us": TUNE.graph_us(ours(None, other), sets, reps)}
     if sweep:
-        candidates = SWEEP["decode" if tokens <= 64 else "prefill"]
+        candidates = SWEEP["fp16" if served == "fp16" else "decode" if tokens <= 64 else "prefill"]
         row["sweep"] = []
         for config in candidates:
             try:
@@ -194,30 +209,34 @@ def markdown(result: dict) -> str:
         "",
         f"M3 experts at TP1 ({EXPERTS} x [{2 * INTER}x{HIDDEN} + {HIDDEN}x{INTER}]), top-{TOP_K}, routing excluded; "
         f"CUDA-graph replays of {result['reps']} calls on rotating inputs; commit {result['commit']}.",
-        "Byte minimum: the weights of the distinct chosen experts, read once.",
+        "Byte minimum: the weights of the distinct chosen experts, read once. MXFP8: the GEMM path the served "
+        "block takes at that token count; 'other path' times ours on the other one.",
         "",
-        "| tokens | distinct experts | BF16 us | BF16 GB/s | MXFP8 us | MXFP8 GB/s | BF16 / MXFP8 | rel. error (ours, bf16) |",
-        "|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| tokens | distinct experts | BF16 us | BF16 GB/s | MXFP8 path | MXFP8 us | MXFP8 GB/s | BF16 / MXFP8 | other path us "
+        "| rel. error (fp16, bf16 path, BF16 fused) |",
+        "|---:|---:|---:|---:|---|---:|---:|---:|---:|---|",
     ]
     for r in result["rows"]:
+        errors = r["relative_error"]
         lines.append(
             f"| {r['tokens']} | {r['distinct_experts']:.1f} | {r['bf16_us']:.1f} | {r['bf16_gb_per_s']:.0f} | "
-            f"{r['mxfp8_us']:.1f} | {r['mxfp8_gb_per_s']:.0f} | {r['speedup']:.2f}x | "
-            f"{r['relative_error']['mxfp8']:.1e}, {r['relative_error']['bf16']:.1e} |"
+            f"{r['mxfp8_path']} | {r['mxfp8_us']:.1f} | {r['mxfp8_gb_per_s']:.0f} | {r['speedup']:.2f}x | "
+            f"{r['other_path']['path']} {r['other_path']['us']:.1f} | "
+            f"{errors['fp16']:.1e}, {errors['bf16']:.1e}, {errors['bf16_fused_experts']:.1e} |"
         )
     sweeps = [r for r in result["rows"] if "sweep" in r]
     if sweeps:
-        lines += ["", "Tile sweep (ours): block_m, block_n, block_k, group_m, warps, stages -> us", ""]
+        lines += ["", "Tile sweep (ours, served path): block_m, block_n, block_k, group_m, warps, stages -> us", ""]
         for r in sweeps:
             timed = [f"{tuple(s['tiles'].values())}: {s['us']:.1f}" for s in r["sweep"] if "us" in s]
-            lines.append(f"- T={r['tokens']}: " + "; ".join(timed))
+            lines.append(f"- T={r['tokens']} ({r['mxfp8_path']}): " + "; ".join(timed))
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 64, 8192])
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 64, 512, 8192])
     parser.add_argument("--reps", type=int, default=10, help="calls per captured graph")
     parser.add_argument("--sweep", action="store_true", help="also time ours over candidate tile configs")
     args = parser.parse_args(argv)
@@ -239,8 +258,9 @@ def main(argv=None) -> int:
         row = measure(tokens, weights, baseline, args.reps, args.sweep)
         result["rows"].append(row)
         print(
-            f"T={tokens:5d}: BF16 {row['bf16_us']:9.1f} us ({row['bf16_gb_per_s']:6.0f} GB/s) | MXFP8 {row['mxfp8_us']:9.1f} us "
-            f"({row['mxfp8_gb_per_s']:6.0f} GB/s) | {row['speedup']:.2f}x | rel err {row['relative_error']['mxfp8']:.1e}",
+            f"T={tokens:5d}: BF16 {row['bf16_us']:9.1f} us ({row['bf16_gb_per_s']:6.0f} GB/s) | MXFP8 {row['mxfp8_path']} "
+            f"{row['mxfp8_us']:9.1f} us ({row['mxfp8_gb_per_s']:6.0f} GB/s) | {row['speedup']:.2f}x | "
+            f"{row['other_path']['path']} path {row['other_path']['us']:9.1f} us | rel err {row['relative_error']}",
             flush=True,
         )
         for entry in row.get("sweep", []):

@@ -1,11 +1,13 @@
 """The MXFP8 W8A16 MoE kernels compiled on CUDA, at M3's real expert shape, and served.
 
 Kernel: 128 experts, hidden 6144, intermediate 3072, top-4, swiglu-oai, against the fp32
-dequantized reference (``msa_kernels.mxfp8_moe_reference``, TF32 off) for decode (1, 16, 64
-tokens) and a prefill chunk (2048 tokens, every expert hit); the tolerance of the interpreter
-tests (``tests/kernels/test_mxfp8_moe.py``: relative Frobenius error <= 6e-3, every element within
-1e-2 of the largest output). Then what only a GPU shows: the call captured in a CUDA graph and
-replayed on new tokens and routing, and two runs bit-identical (the alignment is a stable sort).
+dequantized reference (``msa_kernels.mxfp8_moe_reference``, TF32 off) on both GEMM paths: fp16
+(decode 1, 16, 64 tokens and 512) and bf16 (1 token and a 2048-token prefill chunk, every expert
+hit), plus token rows past fp16's range and far below it on the fp16 path; the tolerance of the
+interpreter tests (``tests/kernels/test_mxfp8_moe.py``: relative Frobenius error <= 6e-3, every
+element within 1e-2 of the largest output). Then what only a GPU shows: the call captured in a
+CUDA graph and replayed on new tokens and routing, and two runs bit-identical (the alignment is a
+stable sort).
 
 Served: the tiny MXFP8 checkpoint in bf16 (experts kept in MXFP8, decode graphs) against its
 dequantized twin on the BF16 fused MoE, both against transformers' fp32 on the twin: the MXFP8
@@ -56,7 +58,7 @@ def routing(tokens: int, seed: int):
 
 def assert_close(got, want):
     assert got.dtype == torch.bfloat16 and torch.isfinite(got).all()
-    got = got.float()
+    got, want = got.double(), want.double()
     rel = ((got - want).norm() / want.norm()).item()
     worst = (got - want).abs().max().item()
     print(f"[mxfp8 moe gpu] T={got.shape[0]}: relative error {rel:.2e}, max {worst / want.abs().max().item():.2e} of scale")
@@ -75,14 +77,31 @@ def reference(x, ids, weights, experts):
         torch.backends.cuda.matmul.allow_tf32 = previous
 
 
-@pytest.mark.parametrize("tokens", [1, 16, 64, 2048])
-def test_m3_shape_matches_reference(experts, tokens):
+@pytest.mark.parametrize(
+    "tokens, path", [(1, "fp16"), (16, "fp16"), (64, "fp16"), (512, "fp16"), (1, "bf16"), (2048, "bf16")]
+)
+def test_m3_shape_matches_reference(experts, tokens, path):
     from msa_kernels.triton_mxfp8_moe import mxfp8_fused_experts
 
     x, ids, weights = routing(tokens, seed=tokens)
-    got = mxfp8_fused_experts(x, *experts, weights, ids, ALPHA, LIMIT)
+    got = mxfp8_fused_experts(x, *experts, weights, ids, ALPHA, LIMIT, path=path)
     assert_close(got, reference(x, ids, weights, experts))
-    assert torch.equal(mxfp8_fused_experts(x, *experts, weights, ids, ALPHA, LIMIT), got), "two runs differ"
+    assert torch.equal(mxfp8_fused_experts(x, *experts, weights, ids, ALPHA, LIMIT, path=path), got), "two runs differ"
+
+
+def test_fp16_path_rows_of_any_magnitude(experts):
+    """Compiled fp16 path, rows scaled by 2**20 (past fp16's 65504), 2**-40 (activations past its
+    subnormals) and 0 among ordinary ones: each row within the bound of its own magnitude."""
+    from msa_kernels.triton_mxfp8_moe import mxfp8_fused_experts
+
+    x, ids, weights = routing(5, seed=9)
+    factors = torch.tensor([2.0**20, 1.0, 2.0**-40, 0.0, 1.0], device="cuda")
+    x = (x.float() * factors[:, None]).to(torch.bfloat16)
+    got = mxfp8_fused_experts(x, *experts, weights, ids, ALPHA, LIMIT, path="fp16")
+    want = reference(x, ids, weights, experts)
+    assert torch.equal(got[3].float(), torch.zeros_like(want[3]))
+    for row in (0, 1, 2, 4):
+        assert_close(got[row : row + 1], want[row : row + 1])
 
 
 @pytest.mark.parametrize("tokens", [1, 16, 64])
