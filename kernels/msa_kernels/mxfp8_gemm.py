@@ -15,7 +15,9 @@ it streamed at 2.5 TB/s at best. Here the per-element work is one conversion per
   factor ``2 ** (b - 127)`` per weight row (an exact power of two) before adding them up. That is
   one multiply-add per accumulator element and group, not one per weight element. The scale bytes
   of a step are read as one word per row (``groups`` bytes, :func:`scale_words`) and prefetched a
-  step ahead, since Triton's pipeliner leaves loads that feed no dot operand in place.
+  step ahead by hand, since Triton's pipeliner leaves loads that feed no dot operand in place (the
+  weights and activations it pipelines ``num_stages`` deep; a second loop-carried prefetch made
+  Triton 3.8 drop that pipelining altogether).
 - The activations must be fp16, whose range (65504) bf16 activations can exceed: each row is
   multiplied by a power of two ``2 ** s`` chosen from its largest magnitude (:func:`prescale_row`,
   the largest lands in ``[2**14, 2**15)``), which is exact for bf16 and fp16 inputs, and the
@@ -75,17 +77,17 @@ def mx_gemm_rows(
     w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_wn + ks[None, :]
     x_ptrs = x_ptr + x_rows[:, None].to(tl.int64) * stride_xm + ks[None, :]
     words_ptrs = words_ptr + rows.to(tl.int64) * stride_sn
+    STEP: tl.constexpr = 32 * GROUPS
     words = tl.load(words_ptrs, mask=row_ok, other=0)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for k0 in range(0, K, 32 * GROUPS):
-        words_ptrs += 1
-        next_words = tl.load(words_ptrs, mask=row_ok & (k0 + 32 * GROUPS < K), other=0)
+    for k0 in range(0, K, STEP):
+        next_words = tl.load(words_ptrs + (k0 // STEP + 1), mask=row_ok & (k0 + STEP < K), other=0)
         for g in tl.static_range(GROUPS):
             xt = tl.trans(tl.load(x_ptrs + g * 32, mask=x_ok[:, None], other=0.0))
             w = tl.load(w_ptrs + g * 32, mask=row_ok[:, None], other=0.0)
             acc += tl.dot(w.to(tl.float16), xt) * group_factors(words, g)[:, None]
-        w_ptrs += 32 * GROUPS
-        x_ptrs += 32 * GROUPS
+        w_ptrs += STEP
+        x_ptrs += STEP
         words = next_words
     return acc
 
