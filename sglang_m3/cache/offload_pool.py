@@ -15,6 +15,8 @@ invalidate the pages they touch.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from sglang.srt.constants import GPU_MEMORY_TYPE_KV_CACHE
 from sglang.srt.mem_cache.memory_pool import unwrap_write_loc
@@ -23,6 +25,8 @@ from sglang_m3.cache.index_kv_pool import M3IndexedKVPool, indexed_pool_class
 from sglang_m3.cache.offload_block_cache import SparseBlockCache
 from sglang_m3.cache.offload_settings import OffloadShape
 from sglang_m3.config import M3TextSpec
+
+logger = logging.getLogger(__name__)
 
 
 class M3SparseOffloadKVPool(M3IndexedKVPool):
@@ -65,6 +69,12 @@ class M3SparseOffloadKVPool(M3IndexedKVPool):
                                        self.head_dim, self.v_head_dim, self.store_dtype, self.device)
             for layer_id in self.local_sparse_layer_ids()
         }
+        host_bytes = sum(self.k_buffer[layer_id - self.start_layer].nbytes + self.v_buffer[layer_id - self.start_layer].nbytes
+                         for layer_id in self.block_caches)
+        cache_bytes = sum(cache.k_pages.nbytes + cache.v_pages.nbytes for cache in self.block_caches.values())
+        logger.info("M3 sparse offload: %d sparse layers' K/V in a host store of %d slots (%.3f GB), block caches of "
+                    "%d blocks per layer (%.3f GB on %s), %d request(s) per fetch round", len(self.block_caches), rows,
+                    host_bytes / 1e9, shape.cache_blocks, cache_bytes / 1e9, self.device, shape.requests_per_round)
 
     def _clear_buffers(self):
         super()._clear_buffers()
