@@ -27,7 +27,10 @@ it streamed at 2.5 TB/s at best. Here the per-element work is one conversion per
 
 So the result equals an fp32 GEMM of the exact dequantized weights with the bf16 activations up
 to fp32 summation order. Weights sit on the MMA's M side and the few tokens on N ("swap AB"), so
-a 16-token tile does not pad the weight side.
+a 16-token tile does not pad the weight side. The same loop can run its dots in bf16 instead
+(``DOT_DTYPE``), for callers to which a prescale launch costs more than one more instruction per
+weight element (the dense linears). :func:`dequantize` is the conversion alone, for the GEMMs
+that are bound by FLOPs rather than bytes.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ GROUP = 32  # elements per e8m0 scale along K
 WORD_DTYPES = {4: torch.int32, 2: torch.int16, 1: torch.uint8}
 #: columns per chunk of :func:`prescale_row` (two passes over a row: its largest magnitude, then the scaled copy)
 PRESCALE_BLOCK = 1024
+#: rows per program of :func:`dequantize`
+DEQUANTIZE_ROWS = 32
 
 
 def scale_words(scales: torch.Tensor, block_k: int) -> tuple[torch.Tensor, int]:
@@ -64,14 +69,17 @@ def group_factors(words, g: tl.constexpr):
 def mx_gemm_rows(
     w_ptr, words_ptr, rows, row_ok, stride_wn, stride_sn,
     x_ptr, x_rows, x_ok, stride_xm, K,
-    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, GROUPS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, GROUPS: tl.constexpr, DOT_DTYPE: tl.constexpr,
 ):
     """``acc[n, m] = sum_k dequant(w)[rows[n], k] * x[x_rows[m], k]`` in fp32, ``[BLOCK_N, BLOCK_M]``.
 
     ``w_ptr`` e4m3 ``[*, K]`` (row stride ``stride_wn``), ``words_ptr`` its scale words
-    (:func:`scale_words`, row stride ``stride_sn`` in words), ``x_ptr`` fp16 ``[*, K]`` (row stride
-    ``stride_xm``); rows outside ``row_ok`` / ``x_ok`` read as zeros. ``K`` is a multiple of
-    ``32 * GROUPS``.
+    (:func:`scale_words`, row stride ``stride_sn`` in words), ``x_ptr`` ``DOT_DTYPE`` ``[*, K]`` (row
+    stride ``stride_xm``); rows outside ``row_ok`` / ``x_ok`` read as zeros. ``K`` is a multiple of
+    ``32 * GROUPS``. ``DOT_DTYPE`` fp16 (prescaled activations, one conversion per weight pair) or
+    bf16 (activations as they are, exact too: every e4m3 value is a bf16 value; the weights'
+    conversion then costs one more instruction per element, an ``f16 -> bf16`` step); fp32 under
+    the Triton interpreter, which mis-evaluates bf16 (every operand is exact in fp32 as well).
     """
     ks = tl.arange(0, 32)
     w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_wn + ks[None, :]
@@ -83,9 +91,9 @@ def mx_gemm_rows(
     for k0 in range(0, K, STEP):
         next_words = tl.load(words_ptrs + (k0 // STEP + 1), mask=row_ok & (k0 + STEP < K), other=0)
         for g in tl.static_range(GROUPS):
-            xt = tl.trans(tl.load(x_ptrs + g * 32, mask=x_ok[:, None], other=0.0))
+            xt = tl.trans(tl.load(x_ptrs + g * 32, mask=x_ok[:, None], other=0.0)).to(DOT_DTYPE)
             w = tl.load(w_ptrs + g * 32, mask=row_ok[:, None], other=0.0)
-            acc += tl.dot(w.to(tl.float16), xt) * group_factors(words, g)[:, None]
+            acc += tl.dot(w.to(DOT_DTYPE), xt) * group_factors(words, g)[:, None]
         w_ptrs += STEP
         x_ptrs += STEP
         words = next_words
@@ -135,3 +143,35 @@ def prescale_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if rows:
         prescale_rows_kernel[(rows,)](x, x16, shifts, cols, x.stride(0), x16.stride(0), BLOCK=PRESCALE_BLOCK, num_warps=4)
     return x16, shifts
+
+
+@triton.jit
+def dequantize_kernel(
+    w_ptr, words_ptr, out_ptr, N, stride_wn, stride_sn, stride_on, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
+):
+    """``out = dequant(w)`` for ``BLOCK_N`` rows and one K step of ``32 * GROUPS`` columns per
+    program: each e4m3 element times its group factor in fp32 (exact), stored in ``out``'s dtype."""
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < N
+    step = tl.program_id(1)
+    words = tl.load(words_ptr + rows.to(tl.int64) * stride_sn + step, mask=row_ok, other=0)
+    for g in tl.static_range(GROUPS):
+        ks = step * 32 * GROUPS + g * 32 + tl.arange(0, 32)
+        w = tl.load(w_ptr + rows[:, None].to(tl.int64) * stride_wn + ks[None, :], mask=row_ok[:, None], other=0.0)
+        values = w.to(tl.float32) * group_factors(words, g)[:, None]
+        tl.store(out_ptr + rows[:, None].to(tl.int64) * stride_on + ks[None, :], values.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+def dequantize(weight: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """e4m3 ``[N, K]`` with uint8 e8m0 scales ``[N, K/32]`` (contiguous) -> ``dtype`` ``[N, K]``, in
+    one pass on the device (the same values as ``sglang_m3.quant.mxfp8.dequantize``)."""
+    rows, cols = weight.shape
+    words, groups = scale_words(scales, 4 * GROUP)
+    out = torch.empty((rows, cols), dtype=dtype, device=weight.device)
+    if rows and cols:
+        grid = (triton.cdiv(rows, DEQUANTIZE_ROWS), cols // (GROUP * groups))
+        dequantize_kernel[grid](
+            weight, words, out, rows, weight.stride(0), words.stride(0), out.stride(0),
+            BLOCK_N=DEQUANTIZE_ROWS, GROUPS=groups, num_warps=4,
+        )
+    return out

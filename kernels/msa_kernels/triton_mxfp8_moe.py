@@ -390,7 +390,7 @@ def gate_up_fp16_kernel(
     cols = pid_n * HALF + tile_rows % HALF
     acc = mx_gemm_rows(
         w_ptr + expert * stride_we, words_ptr + expert * stride_se, cols + (tile_rows // HALF) * inter, cols < inter,
-        stride_wn, stride_sn, x16_ptr, tokens, live, stride_xm, K, BLOCK_N, BLOCK_M, GROUPS,
+        stride_wn, stride_sn, x16_ptr, tokens, live, stride_xm, K, BLOCK_N, BLOCK_M, GROUPS, tl.float16,
     )
     acc *= unscale(tl.load(shift_ptr + tokens, mask=live, other=0))[None, :]
     gate, up = tl.split(tl.permute(tl.reshape(acc, (2, HALF, BLOCK_M)), (1, 2, 0)))
@@ -420,7 +420,7 @@ def down_fp16_kernel(
     col_ok = cols < hidden
     acc = mx_gemm_rows(
         w_ptr + expert * stride_we, words_ptr + expert * stride_se, cols, col_ok, stride_wn, stride_sn,
-        a16_ptr, rows, live, stride_am, K, BLOCK_N, BLOCK_M, GROUPS,
+        a16_ptr, rows, live, stride_am, K, BLOCK_N, BLOCK_M, GROUPS, tl.float16,
     )
     acc *= (unscale(tl.load(shift_ptr + rows)) * tl.load(weights_ptr + slots, mask=live, other=0.0))[None, :]
     y_ptrs = y_ptr + slots[None, :].to(tl.int64) * stride_ym + cols[:, None]

@@ -1,0 +1,179 @@
+"""The MXFP8 W8A16 dense linear (Triton interpreter, CPU) against an fp32 matmul of the exactly
+dequantized weight.
+
+Both paths of ``msa_kernels.triton_mxfp8_linear`` multiply exact operands (every e4m3 element times
+its power-of-two scale is a bf16 value) and accumulate in fp32, so they differ from the fp32
+reference by summation order and the one rounding of the output to bf16 (relative 2**-9 per
+element). Asserted per element: ``|got - want| <= 2**-8 * |want| + 2**-16 * max |want|`` (the
+second term covers outputs that cancel to near zero, where summation order shows), and the
+relative Frobenius error <= 4e-3; a wrong group, scale byte, split or row moves outputs by O(1).
+Intermediate buffers come poisoned (NaN / huge ints) so an unwritten output cannot pass as zero.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from msa_kernels import mxfp8_gemm
+from msa_kernels import triton_mxfp8_linear as linear
+from msa_kernels.mxfp8_moe_reference import dequantize as reference_dequantize
+from msa_kernels.triton_mxfp8_linear import mxfp8_linear, split_plan, ticket_count
+
+pytestmark = pytest.mark.skipif(
+    torch.cuda.is_available(), reason="interpreter tests run on CPU machines; tests/gpu covers CUDA"
+)
+
+
+@pytest.fixture(autouse=True)
+def poisoned_buffers(monkeypatch):
+    real_empty = torch.empty
+
+    def empty(*args, **kwargs):
+        tensor = real_empty(*args, **kwargs)
+        return tensor.fill_(float("nan") if tensor.is_floating_point() else 0x3FFFFFF0)
+
+    monkeypatch.setattr(linear.torch, "empty", empty)
+
+
+def weight(rows, cols, seed, exponents=(112, 124)):
+    gen = torch.Generator().manual_seed(seed)
+    elements = (torch.randn(rows, cols, generator=gen) * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
+    scales = torch.randint(exponents[0], exponents[1] + 1, (rows, cols // 32), generator=gen, dtype=torch.uint8)
+    return elements, scales
+
+
+def activations(tokens, cols, seed, dtype=torch.bfloat16):
+    return torch.randn(tokens, cols, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def reference(x, w, s):
+    return x.float() @ reference_dequantize(w, s).T
+
+
+def assert_close(got, want):
+    assert got.shape == want.shape and torch.isfinite(got).all()
+    got, want = got.double(), want.double()
+    bound = 2.0**-8 * want.abs() + 2.0**-16 * want.abs().max()
+    assert ((got - want).abs() <= bound).all(), f"max excess {((got - want).abs() - bound).max().item():.3e}"
+    assert ((got - want).norm() / want.norm()).item() <= 4e-3
+
+
+@pytest.mark.parametrize(
+    "tokens, rows, cols, splits",
+    [
+        (1, 64, 256, 1),  # decode, one tile, 4-group K steps
+        (3, 80, 192, 1),  # rows not a multiple of BLOCK_N, 2-group K steps
+        (5, 64, 96, 1),  # 1-group K steps
+        (17, 64, 128, 1),  # two token blocks
+        (2, 96, 512, 2),  # K split in 2: the last split to finish sums the partials
+        (4, 64, 384, 3),  # K split in 3
+        (18, 80, 640, 4),  # split with two token blocks and a partial row tile
+    ],
+)
+def test_matches_reference(tokens, rows, cols, splits):
+    w, s = weight(rows, cols, seed=rows + cols)
+    x = activations(tokens, cols, seed=tokens)
+    tickets = torch.zeros(ticket_count(rows), dtype=torch.int32)
+    got = mxfp8_linear(x, w, s, tickets, splits=splits)
+    assert got.dtype == torch.bfloat16
+    assert_close(got, reference(x, w, s))
+    assert torch.equal(tickets, torch.zeros_like(tickets)), "tickets not back at zero"
+    assert torch.equal(mxfp8_linear(x, w, s, tickets, splits=splits), got), "a second call with the same tickets differs"
+
+
+def test_fp16_activations_and_leading_dims():
+    w, s = weight(64, 128, seed=1)
+    x = activations(6, 128, seed=2, dtype=torch.float16).reshape(2, 3, 128)
+    got = mxfp8_linear(x, w, s)
+    assert got.shape == (2, 3, 64) and got.dtype == torch.float16
+    assert_close(got.reshape(6, 64), reference(x.reshape(6, 128), w, s))
+
+
+def test_rows_of_any_magnitude_and_subnormal_weights():
+    """Activation rows past fp16's range and far below it, weights of mostly subnormal e4m3
+    elements with scales far from 1: the bf16 dot needs no prescale, every row stays exact."""
+    gen = torch.Generator().manual_seed(3)
+    w = (torch.randn(64, 128, generator=gen) * 2.0**-7).to(torch.float8_e4m3fn)
+    assert ((w.view(torch.uint8) & 0x78) == 0).float().mean() > 0.5
+    s = torch.full((64, 4), 127 - 30, dtype=torch.uint8)
+    x = activations(4, 128, seed=4) * torch.tensor([2.0**40, 1.0, 2.0**-60, 0.0])[:, None].to(torch.bfloat16)
+    got = mxfp8_linear(x, w, s)
+    want = reference(x, w, s)
+    assert torch.equal(got[3].float(), torch.zeros(64))
+    for row in (0, 1, 2):
+        assert_close(got[row : row + 1], want[row : row + 1])
+
+
+def test_many_tokens_take_dequantize_and_matmul(monkeypatch):
+    """Past GEMM_MAX_TOKENS the weight is dequantized (exactly) and multiplied by torch."""
+    monkeypatch.setattr(linear, "GEMM_MAX_TOKENS", 4)
+    w, s = weight(48, 96, seed=5)
+    x = activations(9, 96, seed=6)
+    assert_close(mxfp8_linear(x, w, s), reference(x, w, s))
+
+
+def test_device_dequantize_equals_the_reference():
+    w, s = weight(40, 160, seed=7, exponents=(1, 140))
+    s[:, 0] = 0  # byte 0 decodes to 0.0
+    assert torch.equal(mxfp8_gemm.dequantize(w, s, torch.bfloat16), reference_dequantize(w, s).to(torch.bfloat16))
+
+
+def test_split_plan_fills_the_gpu():
+    """Tiles alone when they cover the SMs; otherwise K split into whole steps, none empty."""
+    assert split_plan(200, 48, 132) == (1, 48)
+    for tiles, steps in ((20, 48), (96, 8), (12, 48), (96, 3), (1, 1)):
+        splits, per_split = split_plan(tiles, steps, 132)
+        assert (splits - 1) * per_split < steps <= splits * per_split
+        assert tiles * splits <= 2 * 132 * 2 and (splits == steps or tiles * splits >= 132)
+
+
+def test_refusals():
+    w, s = weight(64, 128, seed=8)
+    with pytest.raises(ValueError, match="x must be"):
+        mxfp8_linear(activations(2, 128, seed=0).float(), w, s)
+    with pytest.raises(ValueError, match="scales must be"):
+        mxfp8_linear(activations(2, 128, seed=0), w, s[:, :2])
+    with pytest.raises(ValueError, match="tickets"):
+        mxfp8_linear(activations(2, 128, seed=0), w, s, torch.zeros(0, dtype=torch.int32), splits=2)
+
+
+_COMPILE_FOR_HOPPER = """
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from msa_kernels.mxfp8_gemm import dequantize_kernel
+from msa_kernels.triton_mxfp8_linear import BLOCK_M, BLOCK_N, linear_kernel
+
+TYPES = {"x_ptr": "*bf16", "y_ptr": "*bf16", "w_ptr": "*fp8e4nv", "words_ptr": "*i32", "partial_ptr": "*fp32", "out_ptr": "*bf16"}
+
+
+def compile_for_sm90(kernel, consts, stages):
+    signature = {n: "constexpr" if n in consts else TYPES.get(n, "*i32" if n.endswith("_ptr") else "i32") for n in kernel.arg_names}
+    aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
+               if n not in consts and (signature[n].startswith("*") or n.startswith(("stride", "K")))}
+    return triton.compile(ASTSource(kernel, signature, consts, aligned), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": 4, "num_stages": stages}).asm["ptx"]
+
+
+ptx = compile_for_sm90(linear_kernel, dict(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, GROUPS=4, DOT_DTYPE=tl.bfloat16), 4)
+assert "wgmma.mma_async" in ptx and ".bf16.bf16" in ptx, "no bf16 wgmma"
+assert "cp.async" in ptx, "weight loads not pipelined"
+assert "atom.global.gpu.acq_rel.add" in ptx, "split ticket not acquire-release"
+compile_for_sm90(dequantize_kernel, dict(BLOCK_N=32, GROUPS=4), 1)
+print("compiled")
+"""
+
+
+def test_kernels_compile_for_hopper():
+    """The interpreter does not run Triton's compiler: compile for sm_90 (no GPU needed) and
+    check the bf16 wgmma, the pipelined weight loads and the acquire-release split ticket."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton.backends.nvidia")
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_HOPPER], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-3000:]
