@@ -14,7 +14,7 @@ from typing import Callable
 from sglang_m3.integration import hooks
 from sglang_m3.parsers import register_parsers, serving_hooks
 from sglang_m3.speculative import hooks as speculative_hooks
-from sglang_m3.quant.serving import dequantize_mxfp8_at_load
+from sglang_m3.quant.serving import m3_mxfp8_quantization
 
 
 @dataclass(frozen=True)
@@ -29,9 +29,10 @@ HOOKS: tuple[Hook, ...] = (
     Hook(
         "sglang.srt.model_loader.loader._get_quantization_config",
         "AROUND",
-        dequantize_mxfp8_at_load,
+        m3_mxfp8_quantization,
         "An MXFP8 M3 checkpoint would make SGLang build MX-scaled FP8 linears (Blackwell-only "
-        "GEMMs, none on the CPU); M3 builds plain layers and dequantizes each weight at load.",
+        "GEMMs, none on the CPU); M3 keeps its MXFP8 linears with W8A16 kernels on CUDA and "
+        "dequantizes each weight at load elsewhere.",
     ),
     Hook(
         "sglang.srt.configs.model_config.get_config",
@@ -103,7 +104,7 @@ HOOKS: tuple[Hook, ...] = (
         "AFTER",
         speculative_hooks.check_m3_eagle_args,
         "An EAGLE3 draft of the wrong width or with aux layers past the target's depth, and draft "
-        "trees (M3's sparse attention verifies chains), are refused at start-up naming the field.",
+        "trees of more than 64 verify tokens (the MSA plans' ancestor mask), are refused at start-up naming the field.",
     ),
     Hook(
         "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend.forward_extend",

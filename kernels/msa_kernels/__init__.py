@@ -15,6 +15,9 @@ API (plan once per batch, run once per sparse layer; FlashInfer style)::
     plan = plan_decode(params, table, seq_lens, q_len=1, q_lens=None, num_kv_heads=4)
     out, selected = run_decode(plan, q, k_cache, v_cache, iq, ik_cache, sm_scale)
 
+    # verify of EAGLE draft trees: each row's path among its request's q_len rows, and their slots
+    plan = plan_decode(params, table, seq_lens, q_len=8, num_kv_heads=4, tree=draft_tree(visible, slots))
+
     # extend / chunked prefill: rows packed request after request; lengths on the host
     plan = plan_prefill(params, table, seq_lens_cpu, extend_lens_cpu, num_index_heads=4)
     out, selected = run_prefill(plan, q, k_cache, v_cache, iq, ik_cache, sm_scale)
@@ -30,7 +33,10 @@ Kernels (see each module): decode = index scan with the block's keys on the MMA'
 over blocks -> top-k per (request, head, token) -> sparse attention split over the chosen blocks
 with the log-sum-exp merge in each (request, head)'s last split at q_len 1 (3 launches; the plan
 holds its self-resetting arrival tickets) or as a 4th launch at q_len > 1; fixed grids for
-CUDA-graph capture. Prefill = fused index scan + causal block-max + running top-k (no score
+CUDA-graph capture. Draft trees (``plan.tree``): the scan and the attention's block loop read each
+request's prefix, one more launch scores every token's own path into its blocks, and the
+attention adds the path's keys (ancestors only) from their slots; every token is answered as the
+decode query at the end of its root-to-token path (position prefix + depth). Prefill = fused index scan + causal block-max + running top-k (no score
 matrix; a short chunk after a long prefix splits each index tile's blocks over several programs
 and merges their candidates) -> sparse attention, query-major per token for short extends or
 KV-block-major for long ones (pairs sorted by block, one K/V load per tile of 8 tokens x 16

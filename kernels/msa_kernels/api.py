@@ -7,10 +7,15 @@ import math
 import torch
 import triton
 
-from msa_kernels.plan import DecodePlan, PrefillPlan, Tiles
+from msa_kernels.plan import DecodePlan, DraftTree, PrefillPlan, Tiles
 from msa_kernels.triton_attention import merge_splits_kernel, sparse_attention_kernel
 from msa_kernels.triton_block_major import block_major_attention_kernel, merge_block_partials_kernel
-from msa_kernels.triton_index import decode_index_scores_kernel, prefill_index_merge_kernel, prefill_index_topk_kernel
+from msa_kernels.triton_index import (
+    decode_index_scores_kernel,
+    prefill_index_merge_kernel,
+    prefill_index_topk_kernel,
+    tree_window_scores_kernel,
+)
 from msa_kernels.triton_select import decode_topk_kernel
 
 _LOG2E = 1.4426950408889634
@@ -75,13 +80,29 @@ def _tile_args(tiles: Tiles):
     return tiles.req, tiles.tok0, tiles.pos0, tiles.ntok
 
 
+def _tree_args(tree: DraftTree | None, tiles: Tiles, block_size: int):
+    """The tree's tensors and constexprs for the kernels that take them.
+
+    ``NW``: a request's tokens padded to a power of two, at least 16 (an MMA dimension); ``WB``:
+    the blocks that positions ``pos0 .. pos0 + q_len - 1`` may span. Without a tree, stand-ins
+    that are never read and fixed values (no extra kernel variants).
+    """
+    if tree is None:
+        return (tiles.tok0, tiles.tok0, tiles.tok0), dict(TREE=False, NW=16, WB=1)
+    q_len = tiles.max_tokens
+    return (tree.depth, tree.ancestors, tree.slots), dict(
+        TREE=True, NW=max(16, _pow2(q_len)), WB=(block_size + q_len - 2) // block_size + 1
+    )
+
+
 def _attention(
     plan_tiles: Tiles, page_table, q, k_cache, v_cache, selected, out, splits: int, sm_scale: float, block_size: int,
-    tickets: torch.Tensor | None = None, k_scale: float = 1.0, v_scale: float = 1.0,
+    tickets: torch.Tensor | None = None, k_scale: float = 1.0, v_scale: float = 1.0, tree: DraftTree | None = None,
 ) -> None:
     """Sparse GQA over each tile's union of chosen blocks; split + LSE merge when ``splits > 1``.
 
     ``k_scale`` / ``v_scale``: an fp8 cache's per-layer scales (values = stored * scale).
+    ``tree``: the tiles are requests whose tokens form draft trees (decode plans only).
 
     With one token per tile the merge runs in the last-arriving split program of each
     (tile, kv head), counted in ``tickets`` (int32 zeros, ``tiles x kv_heads``, left zero
@@ -107,10 +128,12 @@ def _attention(
         part_o = part_lse = torch.empty(1, 1, 1, 1, dtype=torch.float32, device=q.device)
     if merge_in_kernel and (tickets is None or tickets.numel() < num_tiles * hkv):
         raise ValueError(f"split attention needs {num_tiles * hkv} zeroed int32 tickets")
+    tree_tensors, tree_flags = _tree_args(tree, plan_tiles, block_size)
     sparse_attention_kernel[(num_tiles, hkv, splits)](
         q, k_cache, v_cache, page_table, selected, union,
         out, part_o, part_lse, tickets if merge_in_kernel else union,
         *_tile_args(plan_tiles),
+        *tree_tensors,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1),
         v_cache.stride(0), v_cache.stride(1),
@@ -122,7 +145,7 @@ def _attention(
         sm_scale * k_scale * _LOG2E, v_scale,
         G=group, GP=gp, ROWS=rows, D=d, BLOCK=block_size,
         TOPK=topk, KP=_pow2(topk), UP=union_slots, SPLITS=splits, WRITE_PARTIAL=partial,
-        SINGLE_TOKEN=single,
+        SINGLE_TOKEN=single, **tree_flags,
         num_warps=4 if rows <= 64 else 8, num_stages=2,
     )
     if partial and not merge_in_kernel:
@@ -239,6 +262,8 @@ def decode_select(
     Two kernels: the index scan (keys on the MMA's M side, split over blocks) writes one fp32
     block-max per (request, row, block); the top-k runs one small program per (request, head, token).
     (Folding the top-k into the scan's last program measured slower: KERNEL_NOTES.md v7.)
+    A draft tree (``plan.tree``) adds one launch between them: the scan covers each request's
+    prefix, then every token's own path is scored into the blocks its positions fall in.
     """
     p = plan.params
     tiles = plan.tiles
@@ -256,9 +281,23 @@ def decode_select(
         plan.page_table.stride(0),
         scores.stride(0), scores.stride(1),
         NUM_HEADS=hkv, ROWS=score_rows, D=di, BLOCK=p.block_size, SPLITS=plan.index_splits,
-        KEY_FP8=ik_scale is not None,
+        KEY_FP8=ik_scale is not None, TREE=plan.tree is not None,
         num_warps=4, num_stages=3,
     )
+    tree = plan.tree
+    if tree is not None:
+        tree_tensors, tree_flags = _tree_args(tree, tiles, p.block_size)
+        tree_window_scores_kernel[(batch, hkv, t)](
+            iq, ik2, ik2 if ik_scale is None else ik_scale, scores,
+            tiles.tok0, tiles.pos0, tiles.ntok,
+            *tree_tensors,
+            iq.stride(0), iq.stride(1),
+            ik2.stride(0),
+            scores.stride(0), scores.stride(1),
+            NUM_HEADS=hkv, D=di, BLOCK=p.block_size, NW=tree_flags["NW"], WB=tree_flags["WB"],
+            KEY_FP8=ik_scale is not None,
+            num_warps=4,
+        )
     selected = torch.empty(plan.num_tokens, hkv, p.topk, dtype=torch.int32, device=iq.device)
     nbp = _pow2(plan.max_blocks)
     decode_topk_kernel[(batch, hkv, t)](
@@ -268,6 +307,7 @@ def decode_select(
         selected.stride(0), selected.stride(1),
         NUM_HEADS=hkv, BLOCK=p.block_size, NBP=nbp,
         TOPK=p.topk, KP=_pow2(p.topk), LOCAL=p.local_blocks, INIT=p.init_blocks,
+        TREE=tree is not None, depth_ptr=None if tree is None else tree.depth,
         num_warps=max(1, min(16, nbp // 1024)),  # <= 32 scores per thread: no register spills
     )
     return selected
@@ -307,7 +347,7 @@ def run_decode(
     _attention(
         plan.tiles, plan.page_table, q, k_cache, v_cache, selected, out,
         splits=plan.attn_splits, sm_scale=_scale(sm_scale, q.shape[-1]), block_size=p.block_size,
-        tickets=plan.tickets, k_scale=k_scale, v_scale=v_scale,
+        tickets=plan.tickets, k_scale=k_scale, v_scale=v_scale, tree=plan.tree,
     )
     return out, selected
 

@@ -3,7 +3,9 @@
 Builds what SGLang hands an MSA layer: K/V/index-key caches in pages of ``block_size`` slots,
 handed out in a shuffled order (so a request's blocks are not contiguous), a ``req_to_token``
 table, sequence and extend lengths, and the new tokens' q / index q rows packed request after
-request. The reference result comes from :mod:`msa_kernels.reference`, one request at a time.
+request. The reference result comes from :mod:`msa_kernels.reference`, one request at a time;
+for a decode batch whose new tokens form draft trees (:meth:`PagedBatch.with_draft_trees`), one
+token at a time, as the decode query at the end of its root-to-token path.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from msa_kernels.plan import DraftTree, draft_tree
 from msa_kernels.reference import MSAParams, block_scores, msa_attention, quantize_index_keys
 
 
@@ -29,6 +32,37 @@ class PagedBatch:
     ik_scale: torch.Tensor | None = None  # [slots] fp32 when ik_cache holds fp8 keys
     k_scale: float = 1.0  # per-layer scales when k_cache / v_cache hold fp8 (values = stored * scale)
     v_scale: float = 1.0
+    # per request, the parent of each new token (-1 for token 0, the root) when they form a draft
+    # tree; None: the new tokens are a chain (each follows the one before)
+    parents: list[list[int]] | None = None
+
+    def with_draft_trees(self, parents: list[list[int]]) -> PagedBatch:
+        """The same decode batch with request ``b``'s new tokens forming the tree ``parents[b]``."""
+        if not self.row_stride or set(self.extend_lens) != {self.row_stride}:
+            raise ValueError(f"draft trees need a decode layout of {self.row_stride} new tokens in every request, got {self.extend_lens}")
+        for b, tree in enumerate(parents):
+            if len(tree) != self.extend_lens[b] or tree[0] != -1 or any(not 0 <= p < i for i, p in enumerate(tree) if i):
+                raise ValueError(f"request {b}: parents {tree} are not a tree over its {self.extend_lens[b]} new tokens rooted at 0")
+        return replace(self, parents=[list(tree) for tree in parents])
+
+    def paths_of(self, b: int) -> list[list[int]]:
+        """Request ``b``'s root-to-token path of every new token (itself last)."""
+        paths: list[list[int]] = []
+        for token, parent in enumerate(self.parents[b]):
+            paths.append((paths[parent] if parent >= 0 else []) + [token])
+        return paths
+
+    def draft_tree(self) -> DraftTree:
+        """The trees as the decode plan takes them (``row_stride`` rows per request)."""
+        n = self.row_stride
+        visible = torch.zeros(len(self.seq_lens) * n, n, dtype=torch.bool)
+        slots = torch.zeros(len(self.seq_lens) * n, dtype=torch.int64)
+        for b, (s, e) in enumerate(zip(self.seq_lens, self.extend_lens)):
+            for token, path in enumerate(self.paths_of(b)):
+                visible[b * n + token, path] = True
+            slots[b * n : b * n + e] = self.req_to_token[b, s - e : s].cpu()
+        device = self.req_to_token.device
+        return draft_tree(visible.to(device), slots.to(device))
 
     def with_fp8_index_keys(self) -> PagedBatch:
         """The same batch with its index keys quantized to fp8 + per-token scales (NaN poison kept)."""
@@ -117,11 +151,28 @@ def reference_request(batch: PagedBatch, b: int, params: MSAParams, scale: float
     """(output, selected blocks, block scores) of request ``b`` from the torch reference, in fp32.
 
     Computed on the batch's device (a GPU makes long requests affordable), returned on the CPU.
+    Draft trees: every token over the request's prefix and its path, at ``prefix + depth``
+    (scores padded with -inf to the longest token's blocks).
     """
-    s, e = batch.seq_lens[b], batch.extend_lens[b]
+    if batch.parents is None:
+        s, e = batch.seq_lens[b], batch.extend_lens[b]
+        return _reference_rows(batch, batch.req_to_token[b, :s].long(), batch.rows_of(b), torch.arange(s - e, s), params, scale)
+    prefix = batch.seq_lens[b] - batch.extend_lens[b]
+    row = batch.req_to_token[b].long()
+    results = [
+        _reference_rows(batch, torch.cat((row[:prefix], row[prefix + torch.tensor(path, device=row.device)])), batch.rows_of(b)[token : token + 1],
+                        torch.tensor([prefix + len(path) - 1]), params, scale)
+        for token, path in enumerate(batch.paths_of(b))
+    ]
+    width = max(scores.shape[-1] for _, _, scores in results)
+    scores = [torch.nn.functional.pad(x, (0, width - x.shape[-1]), value=float("-inf")) for _, _, x in results]
+    return torch.cat([out for out, _, _ in results]), torch.cat([sel for _, sel, _ in results]), torch.cat(scores)
+
+
+def _reference_rows(batch: PagedBatch, slots: torch.Tensor, rows: torch.Tensor, q_pos: torch.Tensor, params, scale):
+    """The reference for query ``rows`` at ``q_pos`` over the keys in cache ``slots`` (positions 0 ..)."""
     device = batch.q.device
-    slots = batch.req_to_token[b, :s].long()
-    rows = batch.rows_of(b).to(device)
+    slots, rows = slots.to(device), rows.to(device)
 
     def take(x):
         return x.detach().float()
@@ -134,7 +185,7 @@ def reference_request(batch: PagedBatch, b: int, params: MSAParams, scale: float
         ik, ik_scale = batch.ik_cache.detach()[slots, 0], batch.ik_scale[slots]
     q = take(batch.q)[rows]
     iq = take(batch.iq)[rows]
-    q_pos = torch.arange(s - e, s, device=device)
+    q_pos = q_pos.to(device)
     out, selected = msa_attention(q, k, v, iq, ik, q_pos, params, scale, ik_scale, batch.k_scale, batch.v_scale)
     return out.cpu(), selected.cpu(), block_scores(iq, ik, q_pos, params.block_size, ik_scale).cpu()
 

@@ -10,6 +10,9 @@ prefix lengths, query lengths) into the small int32 tensors every layer's kernel
   (row of the first token in ``q``), ``tile_pos0`` (its absolute position) and ``tile_ntok``.
   Decode uses one tile per request (its ``q_len`` tokens); prefill uses small attention tiles and
   larger indexer tiles.
+* *draft tree* (speculative verification of EAGLE trees, :class:`DraftTree`): a decode plan's
+  ``q_len`` rows per request are the nodes of a token tree instead of a chain; each row carries
+  its depth and its ancestors among the request's rows, and the rows' cache slots.
 
 Decode plans are built from device tensors only (no host sync, fixed shapes for a given maximum
 batch, query length and context), so they can be captured in a CUDA graph with the layers.
@@ -42,6 +45,54 @@ class Tiles:
 
 
 @dataclass(frozen=True)
+class DraftTree:
+    """The verify tokens of each request as a tree: all ``[batch * q_len]`` on the device, request-major.
+
+    Row ``b * q_len + i`` is verify token ``i`` of request ``b``; token 0 is the root. A token
+    is answered as a decode query would be once its root-to-token path is accepted: at position
+    ``prefix + depth`` over the request's prefix (its ``tiles.pos0`` tokens) followed by its
+    path, so ancestor ``a`` sits at position ``prefix + depth[a]`` and siblings are never seen.
+    """
+
+    depth: torch.Tensor  # int32: tokens above this one on its path (0 = root)
+    ancestors: torch.Tensor  # int64: bit i set when token i of the request is on this token's path (itself included)
+    slots: torch.Tensor  # int64: cache slot of this token (its K, V and index key)
+
+    MAX_TOKENS = 64  # tokens per request that the ancestor bitmask can hold
+
+
+def draft_tree(visible: torch.Tensor, slots: torch.Tensor) -> DraftTree:
+    """A :class:`DraftTree` from each row's visible verify tokens (fixed shapes, no host sync).
+
+    ``visible [batch * q_len, q_len]`` bool: row ``b * q_len + i`` marks the tokens of request
+    ``b`` that token ``i`` attends (its root-to-token path); ``slots [batch * q_len]`` the tokens'
+    cache slots. The depth is the path's length minus one (clamped to 0 for an empty row).
+    """
+    q_len = visible.shape[-1]
+    _check_tree_width(q_len)
+    bits = torch.ones((), dtype=torch.int64, device=visible.device) << torch.arange(q_len, device=visible.device)
+    visible = visible.to(torch.int64)
+    return DraftTree(
+        depth=(visible.sum(dim=-1) - 1).clamp(min=0).to(torch.int32),
+        ancestors=(visible * bits).sum(dim=-1),
+        slots=slots.to(torch.int64).reshape(-1),
+    )
+
+
+def verify_window_slots(
+    req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, prefix_lens: torch.Tensor, q_len: int
+) -> torch.Tensor:
+    """Cache slots ``[batch * q_len]`` of the ``q_len`` tokens after each request's prefix.
+
+    Read from ``req_to_token`` itself (columns clamped to its width), not from the page table,
+    so no layout of the verify tokens' slots is assumed. Fixed shapes, no host sync.
+    """
+    columns = prefix_lens.long()[:, None] + torch.arange(q_len, device=prefix_lens.device)
+    cells = req_to_token[req_pool_indices.long()[:, None], columns.clamp(max=req_to_token.shape[1] - 1)]
+    return cells.reshape(-1).to(torch.int64)
+
+
+@dataclass(frozen=True)
 class DecodePlan:
     """Metadata of one decode / speculative-verify batch (``q_len`` tokens per request)."""
 
@@ -56,6 +107,9 @@ class DecodePlan:
     # int32 zeros, one arrival counter per (request, kv head): the last split of the attention
     # to arrive merges the partial outputs and resets its counter to 0.
     tickets: torch.Tensor
+    # the rows of each request form a draft tree (speculative verification of EAGLE trees), or
+    # None for a chain (row t at position pos0 + t attends every row before it)
+    tree: DraftTree | None = None
 
 
 @dataclass(frozen=True)
@@ -114,6 +168,7 @@ def plan_decode(
     num_sms: int = 132,
     index_programs_per_sm: int = 16,
     attn_programs_per_sm: int = 2,
+    tree: DraftTree | None = None,
 ) -> DecodePlan:
     """Plan a decode batch: request ``b`` holds ``seq_lens[b]`` tokens, the last ``q_lens[b]`` new.
 
@@ -122,6 +177,8 @@ def plan_decode(
     each in 1..q_len) lets requests use fewer. ``page_table`` comes from
     :func:`page_table_from_req_to_token` and fixes the maximum context. ``num_kv_heads``,
     ``num_sms`` and the ``*_programs_per_sm`` knobs only size the grids, never the results.
+    ``tree``: the new tokens form a draft tree (:class:`DraftTree`; every request verifies all
+    ``q_len`` of them) rather than a chain.
     """
     batch = seq_lens.shape[0]
     if q_len < 1:
@@ -145,6 +202,7 @@ def plan_decode(
         num_sms,
         index_programs_per_sm,
         attn_programs_per_sm,
+        tree,
     )
 
 
@@ -157,16 +215,19 @@ def assemble_decode_plan(
     num_sms: int = 132,
     index_programs_per_sm: int = 16,
     attn_programs_per_sm: int = 2,
+    tree: DraftTree | None = None,
 ) -> DecodePlan:
     """A decode plan over tensors the caller owns, used as they are (no copy, no allocation).
 
     A CUDA graph keeps the addresses its kernels were captured with, so a caller that refreshes
-    ``page_table`` and ``tiles`` in place between replays builds its plan here once per shape.
-    ``page_table`` must be int32 with unit stride along blocks (row stride is free); ``tickets``
-    int32 zeros, at least ``batch * num_kv_heads`` of them.
+    ``page_table``, ``tiles`` (and ``tree``) in place between replays builds its plan here once
+    per shape. ``page_table`` must be int32 with unit stride along blocks (row stride is free);
+    ``tickets`` int32 zeros, at least ``batch * num_kv_heads`` of them.
     """
     batch = tiles.count
     _check_page_table(page_table, batch)
+    if tree is not None:
+        _check_tree(tree, batch, tiles.max_tokens)
     if page_table.dtype != torch.int32 or page_table.stride(1) != 1:
         raise ValueError(f"page_table must be int32 with unit stride along blocks, got {page_table.dtype}, strides {page_table.stride()}")
     if tickets.dtype != torch.int32 or tickets.numel() < batch * num_kv_heads:
@@ -187,7 +248,22 @@ def assemble_decode_plan(
         attn_splits=attn_splits,
         num_kv_heads=num_kv_heads,
         tickets=tickets,
+        tree=tree,
     )
+
+
+def _check_tree_width(q_len: int) -> None:
+    if q_len > DraftTree.MAX_TOKENS:
+        raise ValueError(f"draft trees of {q_len} tokens per request: at most {DraftTree.MAX_TOKENS} are supported")
+
+
+def _check_tree(tree: DraftTree, batch: int, q_len: int) -> None:
+    _check_tree_width(q_len)
+    rows = batch * q_len
+    for name, dtype in (("depth", torch.int32), ("ancestors", torch.int64), ("slots", torch.int64)):
+        x = getattr(tree, name)
+        if x.dtype != dtype or x.shape != (rows,) or x.stride(0) != 1:
+            raise ValueError(f"tree.{name} must be contiguous {dtype} [{rows}], got {x.dtype} {tuple(x.shape)}")
 
 
 def _tiles_for(

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from msa_kernels.triton_select import union_ids
+from msa_kernels.triton_tree import main_pass_limits
 
 
 @triton.jit
@@ -26,6 +27,7 @@ def sparse_attention_kernel(
     q_ptr, k_ptr, v_ptr, page_ptr, sel_ptr, union_ptr,
     out_ptr, part_o_ptr, part_lse_ptr, ticket_ptr,
     tile_req_ptr, tile_tok0_ptr, tile_pos0_ptr, tile_ntok_ptr,
+    depth_ptr, anc_ptr, tslot_ptr,
     s_q_t, s_q_h,
     s_k_slot, s_k_h,
     s_v_slot, s_v_h,
@@ -37,8 +39,13 @@ def sparse_attention_kernel(
     qk_scale_log2, v_scale,
     G: tl.constexpr, GP: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
     TOPK: tl.constexpr, KP: tl.constexpr, UP: tl.constexpr, SPLITS: tl.constexpr, WRITE_PARTIAL: tl.constexpr,
-    SINGLE_TOKEN: tl.constexpr,
+    SINGLE_TOKEN: tl.constexpr, TREE: tl.constexpr, NW: tl.constexpr, WB: tl.constexpr,
 ):
+    """See the module docstring. ``TREE`` (draft-tree verify, one tile per request): the chosen
+    blocks are read up to the request's prefix (``j < pos0``), then the tile's own tokens are
+    attended from their slots (``tslot``), each row only along its path (``anc`` bits), ancestor
+    ``a`` counted in block ``(pos0 + depth[a]) // BLOCK`` (split 0 does that step; ``NW`` tokens
+    at most, spanning ``WB`` blocks)."""
     tile = tl.program_id(0)
     h = tl.program_id(1)
     split = tl.program_id(2)
@@ -50,7 +57,7 @@ def sparse_attention_kernel(
     t = rows // GP
     g = rows % GP
     row_ok = (t < ntok) & (g < G)
-    row_pos = pos0 + t
+    last_pos, row_pos = main_pass_limits(pos0, ntok, t, TREE)  # a tree's own tokens come after the loop
     d = tl.arange(0, D)
     q = tl.load(q_ptr + (tok0 + t)[:, None] * s_q_t + (h * G + g)[:, None] * s_q_h + d[None, :], mask=row_ok[:, None], other=0.0)
     slot = tl.arange(0, KP)
@@ -72,7 +79,6 @@ def sparse_attention_kernel(
         list_ptr = union_ptr + ((tile * tl.num_programs(1) + h) * SPLITS + split) * UP
         tl.store(list_ptr + u, union)
         tl.debug_barrier()
-    last_pos = pos0 + ntok - 1
     keys = tl.arange(0, BLOCK)
     m_i = tl.full([ROWS], float("-inf"), tl.float32)
     l_i = tl.zeros([ROWS], tl.float32)
@@ -89,14 +95,14 @@ def sparse_attention_kernel(
         if not SINGLE_TOKEN:  # rows whose token did not choose this block of the union
             allowed = allowed & (tl.max((row_sel == blk).to(tl.int32), axis=1) > 0)[:, None]
         s = tl.where(allowed, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_ptr + slots[:, None] * s_v_slot + h * s_v_h + d[None, :], mask=key_ok[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
-        m_i = m_new
+        m_i, l_i, acc = _softmax_step(m_i, l_i, acc, s, v, q.dtype)
+    if TREE:
+        if split == 0:
+            m_i, l_i, acc = _attend_tree_path(
+                q, m_i, l_i, acc, k_ptr, v_ptr, depth_ptr, anc_ptr, tslot_ptr, row_sel, tok0, pos0, ntok, t, row_ok, h,
+                s_k_slot, s_k_h, s_v_slot, s_v_h, qk_scale_log2, D, BLOCK, NW, WB,
+            )
     has_any = l_i > 0
     o = acc / tl.where(has_any, l_i, 1.0)[:, None] * v_scale
     if WRITE_PARTIAL:
@@ -121,6 +127,44 @@ def sparse_attention_kernel(
             o.to(out_ptr.dtype.element_ty),
             mask=row_ok[:, None],
         )
+
+
+@triton.jit
+def _attend_tree_path(
+    q, m_i, l_i, acc, k_ptr, v_ptr, depth_ptr, anc_ptr, tslot_ptr, row_sel, tok0, pos0, ntok, t, row_ok, h,
+    s_k_slot, s_k_h, s_v_slot, s_v_h, qk_scale_log2,
+    D: tl.constexpr, BLOCK: tl.constexpr, NW: tl.constexpr, WB: tl.constexpr,
+):
+    """One more online-softmax step over a draft tree's tokens: row (token t) attends token ``i``
+    when ``i`` is on its path and the row chose the block of ``i``'s position ``pos0 + depth[i]``."""
+    i = tl.arange(0, NW)
+    i_ok = i < ntok
+    slots = tl.load(tslot_ptr + tok0 + i, mask=i_ok, other=0)
+    blk_of = (pos0 + tl.load(depth_ptr + tok0 + i, mask=i_ok, other=0)) // BLOCK
+    ancestors = tl.load(anc_ptr + tok0 + t, mask=row_ok, other=0)
+    allowed = (((ancestors[:, None] >> i[None, :].to(tl.int64)) & 1) != 0) & i_ok[None, :]
+    chose = tl.zeros(allowed.shape, tl.int1)
+    for w in tl.static_range(WB):
+        blk = pos0 // BLOCK + w
+        chose_blk = tl.max((row_sel == blk).to(tl.int32), axis=1) > 0
+        chose = chose | (chose_blk[:, None] & (blk_of == blk)[None, :])
+    allowed = allowed & chose
+    d = tl.arange(0, D)
+    k_t = tl.load(k_ptr + slots[None, :] * s_k_slot + h * s_k_h + d[:, None], mask=i_ok[None, :], other=0.0)
+    s = tl.where(allowed, tl.dot(q, k_t.to(q.dtype)) * qk_scale_log2, float("-inf"))
+    v = tl.load(v_ptr + slots[:, None] * s_v_slot + h * s_v_h + d[None, :], mask=i_ok[:, None], other=0.0)
+    return _softmax_step(m_i, l_i, acc, s, v, q.dtype)
+
+
+@triton.jit
+def _softmax_step(m_i, l_i, acc, s, v, dtype: tl.constexpr):
+    """Online softmax (base 2): fold scores ``s [ROWS, keys]`` (-inf = masked) and values ``v``
+    into the running max ``m_i``, sum ``l_i`` and output ``acc``."""
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    return m_new, l_i * alpha + tl.sum(p, axis=1), acc * alpha[:, None] + tl.dot(p.to(dtype), v.to(dtype))
 
 
 @triton.jit

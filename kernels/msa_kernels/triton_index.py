@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from msa_kernels.triton_select import empty_top, forced_or_visible_scores, keep_top, sort_ids
+from msa_kernels.triton_tree import main_pass_limits
 
 
 @triton.jit
@@ -37,11 +38,13 @@ def decode_index_scores_kernel(
     s_pg_b,
     s_sc_b, s_sc_r,
     NUM_HEADS: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
-    SPLITS: tl.constexpr, KEY_FP8: tl.constexpr,
+    SPLITS: tl.constexpr, KEY_FP8: tl.constexpr, TREE: tl.constexpr = False,
 ):
     """score[b, row, blk] = max_{j in blk, j <= pos(row)} iq[row] . ik[j]; row = token * heads + head.
 
     ``KEY_FP8``: ``ik`` is fp8 and ``iks[slot]`` its scale (else ``iks_ptr`` is not read).
+    ``TREE`` (draft-tree verify): every row scans the request's prefix only, ``j < pos0``, the
+    blocks ``0 .. cdiv(pos0, BLOCK) - 1``; :func:`tree_window_scores_kernel` adds each row's path.
     """
     b = tl.program_id(0)
     split = tl.program_id(1)
@@ -51,15 +54,14 @@ def decode_index_scores_kernel(
     rows = tl.arange(0, ROWS)
     t = rows // NUM_HEADS
     row_ok = t < ntok
-    row_pos = pos0 + t
     d = tl.arange(0, D)
     q_t = tl.load(
         iq_ptr + (tok0 + t)[None, :] * s_iq_t + (rows % NUM_HEADS)[None, :] * s_iq_h + d[:, None],
         mask=row_ok[None, :],
         other=0.0,
     )  # [D, ROWS]: query rows on the MMA's N side
-    last_pos = pos0 + ntok - 1
-    nblk = last_pos // BLOCK + 1
+    last_pos, row_pos = main_pass_limits(pos0, ntok, t, TREE)
+    nblk = tl.cdiv(last_pos + 1, BLOCK)
     per_split = tl.cdiv(nblk, SPLITS)
     start = split * per_split
     end = tl.minimum(start + per_split, nblk)
@@ -75,6 +77,55 @@ def decode_index_scores_kernel(
             s = tl.dot(k, q_t)
         s = tl.where(kpos[:, None] <= row_pos[None, :], s, float("-inf"))
         tl.store(score_ptr + b * s_sc_b + rows * s_sc_r + blk, tl.max(s, axis=0), mask=row_ok)
+
+
+@triton.jit
+def tree_window_scores_kernel(
+    iq_ptr, ik_ptr, iks_ptr, score_ptr,
+    tile_tok0_ptr, tile_pos0_ptr, tile_ntok_ptr,
+    depth_ptr, anc_ptr, slot_ptr,
+    s_iq_t, s_iq_h,
+    s_ik_slot,
+    s_sc_b, s_sc_r,
+    NUM_HEADS: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
+    NW: tl.constexpr, WB: tl.constexpr, KEY_FP8: tl.constexpr,
+):
+    """Draft-tree verify: fold each token's own path into its block scores, after the prefix scan.
+
+    Program (request, head, token). The request's verify tokens sit in cache slots ``slot[tok0 +
+    i]``; the token sees those on its path (its ``ancestors`` bits), ancestor ``a`` at position
+    ``pos0 + depth[a]``, so in block ``(pos0 + depth[a]) // BLOCK`` whatever slot holds it. The
+    path spans the ``WB`` blocks from ``pos0 // BLOCK`` on: each gets the max of the prefix scan's
+    score (its keys before ``pos0``) and the token's path keys in it; blocks past the window's
+    last position are left alone (no token's position reaches them).
+    """
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    t = tl.program_id(2)
+    tok0 = tl.load(tile_tok0_ptr + b)
+    pos0 = tl.load(tile_pos0_ptr + b)
+    ntok = tl.load(tile_ntok_ptr + b)
+    token_ok = t < ntok
+    i = tl.arange(0, NW)
+    on_path = ((tl.load(anc_ptr + tok0 + t, mask=token_ok, other=0) >> i.to(tl.int64)) & 1) != 0
+    on_path = on_path & (i < ntok) & token_ok
+    slots = tl.load(slot_ptr + tok0 + i, mask=on_path, other=0)
+    d = tl.arange(0, D)
+    keys = tl.load(ik_ptr + slots[:, None] * s_ik_slot + d[None, :], mask=on_path[:, None], other=0.0)
+    query = tl.load(iq_ptr + (tok0 + t) * s_iq_t + h * s_iq_h + d, mask=token_ok, other=0.0)
+    s = tl.sum(keys.to(tl.float32) * query.to(tl.float32)[None, :], axis=1)  # [NW]
+    if KEY_FP8:
+        s *= tl.load(iks_ptr + slots, mask=on_path, other=0.0)
+    s = tl.where(on_path, s, float("-inf"))
+    blk_of = (pos0 + tl.load(depth_ptr + tok0 + i, mask=on_path, other=0)) // BLOCK
+    first = pos0 // BLOCK
+    last = (pos0 + ntok - 1) // BLOCK
+    row = score_ptr + b * s_sc_b + (t * NUM_HEADS + h) * s_sc_r
+    for w in tl.static_range(WB):
+        blk = first + w
+        prefix = tl.load(row + blk, mask=token_ok & (blk * BLOCK < pos0), other=float("-inf"))
+        path = tl.max(tl.where(blk_of == blk, s, float("-inf")), axis=0)
+        tl.store(row + blk, tl.maximum(prefix, path), mask=token_ok & (blk <= last))
 
 
 @triton.jit

@@ -89,18 +89,24 @@ def decode_topk_kernel(
     s_sel_t, s_sel_h,
     NUM_HEADS: tl.constexpr, BLOCK: tl.constexpr, NBP: tl.constexpr,
     TOPK: tl.constexpr, KP: tl.constexpr, LOCAL: tl.constexpr, INIT: tl.constexpr,
+    TREE: tl.constexpr = False, depth_ptr=None,
 ):
     """Per (request, index head, query token): forced blocks + top-k of that token's scores.
 
     Each token selects on its own (speculative verification never shares a selection). Launched
     with few warps: the TOPK serial reductions are then warp shuffles without block barriers.
+    A chain's token ``t`` sits at ``pos0 + t``; a draft tree's (``TREE``) at ``pos0 + depth``,
+    its depth read from ``depth_ptr`` (last, with ``TREE``: chain launches leave both out).
     """
     b = tl.program_id(0)
     h = tl.program_id(1)
     t = tl.program_id(2)
     tok0 = tl.load(tile_tok0_ptr + b)
-    pos = tl.load(tile_pos0_ptr + b) + t
     ntok = tl.load(tile_ntok_ptr + b)
+    if TREE:
+        pos = tl.load(tile_pos0_ptr + b) + tl.load(depth_ptr + tok0 + t, mask=t < ntok, other=0)
+    else:
+        pos = tl.load(tile_pos0_ptr + b) + t
     own = pos // BLOCK
     blk = tl.arange(0, NBP)
     row = t * NUM_HEADS + h

@@ -26,11 +26,12 @@ def is_target_verify(forward_mode) -> bool:
 def verify_q_len(spec_info, trees: bool = False) -> int:
     """Draft tokens per request of a TARGET_VERIFY batch, from its ``spec_info``.
 
-    EAGLE draft trees (top-k > 1) are verified only by callers that read SGLang's tree mask
-    (``trees=True``: the torch path, :mod:`sglang_m3.msa.verify_tree`); the Triton kernels attend
-    to the drafts causally, as a chain, and refuse trees. NGRAM's irregular trees (``tree_topk``
-    -1) and per-request verify lengths (a ragged verify layout) are refused everywhere rather
-    than answered wrongly (neither is tested here).
+    EAGLE draft trees (top-k > 1) are accepted from callers that read SGLang's tree mask
+    (``trees=True``: every MSA path does, the torch planner and the Triton plans, see
+    :mod:`sglang_m3.msa.verify_tree`); a caller that would attend the drafts as a chain leaves
+    ``trees`` False and has trees refused. NGRAM's irregular trees (``tree_topk`` -1) and
+    per-request verify lengths (a ragged verify layout) are refused everywhere rather than
+    answered wrongly (neither is tested here).
     """
     if spec_info is None:
         raise ValueError("a TARGET_VERIFY batch without forward_batch.spec_info: the draft count per request is unknown")
@@ -42,8 +43,8 @@ def verify_q_len(spec_info, trees: bool = False) -> int:
         )
     if branching > 1 and not trees:
         raise ValueError(
-            f"spec_info.tree_topk = {branching}: the MSA Triton kernels attend to the drafts as a chain "
-            "(run EAGLE with --speculative-eagle-topk 1 on CUDA; draft trees are verified by the torch path only)"
+            f"spec_info.tree_topk = {branching}: this caller attends the drafts as a chain and does not "
+            "read the tree mask (run EAGLE with --speculative-eagle-topk 1)"
         )
     if getattr(spec_info, "ragged_verify_layout", None) is not None:
         raise ValueError("spec_info.ragged_verify_layout is set: MSA plans verify batches of one draft count per request only")

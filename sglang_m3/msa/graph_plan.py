@@ -11,6 +11,11 @@ captured batch and the whole context the model can hold:
   request's page ids from ``req_to_token`` and write every tile's first query position. Fixed
   shapes, no host sync, so it replays with the runner's freshly copied inputs.
 
+Verify graphs of draft trees (EAGLE top-k > 1) also hold each token's depth, ancestors and slot
+(:class:`msa_kernels.plan.DraftTree`). Those come from the batch's tree mask, which the graph
+runner does not keep in its input buffers: :meth:`GraphDecodePlans.refresh_tree` copies them in
+from the host side, before every replay, where the real ``spec_info`` is at hand.
+
 Rows the runner pads a batch with (``seq_len`` = the dense backend's fill value, some pool row)
 are clamped to hold at least their query tokens, so positions never go negative, and to the
 captured context, so no kernel reads past the page table; such rows only write their own
@@ -20,7 +25,7 @@ output rows, which the runner discards.
 from __future__ import annotations
 
 import torch
-from msa_kernels.plan import DecodePlan, Tiles, assemble_decode_plan, page_table_from_req_to_token
+from msa_kernels.plan import DecodePlan, DraftTree, Tiles, assemble_decode_plan, draft_tree, page_table_from_req_to_token
 from msa_kernels.reference import MSAParams
 
 from sglang_m3.msa.batch_shape import attended_lens
@@ -45,13 +50,15 @@ class GraphDecodePlans:
         self.tickets = torch.zeros(max_bs * num_kv_heads, dtype=torch.int32, device=self.device)
         self._tok0: dict[int, torch.Tensor] = {}  # q_len -> first q row of each request
         self._ntok: dict[int, torch.Tensor] = {}  # q_len -> query tokens of each request
-        self._plans: dict[tuple[int, int], DecodePlan] = {}
+        self._trees: dict[int, DraftTree] = {}  # q_len -> draft-tree buffers of max_bs requests
+        self._plans: dict[tuple[int, int, bool], DecodePlan] = {}
 
-    def plan(self, batch: int, q_len: int, longest_kv: int | None = None) -> DecodePlan:
+    def plan(self, batch: int, q_len: int, longest_kv: int | None = None, tree: bool = False) -> DecodePlan:
         """The plan of a ``batch`` x ``q_len`` batch (host side: may allocate, never syncs).
 
         ``longest_kv`` (the longest request's tokens, queries included), when the caller knows
-        it from host-side lengths, is checked against the captured context.
+        it from host-side lengths, is checked against the captured context. ``tree``: the
+        verify tokens form draft trees (see :meth:`refresh_tree`).
         """
         if batch > self.max_bs:
             raise ValueError(f"batch of {batch} requests exceeds the CUDA-graph max_bs {self.max_bs} given to init_cuda_graph_state")
@@ -60,11 +67,18 @@ class GraphDecodePlans:
                 f"a request of {longest_kv} tokens (seq_lens plus draft tokens) exceeds the CUDA-graph context of "
                 f"{self.max_tokens} tokens (model context_len, plus the drafts in verify graphs, within req_to_token)"
             )
-        key = (batch, q_len)
+        key = (batch, q_len, tree)
         if key not in self._plans:
             if q_len not in self._tok0:
                 self._tok0[q_len] = self.req * q_len
                 self._ntok[q_len] = torch.full_like(self.req, q_len)
+            if tree and q_len not in self._trees:
+                rows = self.max_bs * q_len
+                self._trees[q_len] = DraftTree(
+                    depth=torch.zeros(rows, dtype=torch.int32, device=self.device),
+                    ancestors=torch.zeros(rows, dtype=torch.int64, device=self.device),
+                    slots=torch.zeros(rows, dtype=torch.int64, device=self.device),
+                )
             tiles = Tiles(
                 req=self.req[:batch],
                 tok0=self._tok0[q_len][:batch],
@@ -73,9 +87,25 @@ class GraphDecodePlans:
                 max_tokens=q_len,
             )
             self._plans[key] = assemble_decode_plan(
-                self.params, self.page_table[:batch], tiles, self.tickets, self.num_kv_heads, self.num_sms
+                self.params, self.page_table[:batch], tiles, self.tickets, self.num_kv_heads, self.num_sms,
+                tree=self._tree_rows(q_len, batch * q_len) if tree else None,
             )
         return self._plans[key]
+
+    def _tree_rows(self, q_len: int, rows: int) -> DraftTree:
+        whole = self._trees[q_len]
+        return DraftTree(depth=whole.depth[:rows], ancestors=whole.ancestors[:rows], slots=whole.slots[:rows])
+
+    def refresh_tree(self, plan: DecodePlan, visible: torch.Tensor, slots: torch.Tensor) -> None:
+        """Write this batch's draft trees into ``plan`` (device copies, no host sync).
+
+        ``visible [batch * q_len, q_len]`` and ``slots [batch * q_len]`` as
+        :func:`msa_kernels.plan.draft_tree` takes them.
+        """
+        fresh = draft_tree(visible, slots)
+        plan.tree.depth.copy_(fresh.depth)
+        plan.tree.ancestors.copy_(fresh.ancestors)
+        plan.tree.slots.copy_(fresh.slots)
 
     def refresh(
         self,

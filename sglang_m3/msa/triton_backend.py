@@ -2,9 +2,12 @@
 
 ``init_forward_metadata`` (eager) makes one ``msa_kernels`` plan per forward (page table from
 ``req_to_token`` with page = block = 128, tiles of query tokens); ``_attend`` runs every sparse
-layer against it: decode and speculative verification (a chain of drafts per request, outside SGLang's
-``seq_lens``: see :mod:`sglang_m3.msa.batch_shape`) on the decode kernels, extend / chunked
-prefill on the prefill kernels.
+layer against it: decode and speculative verification (the drafts of each request, outside
+SGLang's ``seq_lens``: see :mod:`sglang_m3.msa.batch_shape`) on the decode kernels, extend /
+chunked prefill on the prefill kernels. Verify drafts form a chain (EAGLE top-k 1) or a draft
+tree (top-k > 1): then the plan carries each token's depth, ancestors and slot, read from
+SGLang's tree mask on the device (:mod:`sglang_m3.msa.verify_tree`), and every token selects
+and attends as the decode query at the end of its own root-to-token path.
 
 CUDA graphs (SGLang's decode and target-verify graph runners) use static plans from
 :mod:`sglang_m3.msa.graph_plan`: ``init_cuda_graph_state`` sizes them for the largest captured
@@ -12,20 +15,29 @@ batch and the model's context; ``init_forward_metadata_out_graph`` (host, before
 before every replay) checks the batch and picks the plan of its shape;
 ``init_forward_metadata_in_graph`` (recorded in the graph) gathers page ids and query positions
 from the runner's input buffers into it. Every request of a graphed verify batch has the
-captured draft width (SGLang replays only uniform widths) and its drafts must form a chain
-(EAGLE top-k 1): the decode kernels attend causally, without SGLang's tree mask. Extend batches
-are never graphed here: their plans depend on host-side lengths.
+captured draft width (SGLang replays only uniform widths). A graphed draft tree's rows are
+copied into the plan out of the graph, before every replay: the runner keeps no copy of the
+tree mask in its input buffers, the real ``spec_info`` holds it. Extend batches are never
+graphed here: their plans depend on host-side lengths.
 """
 
 from __future__ import annotations
 
 import torch
 from msa_kernels.api import run_decode, run_prefill
-from msa_kernels.plan import DecodePlan, page_table_from_req_to_token, plan_decode, plan_prefill
+from msa_kernels.plan import (
+    DecodePlan,
+    draft_tree,
+    page_table_from_req_to_token,
+    plan_decode,
+    plan_prefill,
+    verify_window_slots,
+)
 
 from sglang_m3.msa.backend import MSATorchBackend
-from sglang_m3.msa.batch_shape import attended_lens, host_extend_lens, uniform_query_shape
+from sglang_m3.msa.batch_shape import attended_lens, host_extend_lens, is_target_verify, uniform_query_shape
 from sglang_m3.msa.graph_plan import GraphDecodePlans
+from sglang_m3.msa.verify_tree import draft_visibility_rows, is_draft_tree, tree_mask_qlen_only
 
 
 def _blocks_for(max_seq_len: int, block_size: int, limit: int) -> int:
@@ -51,12 +63,22 @@ class MSATritonBackend(MSATorchBackend):
         self.num_kv_heads = self.token_to_kv_pool.head_num  # per rank
         self.device = device
         self.context_len = model_runner.model_config.context_len
+        self.model_runner = model_runner  # its attention backend names the tree-mask layout
         self.kernel_plan = None
         self.graph_plans: GraphDecodePlans | None = None
 
+    def _draft_trees(self, forward_batch, q_len: int):
+        """``(visible rows, slots)`` of a verify batch's draft trees, None for any other batch."""
+        if not is_verify_of_trees(forward_batch):
+            return None
+        qlen_only = tree_mask_qlen_only(getattr(self.model_runner, "attn_backend", None))
+        return draft_tree_rows(forward_batch, self.req_to_token_pool.req_to_token, q_len, qlen_only)
+
     def init_forward_metadata(self, forward_batch) -> None:
+        shape = uniform_query_shape(forward_batch, trees=True)
+        trees = None if shape is None else self._draft_trees(forward_batch, shape[0])
         self.kernel_plan = plan_kernels(
-            forward_batch, self.req_to_token_pool.req_to_token, self.params, self.num_kv_heads, self.num_sms
+            forward_batch, self.req_to_token_pool.req_to_token, self.params, self.num_kv_heads, self.num_sms, trees
         )
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
@@ -81,13 +103,16 @@ class MSATritonBackend(MSATorchBackend):
         longest = None
         if on_host is not None and on_host.numel():
             longest = int(attended_lens(on_host, q_len, queries_in_seq_lens).max())
-        self.kernel_plan = self.graph_plans.plan(forward_batch.seq_lens.shape[0], q_len, longest)
+        trees = self._draft_trees(forward_batch, q_len)
+        self.kernel_plan = self.graph_plans.plan(forward_batch.seq_lens.shape[0], q_len, longest, tree=trees is not None)
+        if trees is not None:
+            self.graph_plans.refresh_tree(self.kernel_plan, *trees)
 
     def init_forward_metadata_in_graph(self, forward_batch) -> None:
         """Refresh the picked plan from the runner's buffers: the device work the graph replays."""
         q_len, queries_in_seq_lens = graph_query_shape(forward_batch)
         self.graph_plans.refresh(
-            self.graph_plans.plan(forward_batch.seq_lens.shape[0], q_len),
+            self.graph_plans.plan(forward_batch.seq_lens.shape[0], q_len, tree=is_verify_of_trees(forward_batch)),
             self.req_to_token_pool.req_to_token,
             forward_batch.req_pool_indices,
             forward_batch.seq_lens,
@@ -107,21 +132,40 @@ class MSATritonBackend(MSATorchBackend):
 
 def graph_query_shape(forward_batch) -> tuple[int, bool]:
     """(query tokens per request, whether ``seq_lens`` counts them) of a batch a graph may run."""
-    shape = uniform_query_shape(forward_batch)
+    shape = uniform_query_shape(forward_batch, trees=True)
     if shape is None:
         raise ValueError(f"MSA CUDA graphs cover DECODE and TARGET_VERIFY batches only, got forward_mode {forward_batch.forward_mode}")
     return shape
 
 
-def plan_kernels(forward_batch, req_to_token: torch.Tensor, params, num_kv_heads: int, num_sms: int = 132):
+def is_verify_of_trees(forward_batch) -> bool:
+    return is_target_verify(forward_batch.forward_mode) and is_draft_tree(forward_batch.spec_info)
+
+
+def draft_tree_rows(forward_batch, req_to_token: torch.Tensor, q_len: int, qlen_only: bool):
+    """``(visible [batch * q_len, q_len], slots [batch * q_len])`` of a verify batch of draft trees.
+
+    Device work only: the tree mask of ``spec_info`` (QLEN_ONLY or FULL_MASK layout) and the
+    drafts' slots, which follow each request's ``seq_lens`` tokens in ``req_to_token``.
+    """
+    seq_lens = forward_batch.seq_lens
+    mask = getattr(forward_batch.spec_info, "custom_mask", None)
+    if mask is None:
+        raise ValueError("a verify batch of draft trees without spec_info.custom_mask: each draft's ancestors are unknown")
+    visible = draft_visibility_rows(mask, seq_lens, q_len, qlen_only)
+    return visible, verify_window_slots(req_to_token, forward_batch.req_pool_indices, seq_lens, q_len)
+
+
+def plan_kernels(forward_batch, req_to_token: torch.Tensor, params, num_kv_heads: int, num_sms: int = 132, trees=None):
     """The ``msa_kernels`` plan of one SGLang forward batch (decode, verify or extend).
 
     Decode and verify run the decode kernels with every request's attended length (SGLang's
     ``seq_lens`` plus the drafts in verify, see :mod:`sglang_m3.msa.batch_shape`); extend runs
-    the prefill kernels from host-side lengths.
+    the prefill kernels from host-side lengths. ``trees``: :func:`draft_tree_rows` of a verify
+    batch of draft trees.
     """
     block = params.block_size
-    shape = uniform_query_shape(forward_batch)
+    shape = uniform_query_shape(forward_batch, trees=True)
     on_host = forward_batch.seq_lens_cpu
     host_lens = forward_batch.seq_lens if on_host is None else on_host
     if shape is not None:
@@ -138,7 +182,10 @@ def plan_kernels(forward_batch, req_to_token: torch.Tensor, params, num_kv_heads
         )
     q_len, queries_in_seq_lens = shape
     kv_lens = attended_lens(forward_batch.seq_lens, q_len, queries_in_seq_lens)
-    return plan_decode(params, table, kv_lens, q_len=q_len, num_kv_heads=num_kv_heads, num_sms=num_sms)
+    return plan_decode(
+        params, table, kv_lens, q_len=q_len, num_kv_heads=num_kv_heads, num_sms=num_sms,
+        tree=None if trees is None else draft_tree(*trees),
+    )
 
 
 def msa_backend_for(model_runner, spec) -> MSATorchBackend:

@@ -11,7 +11,9 @@ A draft token must be answered as a decode query at its position would be after 
 accepted: its key sequence is the prefix followed by its ancestors in depth order, at positions
 ``seq_len .. seq_len + depth``. :func:`draft_paths` gives that path for every token, so the MSA
 planner can hand each draft its own key sequence (its own index scores and top-k blocks, never a
-sibling's keys) and the dense layers can mask the siblings out.
+sibling's keys) and the dense layers can mask the siblings out. That is the torch path's host-side
+reading; the Triton path (CUDA graphs) reads the same rows on the device with
+:func:`draft_visibility_rows`, in the layout :func:`tree_mask_qlen_only` names.
 """
 
 from __future__ import annotations
@@ -65,3 +67,38 @@ def draft_paths(visibility: torch.Tensor) -> list[list[int]]:
             )
         paths.append(path)
     return paths
+
+
+def tree_mask_qlen_only(attn_backend) -> bool:
+    """Whether SGLang's tree builder writes the QLEN_ONLY layout (else FULL_MASK) for this target.
+
+    The builder writes the layout of the target attention backend's verify mask when it has one
+    (SGLang's CUDA backends that read trees: FULL_MASK), else SGLang's default for the platform.
+    """
+    from sglang.srt.speculative.eagle_utils import TreeMaskMode, default_tree_mask_mode
+
+    verify_mask = getattr(attn_backend, "verify_mask", None)
+    mode = default_tree_mask_mode() if verify_mask is None else verify_mask.mode
+    if mode not in (TreeMaskMode.FULL_MASK, TreeMaskMode.QLEN_ONLY):
+        raise ValueError(f"tree mask layout {mode!r}: MSA reads FULL_MASK and QLEN_ONLY draft-tree masks only")
+    return mode == TreeMaskMode.QLEN_ONLY
+
+
+def draft_visibility_rows(custom_mask: torch.Tensor, seq_lens: torch.Tensor, q_len: int, qlen_only: bool) -> torch.Tensor:
+    """Bool ``[batch * q_len, q_len]``: row ``b * q_len + i`` marks the verify tokens token ``i`` of
+    request ``b`` attends, read from ``custom_mask`` on its device (fixed shapes, no host sync).
+
+    ``seq_lens``: SGLang's, the drafts excluded (FULL_MASK rows are ``seq_len + q_len`` wide).
+    Reads past the mask (a batch padded for a CUDA graph beyond the requests the mask holds) are
+    clamped to its last entry: such rows are garbage and their outputs are discarded.
+    """
+    device = custom_mask.device
+    token = torch.arange(q_len, device=device)
+    if qlen_only:
+        cells = (torch.arange(seq_lens.shape[0], device=device)[:, None, None] * q_len + token[None, :, None]) * q_len
+    else:
+        width = seq_lens.to(device=device, dtype=torch.int64) + q_len
+        request_start = torch.cumsum(width * q_len, 0) - width * q_len
+        cells = request_start[:, None, None] + token[None, :, None] * width[:, None, None] + (width - q_len)[:, None, None]
+    cells = (cells + token[None, None, :]).clamp(max=custom_mask.numel() - 1)
+    return custom_mask.reshape(-1)[cells.reshape(-1, q_len)] != 0

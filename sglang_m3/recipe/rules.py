@@ -13,7 +13,7 @@ from .catalog import CATALOG, HardwareProfile, get_profile
 from .findings import Finding
 from .fit import estimate_fit, fit_applies
 from .model_geometry import M3, MAX_CONTEXT_LENGTH, TINY_MODEL_PATH
-from .render import INDEX_KEY_DTYPE_ENV, TYPED_FLAGS
+from .render import INDEX_KEY_DTYPE_ENV, TYPED_FLAGS, attention_backend_for
 from .schema import Recipe
 
 Rule = Callable[[Recipe, HardwareProfile], Iterator[Finding]]
@@ -250,6 +250,12 @@ def check_context_length(recipe: Recipe, profile: HardwareProfile) -> Iterator[F
 
 # --- speculative decoding -------------------------------------------------------------------
 
+#: Dense attention backends with which SGLang 0.5.23 verifies EAGLE draft trees at a page size
+#: above 1 (its ``_PAGE_TREE_SPEC_BACKENDS``; it refuses the others, trtllm_mha refuses trees
+#: outright). M3 runs page size 128; its sparse layers verify trees on every profile.
+TREE_VERIFY_BACKENDS = ("fa3", "triton", "flashinfer")
+
+
 def check_speculative(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
     speculative = recipe.spec.speculative
     if speculative is None:
@@ -269,20 +275,20 @@ def check_speculative(recipe: Recipe, profile: HardwareProfile) -> Iterator[Find
     if algorithm == "NGRAM":
         yield _error("spec.speculative.algorithm",
                      "NGRAM verifies irregular draft trees (SGLang reports tree_topk -1), which M3's sparse "
-                     "attention does not verify (it verifies EAGLE chains, and EAGLE trees on the CPU "
-                     "platform); use EAGLE3",
+                     "attention does not verify (it verifies EAGLE chains and EAGLE trees); use EAGLE3",
                      "speculative.ngram-tree")
     if draft is not None and algorithm == "EAGLE" and "eagle3" in draft.path.lower():
         yield _error("spec.speculative.algorithm",
                      f"{draft.path} is an EAGLE3 draft; set algorithm: EAGLE3",
                      "speculative.algorithm-draft")
-    if speculative.eagle_topk != 1 and profile.is_gpu:
+    dense_backend = attention_backend_for(profile, recipe.spec.kv_cache.dtype)
+    if speculative.eagle_topk != 1 and profile.is_gpu and dense_backend not in TREE_VERIFY_BACKENDS:
         yield _error(
             "spec.speculative.eagleTopk",
-            f"on {profile.name} M3's sparse layers run the MSA Triton kernels, which verify drafts as "
-            "a chain only (draft trees are verified by the CPU platform's torch path); set "
-            "eagleTopk: 1 (a chain)",
-            "speculative.chain-only")
+            f"on {profile.name} M3's dense layers run the {dense_backend} attention backend, with which "
+            f"SGLang does not verify draft trees at page size 128 (only {', '.join(TREE_VERIFY_BACKENDS)}); "
+            "set eagleTopk: 1 (a chain)",
+            "speculative.tree-attention-backend")
     elif speculative.eagle_topk == 1 and speculative.num_draft_tokens != speculative.num_steps + 1:
         yield _error(
             "spec.speculative.numDraftTokens",

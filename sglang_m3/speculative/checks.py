@@ -2,8 +2,9 @@
 
 Run when SGLang resolves the EAGLE family's server arguments (launcher process, before any
 model loads). Without them a draft of the wrong width fails deep inside the first forward, aux
-layer ids past the target's depth silently capture nothing, and a draft tree is refused only
-by the MSA planner at the first verify batch.
+layer ids past the target's depth silently capture nothing, and a draft tree too large for the
+MSA kernels' plans fails only at the first verify batch. (Draft trees themselves are verified by
+every MSA path; SGLang refuses dense attention backends that do not verify them.)
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
+
+from msa_kernels.plan import DraftTree
 
 from sglang_m3.speculative.aux_layers import AUX_LAYER_FIELD, resolve_aux_layer_ids
 
@@ -27,19 +30,15 @@ class TargetShape:
 
 
 def check_eagle_settings(
-    algorithm: str, topk: int | None, draft_path: str | None, target: TargetShape, trees_verified: bool = False
+    algorithm: str, topk: int | None, draft_path: str | None, target: TargetShape, num_draft_tokens: int | None = None
 ) -> None:
-    """Refuse draft trees where they are not verified, and an EAGLE3 draft whose widths or aux
-    layers do not fit the target.
-
-    ``trees_verified``: the server's sparse layers run the torch MSA path (the CPU platform), which
-    verifies draft trees; the Triton kernels (CUDA) verify chains only.
-    """
-    if topk is not None and topk > 1 and not trees_verified:
+    """Refuse draft trees of more verify tokens than the MSA plans hold, and an EAGLE3 draft
+    whose widths or aux layers do not fit the target."""
+    if topk is not None and topk > 1 and num_draft_tokens is not None and num_draft_tokens > DraftTree.MAX_TOKENS:
         raise SpeculativeConfigError(
-            f"--speculative-eagle-topk {topk}: on CUDA M3's sparse attention (the MSA Triton kernels) "
-            "verifies drafts as a chain (each draft attends the ones before it); draft trees are verified "
-            "only on the CPU platform's torch path, use --speculative-eagle-topk 1"
+            f"--speculative-num-draft-tokens {num_draft_tokens} with --speculative-eagle-topk {topk}: M3's "
+            f"sparse attention verifies draft trees of at most {DraftTree.MAX_TOKENS} tokens per request "
+            "(each token's ancestors are one 64-bit mask)"
         )
     draft = _local_config(draft_path)
     if draft is None or algorithm != "EAGLE3":

@@ -25,7 +25,7 @@ def check_m3_eagle_args(result, server_args):
         view.speculative_eagle_topk,
         view.speculative_draft_model_path,
         TargetShape(text.hidden_size, text.vocab_size, text.num_hidden_layers),
-        trees_verified=_on_cpu_platform(),
+        view.speculative_num_draft_tokens,
     )
     return result
 

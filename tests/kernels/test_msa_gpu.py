@@ -4,7 +4,8 @@ Covers the M3_FACTS s.2 traps: partial last blocks, causal masking inside the ow
 block that also ranks, ragged batches, prefixes that are not block multiples, contexts of
 <= topk blocks (exactly dense), several query tokens per request (each selects on its own),
 shuffled (non-contiguous) pages whose unused slots hold NaN, init blocks, and the per-rank
-geometry under TP4 (16 q heads, 1 KV head). Skipped without CUDA.
+geometry under TP4 (16 q heads, 1 KV head); and speculative verification of EAGLE draft trees.
+Skipped without CUDA.
 """
 
 import pytest
@@ -95,6 +96,26 @@ def test_decode_bf16(q_len, hq, hkv):
     batch.extend_lens = q_lens.tolist()
     seq = torch.tensor(seq_lens, device="cuda")
     plan = plan_decode(params, _table(batch, max_context), seq, q_len=q_len, q_lens=q_lens, num_kv_heads=hkv)
+    out, selected = run_decode(plan, batch.q, batch.k_cache, batch.v_cache, batch.iq, batch.ik_cache)
+    _assert_agrees(compare_with_reference(batch, params, out, selected, rel_tol=REL_TOL))
+
+
+@pytest.mark.parametrize("hq, hkv", [(64, 4), (16, 1)])
+def test_decode_draft_trees_bf16(hq, hkv):
+    """EAGLE trees of 8 tokens (top-3 x 3 steps and deeper ones) verified at M3 shapes: each token
+    as the decode query at the end of its path; prefixes end just before, on and after block
+    boundaries, so paths cross into a block that holds later drafts by slot."""
+    from msa_kernels.api import run_decode
+
+    params = MSAParams(block_size=BLOCK, topk=16, local_blocks=1, init_blocks=0)
+    prefixes = [5, 125, 128, 2045, 2049, 5000, 20477, 33000]
+    trees = [[-1, 0, 0, 0, 1, 1, 4, 2], [-1, 0, 1, 1, 3, 4, 2, 6]] * 4
+    seq_lens = [p + 8 for p in prefixes]
+    batch = _batch(seq_lens, [8] * len(seq_lens), hq, hkv, seed=hkv, decode_q_len=8, max_context=40960).with_draft_trees(trees)
+    plan = plan_decode(
+        params, _table(batch, 40960), torch.tensor(seq_lens, device="cuda"), q_len=8, num_kv_heads=hkv,
+        tree=batch.draft_tree(),
+    )
     out, selected = run_decode(plan, batch.q, batch.k_cache, batch.v_cache, batch.iq, batch.ik_cache)
     _assert_agrees(compare_with_reference(batch, params, out, selected, rel_tol=REL_TOL))
 

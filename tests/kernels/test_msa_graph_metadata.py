@@ -168,8 +168,9 @@ def test_batches_beyond_the_captured_state_are_refused(backend_module):
     verify.seq_lens_cpu[0] = CONTEXT + 1  # + 2 drafts: one past the captured context
     with pytest.raises(ValueError, match="exceeds the CUDA-graph context"):
         verify.backend.init_forward_metadata_out_graph(verify.view(MAX_BS))
-    verify.spec_info.topk = 2
-    with pytest.raises(ValueError, match="spec_info.tree_topk = 2"):
+    verify.seq_lens_cpu[0] = 1
+    verify.spec_info.topk = 2  # a draft tree: read from its tree mask, which must be there
+    with pytest.raises(ValueError, match="draft trees without spec_info.custom_mask"):
         verify.backend.init_forward_metadata_out_graph(verify.view(MAX_BS))
 
     extend = runner.view(MAX_BS)

@@ -55,7 +55,7 @@ def _verify_batch_missing(**changes):
     "changes, message",
     [
         ({"spec_info": None}, "forward_batch.spec_info"),
-        ({"topk": 2}, "spec_info.tree_topk = 2"),
+        ({"topk": 2}, "draft trees without spec_info.custom_mask"),
         ({"ragged_verify_layout": object()}, "spec_info.ragged_verify_layout"),
         ({"num_tokens_per_req": -1, "draft_token_num": None}, "num_tokens_per_req > 0 nor draft_token_num"),
     ],

@@ -118,7 +118,7 @@ def test_speculative_rules():
         "speculative.ngram-no-draft": {"algorithm": "NGRAM", "draftModel": draft},
         "speculative.ngram-tree": {"algorithm": "NGRAM", "numSteps": 2, "numDraftTokens": 3},
         "speculative.algorithm-draft": {"algorithm": "EAGLE", "draftModel": draft},
-        "speculative.chain-only": {"algorithm": "EAGLE3", "draftModel": draft, "eagleTopk": 2},
+        "speculative.tree-attention-backend": {"algorithm": "EAGLE3", "draftModel": draft, "eagleTopk": 2},
         "speculative.draft-tokens": {"algorithm": "EAGLE3", "draftModel": draft,
                                      "numSteps": 2, "numDraftTokens": 4},
     }
@@ -132,15 +132,23 @@ def test_speculative_rules():
     assert "speculative.triton-path" in rules_fired(hopper)
 
 
-def test_draft_trees_are_refused_on_gpus_and_accepted_on_the_cpu_platform():
-    """The CPU platform's torch MSA path verifies EAGLE trees (tests/speculative/test_eagle3_tree_exact.py);
-    the GPU's Triton kernels verify chains only."""
+def test_draft_trees_follow_the_dense_attention_backend():
+    """M3's sparse layers verify EAGLE trees everywhere (the CPU platform's torch path:
+    tests/speculative/test_eagle3_exact.py; the Triton kernels: tests/kernels/test_msa_tree_verify.py);
+    the dense layers need an SGLang backend that verifies trees at page size 128: fa3 on Hopper and
+    triton on AMD do, Blackwell's fa4 and trtllm_mha do not."""
     tree = {"algorithm": "EAGLE3", "draftModel": {"path": "/drafts/tiny-eagle3"}, "numSteps": 3,
             "eagleTopk": 3, "numDraftTokens": 8}
     cpu = make_recipe(spec__hardware={"profile": "cpu"}, spec__model={"path": "sglang-m3:tiny", "variant": "bf16"},
                       spec__kvCache={"pageSize": 1}, spec__serving={"maxTotalTokens": 8192}, spec__speculative=tree)
     assert not {r for r in rules_fired(cpu) if r.startswith("speculative.")}
-    assert "speculative.chain-only" in rules_fired(make_recipe(spec__speculative=tree))
+    bf16 = {"path": "MiniMaxAI/MiniMax-M3", "variant": "bf16"}
+    for profile in ("h100", "h200", "mi300x"):
+        gpu = make_recipe(spec__hardware={"profile": profile}, spec__model=bf16, spec__speculative=tree)
+        assert "speculative.tree-attention-backend" not in rules_fired(gpu), profile
+    assert "speculative.tree-attention-backend" in rules_fired(make_recipe(spec__speculative=tree))  # b200: fa4
+    fp8_kv = make_recipe(spec__kvCache={"dtype": "fp8_e4m3"}, spec__speculative=tree)  # b200: trtllm_mha
+    assert any("trtllm_mha" in f.message for f in validate_recipe(fp8_kv) if f.rule == "speculative.tree-attention-backend")
 
 
 def test_amd_mxfp8_on_cdna3_wants_a_long_watchdog():

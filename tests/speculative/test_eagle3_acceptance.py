@@ -71,24 +71,26 @@ def test_copy_draft_on_ordinary_prompts_is_exact_and_rarely_accepted(copy_server
         ({"target_hidden_size": 128, "vocab_size": 512, "draft_vocab_size": 600}, 1, "draft_vocab_size = 600"),
         ({"target_hidden_size": 128, "vocab_size": 512, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 4]}}, 1,
          "eagle_config.eagle_aux_hidden_state_layer_ids = [1, 2, 4]"),
-        ({"target_hidden_size": 128, "vocab_size": 512}, 2, "--speculative-eagle-topk 2"),
+        ({"target_hidden_size": 128, "vocab_size": 512}, 2, "--speculative-num-draft-tokens 65 with --speculative-eagle-topk 2"),
     ],
 )
 def test_bad_settings_are_refused_naming_the_field(tmp_path, draft, topk, named):
     (tmp_path / "config.json").write_text(json.dumps(draft))
     with pytest.raises(SpeculativeConfigError, match=named.replace("[", r"\[").replace("]", r"\]")):
-        check_eagle_settings("EAGLE3", topk, str(tmp_path), TINY)
+        check_eagle_settings("EAGLE3", topk, str(tmp_path), TINY, num_draft_tokens=65)
 
 
 def test_fitting_draft_passes(tiny_draft_factory):
     check_eagle_settings("EAGLE3", 1, tiny_draft_factory(draft_vocab_size=100), TINY)
 
 
-def test_draft_trees_pass_where_the_torch_path_verifies_them(tiny_draft_factory):
-    """The CPU platform verifies trees (test_eagle3_tree_exact); CUDA's Triton kernels do not."""
-    check_eagle_settings("EAGLE3", 3, tiny_draft_factory(), TINY, trees_verified=True)
-    with pytest.raises(SpeculativeConfigError, match="--speculative-eagle-topk 3: on CUDA"):
-        check_eagle_settings("EAGLE3", 3, tiny_draft_factory(), TINY, trees_verified=False)
+def test_draft_trees_pass_up_to_64_verify_tokens(tiny_draft_factory):
+    """Every MSA path verifies trees (the CPU platform's torch path: test_eagle3_exact; the Triton
+    kernels: tests/kernels/test_msa_tree_verify.py); their plans hold 64 tokens per tree."""
+    check_eagle_settings("EAGLE3", 3, tiny_draft_factory(), TINY, num_draft_tokens=64)
+    check_eagle_settings("EAGLE3", 1, tiny_draft_factory(), TINY, num_draft_tokens=65)  # a chain: no tree mask
+    with pytest.raises(SpeculativeConfigError, match="at most 64 tokens per request"):
+        check_eagle_settings("EAGLE3", 3, tiny_draft_factory(), TINY, num_draft_tokens=65)
 
 
 @pytest.mark.server
