@@ -33,6 +33,41 @@ _QUANTIZED_SUFFIXES = {
 }
 
 
+#: checkpoint tensor (within a layer) -> (model parameter it loads into, shard id) of packed projections
+PACKED = {
+    "self_attn.q_proj.weight": ("self_attn.qkv_proj.weight", "q"),
+    "self_attn.k_proj.weight": ("self_attn.qkv_proj.weight", "k"),
+    "self_attn.v_proj.weight": ("self_attn.qkv_proj.weight", "v"),
+    "mlp.gate_proj.weight": ("mlp.gate_up_proj.weight", 0),
+    "mlp.up_proj.weight": ("mlp.gate_up_proj.weight", 1),
+    "block_sparse_moe.shared_experts.gate_proj.weight": ("mlp.shared_experts.gate_up_proj.weight", 0),
+    "block_sparse_moe.shared_experts.up_proj.weight": ("mlp.shared_experts.gate_up_proj.weight", 1),
+}
+#: checkpoint tensor (within a layer) -> the model parameter of another name it loads into
+RENAMED = {
+    "block_sparse_moe.shared_experts.down_proj.weight": "mlp.shared_experts.down_proj.weight",
+    "block_sparse_moe.gate.weight": "mlp.gate.weight",
+    "block_sparse_moe.e_score_correction_bias": "mlp.e_score_correction_bias",
+}
+
+
+def checkpoint_modules(module: str) -> list[str]:
+    """The checkpoint modules whose weights the model's layer ``module`` (``model.layers.N.`` plus
+    the model's name, e.g. ``...self_attn.qkv_proj``) holds: the parts of a packed projection
+    (:data:`PACKED`), the original name of a renamed one (:data:`RENAMED`), else ``module`` itself.
+    A dense MLP's parts are listed under both spellings ``canonical_dense_mlp_name`` accepts."""
+    match = _LAYER.match(module)
+    if match is None:
+        return [module]
+    layer, local = f"model.layers.{match.group(1)}.", match.group(2) + ".weight"
+    parts = [name for name, (target, _) in PACKED.items() if target == local]
+    parts += [name for name, target in RENAMED.items() if target == local]
+    parts = parts or [local]
+    if local.startswith("mlp.") and not local.startswith("mlp.shared_experts."):
+        parts += ["block_sparse_moe." + name[len("mlp.") :] for name in parts]
+    return [layer + name[: -len(".weight")] for name in parts]
+
+
 class CheckpointError(ValueError):
     """A checkpoint tensor is missing, misshapen or not part of M3; the message names it."""
 

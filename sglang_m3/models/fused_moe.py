@@ -58,13 +58,15 @@ class M3FusedMoeBlock(nn.Module):
         e, h = spec.num_experts, spec.hidden_size
         add_router_parameters(self, spec)
         swiglu = spec.hidden_act != "silu"
-        self.experts = get_moe_impl_class(quant_config)(
+        # The experts are plain weights here (a BF16 checkpoint, or MXFP8 dequantized at load):
+        # the quantization config (MXFP8 dense linears on CUDA) is the shared expert's only.
+        self.experts = get_moe_impl_class(None)(
             num_experts=e,
             top_k=self.top_k,
             hidden_size=h,
             intermediate_size=spec.moe_intermediate_size,
             layer_id=layer_id,
-            quant_config=quant_config,
+            quant_config=None,
             reduce_results=False,
             activation="silu",
             is_gated=True,

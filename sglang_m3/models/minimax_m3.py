@@ -28,6 +28,8 @@ from torch import nn
 from sglang_m3.config import M3TextSpec
 from sglang_m3.models.checkpoint_layout import (
     IGNORED_PREFIXES,
+    PACKED,
+    RENAMED,
     CheckpointError,
     canonical_dense_mlp_name,
     expected_text_tensors,
@@ -40,26 +42,12 @@ from sglang_m3.models.layers import M3RMSNorm, PartialNeoxRotary
 from sglang_m3.models.fused_moe import make_moe_block
 from sglang_m3.models.moe import GatedMLP
 from sglang_m3.speculative.aux_layers import resolve_aux_layer_ids
-from sglang_m3.quant.loading import MXFP8Dequantizer
+from sglang_m3.quant.loading import ROUTED_EXPERT, MXFP8Dequantizer, MXFP8Weight
+from sglang_m3.quant.mxfp8 import WEIGHT_DTYPE
 
 logger = logging.getLogger(__name__)
 
 _EXPERT = re.compile(r"^(model\.layers\.\d+)\.block_sparse_moe\.experts\.(\d+)\.(w1|w2|w3)\.weight$")
-# checkpoint suffix -> (our parameter suffix, shard id) for packed projections
-_PACKED = {
-    "self_attn.q_proj.weight": ("self_attn.qkv_proj.weight", "q"),
-    "self_attn.k_proj.weight": ("self_attn.qkv_proj.weight", "k"),
-    "self_attn.v_proj.weight": ("self_attn.qkv_proj.weight", "v"),
-    "mlp.gate_proj.weight": ("mlp.gate_up_proj.weight", 0),
-    "mlp.up_proj.weight": ("mlp.gate_up_proj.weight", 1),
-    "block_sparse_moe.shared_experts.gate_proj.weight": ("mlp.shared_experts.gate_up_proj.weight", 0),
-    "block_sparse_moe.shared_experts.up_proj.weight": ("mlp.shared_experts.gate_up_proj.weight", 1),
-}
-_RENAMED = {
-    "block_sparse_moe.shared_experts.down_proj.weight": "mlp.shared_experts.down_proj.weight",
-    "block_sparse_moe.gate.weight": "mlp.gate.weight",
-    "block_sparse_moe.e_score_correction_bias": "mlp.e_score_correction_bias",
-}
 
 
 class M3Attention(nn.Module):
@@ -280,11 +268,10 @@ class TextWeightLoader:
         self.params = dict(model.named_parameters())
         self.seen: set[str] = set()
         self.skipped_mtp = 0
+        self.mxfp8_expert_layers = mxfp8_expert_layers(model)
         # An MXFP8 checkpoint's weight/scale pairs become plain weights here (dequantize at load),
-        # but for the routed experts of MoE blocks that keep them quantized (sglang_m3.models.mxfp8_moe).
-        self.dequantizer = (
-            MXFP8Dequantizer(self.spec.quantization, mxfp8_expert_layers(model)) if self.spec.quantization else None
-        )
+        # but for the modules whose parameters stay MXFP8 (keeps_quantized).
+        self.dequantizer = MXFP8Dequantizer(self.spec.quantization, self.keeps_quantized) if self.spec.quantization else None
 
     def load(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         for name, tensor in weights:
@@ -315,30 +302,54 @@ class TextWeightLoader:
         self.seen.add(name)
         self._copy(name, tensor)
 
+    def keeps_quantized(self, module: str) -> bool:
+        """Whether checkpoint module ``module``'s MXFP8 pair loads as it is: a routed expert of a
+        block that keeps MXFP8 experts, or a linear whose weight parameter is float8 (built so on
+        CUDA, ``sglang_m3.quant.mxfp8_linear``)."""
+        expert = ROUTED_EXPERT.search(module)
+        if expert is not None:
+            return int(expert.group(1)) in self.mxfp8_expert_layers
+        name = text_tensor_name(f"{module}.weight")
+        if name is None:
+            return False
+        param = self.params.get(self._target(canonical_dense_mlp_name(name, self.spec))[0])
+        return param is not None and param.dtype == WEIGHT_DTYPE
+
+    @staticmethod
+    def _target(name: str) -> tuple[str, str | int | None]:
+        """(model parameter, shard id or None) that canonical checkpoint tensor ``name`` loads into."""
+        _, _, suffix = name.partition(".layers.")
+        if not suffix:
+            return name, None
+        layer_no, _, local = suffix.partition(".")
+        prefix = f"model.layers.{layer_no}."
+        if local in PACKED:
+            target, shard = PACKED[local]
+            return prefix + target, shard
+        return prefix + RENAMED.get(local, local), None
+
     def _copy(self, name: str, tensor: torch.Tensor) -> None:
         expert = _EXPERT.match(name)
         if expert:
             self.model.get_submodule(f"{expert.group(1)}.mlp").load_expert_weight(int(expert.group(2)), expert.group(3), tensor)
             return
-        layer_prefix, _, suffix = name.partition(".layers.")
-        if suffix:
-            layer_no, _, local = suffix.partition(".")
-            prefix = f"model.layers.{layer_no}."
-            if local in _PACKED:
-                target, shard = _PACKED[local]
-                param = self.params[prefix + target]
-                param.weight_loader(param, tensor, shard)
-                return
-            name = prefix + _RENAMED.get(local, local)
-        param = self.params[name]
-        getattr(param, "weight_loader", default_weight_loader)(param, tensor)
+        target, shard = self._target(name)
+        # an MXFP8 linear's weight and its scale load alike (same rows, input columns / 32)
+        parts = {target: tensor.elements, f"{target}_scale_inv": tensor.scales} if isinstance(tensor, MXFP8Weight) else {target: tensor}
+        for param_name, value in parts.items():
+            param = self.params[param_name]
+            if shard is None:
+                getattr(param, "weight_loader", default_weight_loader)(param, value)
+            else:
+                param.weight_loader(param, value, shard)
 
     def finish(self) -> None:
         if self.dequantizer is not None:
             self.dequantizer.finish()
+            kept = self.dequantizer
             logger.info(
-                "dequantized %d MXFP8 weight(s) at load, kept %d routed-expert weight(s) in MXFP8",
-                self.dequantizer.dequantized, self.dequantizer.kept_quantized,
+                "dequantized %d MXFP8 weight(s) at load, kept %d routed-expert and %d linear weight(s) in MXFP8",
+                kept.dequantized, kept.kept_experts, kept.kept_quantized - kept.kept_experts,
             )
         if self.skipped_mtp:
             logger.info(

@@ -6,11 +6,10 @@ through the W8A16 Triton kernels of ``msa_kernels.triton_mxfp8_moe``: each weigh
 bf16 in registers, bf16 activations, fp32 accumulation. Decode reads the chosen experts' weights
 once per step, so halving those bytes is what makes it faster than the BF16 path.
 
-Only the routed experts are kept quantized. The router is the torch blocks' one
-(:mod:`sglang_m3.models.moe_routing`, routed scaling factor folded into the weights, as in
-:class:`sglang_m3.models.fused_moe.M3FusedMoeBlock`); the shared expert is the ordinary bf16
-:class:`~sglang_m3.models.moe.GatedMLP`, and it and every other linear of an MXFP8 checkpoint
-are still dequantized at load (``sglang_m3.quant.loading``): they are a small part of the bytes.
+The router is the torch blocks' one (:mod:`sglang_m3.models.moe_routing`, routed scaling factor
+folded into the weights, as in :class:`sglang_m3.models.fused_moe.M3FusedMoeBlock`); the shared
+expert is the ordinary :class:`~sglang_m3.models.moe.GatedMLP`, whose linears the quantization
+config keeps in MXFP8 too (``sglang_m3.quant.mxfp8_linear``).
 
 Checkpoint tensors ``block_sparse_moe.experts.{e}.w1/w2/w3.weight`` arrive with their scales as
 :class:`~sglang_m3.quant.loading.MXFP8Weight` pairs (the loader passes the pairs of layers whose

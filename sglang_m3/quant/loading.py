@@ -14,15 +14,17 @@ gate (built with ``quant_config=None``), norms, routing bias, embeddings, lm_hea
 tower stay BF16: a scale or FP8 weight for them is refused by name, as are pairs with one half
 missing, wrong scale shapes and scale formats MXFP8 does not have.
 
-The routed experts of the layers listed in ``quantized_expert_layers`` are the exception: a
-serving block that keeps MXFP8 experts (``sglang_m3.models.mxfp8_moe``, CUDA) takes their pairs as
-they are, so they leave as ``(X.weight, MXFP8Weight)`` after the same checks, not dequantized.
+The modules for which ``keeps_quantized`` answers yes are the exception: a routed expert of a
+serving block that keeps MXFP8 experts (``sglang_m3.models.mxfp8_moe``, CUDA) or a linear built
+with MXFP8 parameters (``sglang_m3.quant.mxfp8_linear``, CUDA) takes its pair as it is, so it
+leaves as ``(X.weight, MXFP8Weight)`` after the same checks, not dequantized.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -59,16 +61,18 @@ class MXFP8Weight:
 class MXFP8Dequantizer:
     """Pairs an MXFP8 checkpoint's weights with their scales and hands out plain fp32 weights."""
 
-    def __init__(self, config: MXFP8Config, quantized_expert_layers: frozenset[int] = frozenset()):
+    def __init__(self, config: MXFP8Config, keeps_quantized: Callable[[str], bool] = lambda module: False):
         self.config = config
-        #: layers whose routed experts pass through as :class:`MXFP8Weight` pairs
-        self.quantized_expert_layers = quantized_expert_layers
+        #: whether a checkpoint module's pair passes through as an :class:`MXFP8Weight`
+        self.keeps_quantized = keeps_quantized
         self.waiting_weights: dict[str, tuple[str, torch.Tensor]] = {}
         self.waiting_scales: dict[str, tuple[str, torch.Tensor]] = {}
         #: modules whose weight already went through unquantized, with its dtype (names only)
         self.plain: dict[str, torch.dtype] = {}
         self.dequantized = 0
         self.kept_quantized = 0
+        #: of ``kept_quantized``, the routed experts' pairs
+        self.kept_experts = 0
 
     def push(self, name: str, tensor: torch.Tensor) -> tuple[str, torch.Tensor] | None:
         """The plain ``(name, tensor)`` to load now, or None while a pair's other half is due."""
@@ -145,14 +149,11 @@ class MXFP8Dequantizer:
         if module in waiting:
             raise CheckpointError(f"checkpoint tensor '{name}' arrives twice for module '{module}' ({waiting[module][0]})")
 
-    def _keeps_quantized(self, module: str) -> bool:
-        expert = ROUTED_EXPERT.search(module)
-        return expert is not None and int(expert.group(1)) in self.quantized_expert_layers
-
     def _pair(self, module: str, weight_name: str, weight: torch.Tensor, scale_name: str, scale: torch.Tensor):
         what = f"checkpoint tensor '{weight_name}'"
         try:
-            if self._keeps_quantized(module):
+            if self.keeps_quantized(module):
+                self.kept_experts += ROUTED_EXPERT.search(module) is not None
                 return weight_name, self._checked_pair(weight, scale, what)
             values = dequantize(weight, scale, torch.float32, what=what)
         except MXFP8FormatError as error:

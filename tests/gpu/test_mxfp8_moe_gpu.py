@@ -162,7 +162,7 @@ def test_served_mxfp8_checkpoint_within_bf16_noise(tmp_path, server_log_dir):
             log = log_text(server)
             assert f"M3 MoE experts: {impl} path" in log
             if impl == "mxfp8":
-                assert "kept 72 routed-expert weight(s) in MXFP8" in log  # 3 MoE layers x 8 experts x w1/w2/w3
+                assert "kept 72 routed-expert and 28 linear weight(s) in MXFP8" in log  # 3 MoE layers x 8 experts x w1/w2/w3; 4 x q/k/v/o + 3 dense MLP + 3 x 3 shared
             served[impl] = {name: generate(server, p, logprob_start=0) for name, p in prompts.items()}
     failures = []
     for name, prompt in prompts.items():
