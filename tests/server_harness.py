@@ -58,7 +58,13 @@ def cpu_server_args(model_path: str, port: int, *extra: str) -> list[str]:
 @contextlib.contextmanager
 def launch_cpu_server(model_path: str, log_dir: str, *extra: str, env: dict[str, str] | None = None):
     """Serve ``model_path`` on the project's CPU platform; ``env`` overrides the server's environment."""
-    server = start_cpu_server(model_path, log_dir, *extra, env=env)
+    with _serving(start_cpu_server(model_path, log_dir, *extra, env=env)) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def _serving(server: RunningServer):
+    """A spawned server once it is ready; stopped on the way out, ready or not."""
     try:
         _wait_ready(server)
         yield server
@@ -78,15 +84,11 @@ def serve_tiny_recipe(recipe_path: str, root, *extra: str):
     port = free_port()
     log_path = os.path.join(root, "serve.log")
     command = [sys.executable, "-m", "sglang_m3.cli", "serve", recipe_path, "--host", "127.0.0.1", "--port", str(port), *extra]
-    with open(log_path, "w", encoding="utf-8") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                   env={**os.environ, "SGLANG_M3_CACHE": cache})
-    server = RunningServer(f"http://127.0.0.1:{port}", model_dir, log_path, process)
+    process = _spawn(command, log_path, {**os.environ, "SGLANG_M3_CACHE": cache})
     try:
-        _wait_ready(server)
-        yield server
+        with _serving(RunningServer(f"http://127.0.0.1:{port}", model_dir, log_path, process)) as server:
+            yield server
     finally:
-        _stop(process)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, 9)  # serve's SGLang children, if serve exited first
 
@@ -101,12 +103,14 @@ def start_cpu_server(model_path: str, log_dir: str, *extra: str, env: dict[str, 
         "SGLANG_EXTERNAL_MODEL_PACKAGE": "sglang_m3.models",
         **(env or {}),
     }
-    with open(log_path, "w", encoding="utf-8") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "sglang.launch_server", *cpu_server_args(model_path, port, *extra)],
-            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-        )
+    process = _spawn([sys.executable, "-m", "sglang.launch_server", *cpu_server_args(model_path, port, *extra)], log_path, env)
     return RunningServer(f"http://127.0.0.1:{port}", model_path, log_path, process)
+
+
+def _spawn(command: list[str], log_path: str, env: dict[str, str]) -> subprocess.Popen:
+    """``command`` in its own session (stopped as a group), stdout and stderr into ``log_path``."""
+    with open(log_path, "w", encoding="utf-8") as log:
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
 def _wait_ready(server: RunningServer) -> None:
