@@ -16,6 +16,19 @@ attention has run; a CUDA graph of a given batch size replays a fixed number of 
 Extend batches (prefill, chunked prefill) attend the host store directly: on the CPU platform it
 is the same memory. K/V writes go through the pool (host store + write-through to the cache).
 
+On CUDA (not written; the server refuses offload there) the same structure maps onto the Triton
+path: ``decode_select`` on the device index keys gives ``selected``; ``page_table[req, selected]``
+gives ``wanted`` (static length ``requests_per_round x pages_per_request``); :func:`plan_fetch` is
+already device-only torch (sort, gathers, scatters, no ``.item()``), so it can be captured; the copy
+becomes one gather kernel per layer reading the pinned host store through its UVA pointer and
+stopping at ``plan.misses`` (issued on a side stream so it can overlap the previous round's
+attention when that round's entries are protected too); attention is the existing
+``sparse_attention_kernel`` with ``k_cache``/``v_cache`` = the cache pages and ``page_table`` =
+:meth:`SparseBlockCache.entry_table` of the plan's page table; the host write of each new token
+(``set_kv_buffer``) must become a device-side store into pinned memory (no sync) next to the
+write-through. Prefill on the GPU also needs its K/V: per chunk, through the cache or a staging
+buffer, since the host store cannot be read by the prefill kernels directly at full speed.
+
 This path computes exactly what :class:`MSATorchBackend` computes: the same selection functions
 on the same index keys, and the reference sparse attention over a key sequence whose selected
 blocks hold the same values (unselected blocks, masked out, come from whatever entry or the
