@@ -14,7 +14,7 @@ it streamed at 2.5 TB/s at best. Here the per-element work is one conversion per
   runs one dot per 32-column group and multiplies that group's fp32 partial sums by the group's
   factor ``2 ** (b - 127)`` per weight row (an exact power of two) before adding them up. That is
   one multiply-add per accumulator element and group, not one per weight element. The scale bytes
-  of a step are read as one word per row (``groups`` bytes, :func:`scale_words`) and prefetched a
+  of a step are read as one word per row (``groups`` bytes, up to 8, :func:`scale_words`) and prefetched a
   step ahead by hand, since Triton's pipeliner leaves loads that feed no dot operand in place (the
   weights and activations it pipelines ``num_stages`` deep; a second loop-carried prefetch made
   Triton 3.8 drop that pipelining altogether).
@@ -27,7 +27,9 @@ it streamed at 2.5 TB/s at best. Here the per-element work is one conversion per
 
 So the result equals an fp32 GEMM of the exact dequantized weights with the bf16 activations up
 to fp32 summation order. Weights sit on the MMA's M side and the few tokens on N ("swap AB"), so
-a 16-token tile does not pad the weight side. The same loop can run its dots in bf16 instead
+a 16-token tile does not pad the weight side. Callers launch it with fewer than four warps per
+program, so the dots compile to ``mma.sync``: a wgmma here is waited for in every group before its
+partial sums can be scaled, which measured slower than widening every weight to bf16. The same loop can run its dots in bf16 instead
 (``DOT_DTYPE``), for callers to which a prescale launch costs more than one more instruction per
 weight element (the dense linears). :func:`dequantize` is the conversion alone, for the GEMMs
 that are bound by FLOPs rather than bytes.
@@ -41,7 +43,7 @@ import triton.language as tl
 
 GROUP = 32  # elements per e8m0 scale along K
 #: scale-word dtype per number of 32-column groups it covers
-WORD_DTYPES = {4: torch.int32, 2: torch.int16, 1: torch.uint8}
+WORD_DTYPES = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
 #: columns per chunk of :func:`prescale_row` (two passes over a row: its largest magnitude, then the scaled copy)
 PRESCALE_BLOCK = 1024
 #: rows per program of :func:`dequantize`
@@ -53,7 +55,7 @@ def scale_words(scales: torch.Tensor, block_k: int) -> tuple[torch.Tensor, int]:
     of ``groups`` consecutive bytes (byte ``g`` of a word, little-endian, is group ``g`` of a K step
     of ``32 * groups`` columns). ``groups`` is the largest of ``block_k / 32`` halved until it divides
     ``K/32``, so a K step never runs past K. No copy: the scales must be contiguous."""
-    groups = max(1, min(4, block_k // GROUP))
+    groups = max(1, min(8, block_k // GROUP))
     while scales.shape[-1] % groups:
         groups //= 2
     return scales.view(WORD_DTYPES[groups]), groups
@@ -62,7 +64,7 @@ def scale_words(scales: torch.Tensor, block_k: int) -> tuple[torch.Tensor, int]:
 @triton.jit
 def group_factors(words, g: tl.constexpr):
     """fp32 ``2 ** (b - 127)`` of byte ``g`` of each scale word (byte 0 -> 0.0, as SGLang decodes)."""
-    return (((words.to(tl.int32) >> (8 * g)) & 0xFF) << 23).to(tl.float32, bitcast=True)
+    return (((words >> (8 * g)) & 0xFF).to(tl.int32) << 23).to(tl.float32, bitcast=True)
 
 
 @triton.jit

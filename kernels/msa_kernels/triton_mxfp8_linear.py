@@ -11,8 +11,8 @@ of two ways by the token count:
   bf16 activations go to the tensor cores as they are, so no prescale launch is needed (the MoE
   experts prescale to fp16 instead, whose weight conversion is one instruction cheaper per
   element; a dense linear is short enough that a launch costs more than that). M3's dense linears
-  under tensor parallelism are narrow (qkv 1280 rows at TP8), too few 64-row tiles to keep every
-  SM streaming, so K is split until about two programs per SM run; the last split of a tile to
+  under tensor parallelism are narrow (qkv 1280 rows at TP8), too few 32-row tiles to keep every
+  SM streaming, so K is split until about four programs per SM run; the last split of a tile to
   finish (an atomic ticket per tile, reset to zero by that program, so CUDA graphs replay it)
   sums the fp32 partials in split order, which keeps the result deterministic.
 - beyond it (prefill): the weight dequantized to the activations' dtype on the device
@@ -36,10 +36,12 @@ from msa_kernels.triton_cast import round_cast
 
 #: largest token count served by the W8A16 kernel; more go through dequantize + matmul
 GEMM_MAX_TOKENS = 128
-#: weight rows per program (one wgmma m64 per warpgroup of 4 warps), tokens per program, K step
-BLOCK_N, BLOCK_M, BLOCK_K = 64, 16, 128
-#: programs per SM the K split aims for
-PROGRAMS_PER_SM = 2
+#: weight rows and tokens per program, K step (256: one int64 scale word per row, where K allows)
+BLOCK_N, BLOCK_M, BLOCK_K = 32, 16, 256
+#: warps per program: two, so the dots are mma.sync (``mxfp8_gemm``'s docstring says why)
+NUM_WARPS = 2
+#: programs per SM the K split aims for (two-warp programs)
+PROGRAMS_PER_SM = 4
 
 
 @triton.jit
@@ -87,10 +89,11 @@ def _sm_count(device: torch.device) -> int:
 
 def split_plan(tiles: int, steps: int, sms: int) -> tuple[int, int]:
     """``(splits, steps_per_split)``: K split into about ``PROGRAMS_PER_SM * sms / tiles`` parts of
-    whole K steps when ``tiles`` programs alone would leave SMs idle (every split non-empty)."""
-    if tiles >= sms:
+    whole K steps when ``tiles`` programs alone are fewer than that (every split non-empty)."""
+    target = PROGRAMS_PER_SM * sms
+    if tiles >= target:
         return 1, steps
-    steps_per_split = triton.cdiv(steps, min(steps, triton.cdiv(PROGRAMS_PER_SM * sms, tiles)))
+    steps_per_split = triton.cdiv(steps, min(steps, triton.cdiv(target, tiles)))
     return triton.cdiv(steps, steps_per_split), steps_per_split
 
 
@@ -106,13 +109,15 @@ def mxfp8_linear(
     tickets: torch.Tensor | None = None,
     *,
     splits: int | None = None,
+    path: str | None = None,
 ) -> torch.Tensor:
     """``x @ dequant(weight, scales).T`` in ``x``'s dtype, shape ``[*x.shape[:-1], N]``.
 
     ``x [..., K]`` bf16 or fp16 with unit stride along K; ``weight [N, K]`` float8_e4m3fn and
     ``scales [N, K/32]`` uint8, both contiguous. ``tickets``: int32 zeros, at least
     :func:`ticket_count` of them, kept by the caller across calls (the kernel leaves them at zero;
-    allocated per call when None). ``splits`` overrides the K split (tests).
+    allocated per call when None). ``splits`` overrides the K split (tests), ``path`` ("gemm" or
+    "dequantize") the choice by :data:`GEMM_MAX_TOKENS` (benchmarks).
     """
     if x.dtype not in (torch.bfloat16, torch.float16) or x.shape[-1] != weight.shape[-1] or x.stride(-1) != 1:
         raise ValueError(f"x must be [..., {weight.shape[-1]}] bf16/fp16 with unit stride along K, got {tuple(x.shape)} {x.dtype}")
@@ -124,7 +129,10 @@ def mxfp8_linear(
     lead = x.shape[:-1]
     x2 = x.reshape(-1, cols)
     tokens = x2.shape[0]
-    if tokens > GEMM_MAX_TOKENS:
+    path = path or ("gemm" if tokens <= GEMM_MAX_TOKENS else "dequantize")
+    if path not in ("gemm", "dequantize"):
+        raise ValueError(f"path must be 'gemm' or 'dequantize', got {path!r}")
+    if path == "dequantize":
         return torch.matmul(x2, dequantize(weight, scales, x.dtype).t()).reshape(*lead, rows)
     y = torch.empty((tokens, rows), dtype=x.dtype, device=x.device)
     if tokens == 0:
@@ -138,7 +146,9 @@ def mxfp8_linear(
         per_split = triton.cdiv(steps, splits)
         splits = triton.cdiv(steps, per_split)
     partials = torch.empty((m_tiles * n_tiles * splits * BLOCK_N * BLOCK_M,) if splits > 1 else (1,), dtype=torch.float32, device=x.device)
-    if tickets is None:
+    if splits == 1:
+        tickets = torch.empty(1, dtype=torch.int32, device=x.device)  # not touched without a split
+    elif tickets is None:
         tickets = torch.zeros(m_tiles * n_tiles, dtype=torch.int32, device=x.device)
     elif tickets.dtype != torch.int32 or tickets.numel() < m_tiles * n_tiles:
         raise ValueError(f"tickets must be at least {m_tiles * n_tiles} int32 zeros, got {tickets.numel()} {tickets.dtype}")
@@ -147,6 +157,6 @@ def mxfp8_linear(
         x2, weight, words, y, partials, tickets,
         tokens, rows, cols, per_split, splits,
         x2.stride(0), weight.stride(0), words.stride(0), y.stride(0),
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, GROUPS=groups, DOT_DTYPE=dot_dtype, num_warps=4, num_stages=4,
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, GROUPS=groups, DOT_DTYPE=dot_dtype, num_warps=NUM_WARPS, num_stages=3,
     )
     return y.reshape(*lead, rows)

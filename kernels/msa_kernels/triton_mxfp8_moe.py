@@ -86,16 +86,19 @@ TILE_TABLE: tuple[tuple[int, TileConfig], ...] = (
     (512, TileConfig(block_m=32, block_n=64, block_k=128, group_m=4, num_warps=4, num_stages=3)),
     (1 << 62, TileConfig(block_m=128, block_n=64, block_k=64, group_m=8, num_warps=4, num_stages=3)),
 )
-#: Tiles of the fp16 path (``block_k`` is one K step: 128 = four scale groups read as one int32
-#: word per row). 64 weight rows per warpgroup (one wgmma m64): with more, Triton routes the group
-#: factors through shared memory every group (seen in the sm_90 compile); with fewer, it pads. At
-#: one token: 4 blocks x 96 programs per GEMM, all resident at once (41 KB of shared memory at 4
-#: stages and 56 registers per thread each), so no partial last wave. Chosen from the sm_90 compile
-#: (Triton 3.8: about 3.7 instructions per weight element and lane in the K loop, against the bf16
-#: path's 9), not yet timed: ``benchmarks/mxfp8_moe.py --sweep`` times the alternatives.
+#: Tiles of the fp16 path (``block_k`` is one K step: 256 = eight scale groups read as one int64
+#: word per row, 128 where K is not a multiple of 256). Measured on the H100 at 27f1706 with 64-row
+#: wgmma tiles (4 warps, 128-column steps): T=1 166 us against the bf16 path's 126 us, although
+#: its K loop compiles to 3.7 instructions per weight element and lane against 9: each 32-column
+#: group's wgmma is waited for before its partial sums are scaled, which serializes a warpgroup.
+#: Two warps per program cannot form a warpgroup, so Triton emits ``mma.sync``, which has no such
+#: wait: 32 weight rows per program, 2.9 instructions per element and lane (sm_90 compile, Triton
+#: 3.8). At one token: 4 blocks x 192 programs per GEMM, about 6 per SM (32 KB of shared memory at
+#: 3 stages, 77 registers per thread each), all resident at once. Not timed yet:
+#: ``benchmarks/mxfp8_moe.py --sweep`` times these against the alternatives (wgmma included).
 FP16_TILE_TABLE: tuple[tuple[int, TileConfig], ...] = (
-    (64, TileConfig(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4)),
-    (1 << 62, TileConfig(block_m=32, block_n=64, block_k=128, group_m=4, num_warps=4, num_stages=3)),
+    (64, TileConfig(block_m=16, block_n=32, block_k=256, num_warps=2, num_stages=3)),
+    (1 << 62, TileConfig(block_m=32, block_n=32, block_k=128, group_m=4, num_warps=2, num_stages=3)),
 )
 TABLES = {"fp16": FP16_TILE_TABLE, "bf16": TILE_TABLE}
 #: Largest token count the fp16 path serves: up to here the weights are read about once per

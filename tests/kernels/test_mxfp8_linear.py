@@ -107,10 +107,14 @@ def test_rows_of_any_magnitude_and_subnormal_weights():
 
 def test_many_tokens_take_dequantize_and_matmul(monkeypatch):
     """Past GEMM_MAX_TOKENS the weight is dequantized (exactly) and multiplied by torch."""
-    monkeypatch.setattr(linear, "GEMM_MAX_TOKENS", 4)
     w, s = weight(48, 96, seed=5)
     x = activations(9, 96, seed=6)
+    assert_close(mxfp8_linear(x, w, s, path="dequantize"), reference(x, w, s))
+    monkeypatch.setattr(linear, "GEMM_MAX_TOKENS", 4)
+    calls = []
+    monkeypatch.setattr(linear, "dequantize", lambda *args: calls.append(args) or mxfp8_gemm.dequantize(*args))
     assert_close(mxfp8_linear(x, w, s), reference(x, w, s))
+    assert len(calls) == 1
 
 
 def test_device_dequantize_equals_the_reference():
@@ -120,12 +124,14 @@ def test_device_dequantize_equals_the_reference():
 
 
 def test_split_plan_fills_the_gpu():
-    """Tiles alone when they cover the SMs; otherwise K split into whole steps, none empty."""
-    assert split_plan(200, 48, 132) == (1, 48)
+    """Tiles alone when they cover the SMs; otherwise K split into whole steps, none empty, for
+    about PROGRAMS_PER_SM programs per SM (within a factor of two: steps are whole)."""
+    assert split_plan(600, 48, 132) == (1, 48)
     for tiles, steps in ((20, 48), (96, 8), (12, 48), (96, 3), (1, 1)):
         splits, per_split = split_plan(tiles, steps, 132)
         assert (splits - 1) * per_split < steps <= splits * per_split
-        assert tiles * splits <= 2 * 132 * 2 and (splits == steps or tiles * splits >= 132)
+        target = linear.PROGRAMS_PER_SM * 132
+        assert tiles * splits < 2 * target and (splits == steps or tiles * splits >= target / 2)
 
 
 def test_refusals():
@@ -134,8 +140,9 @@ def test_refusals():
         mxfp8_linear(activations(2, 128, seed=0).float(), w, s)
     with pytest.raises(ValueError, match="scales must be"):
         mxfp8_linear(activations(2, 128, seed=0), w, s[:, :2])
+    w, s = weight(64, 512, seed=8)
     with pytest.raises(ValueError, match="tickets"):
-        mxfp8_linear(activations(2, 128, seed=0), w, s, torch.zeros(0, dtype=torch.int32), splits=2)
+        mxfp8_linear(activations(2, 512, seed=0), w, s, torch.zeros(0, dtype=torch.int32), splits=2)
 
 
 _COMPILE_FOR_HOPPER = """
@@ -144,31 +151,31 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from msa_kernels.mxfp8_gemm import dequantize_kernel
-from msa_kernels.triton_mxfp8_linear import BLOCK_M, BLOCK_N, linear_kernel
+from msa_kernels.triton_mxfp8_linear import BLOCK_K, BLOCK_M, BLOCK_N, NUM_WARPS, linear_kernel
 
-TYPES = {"x_ptr": "*bf16", "y_ptr": "*bf16", "w_ptr": "*fp8e4nv", "words_ptr": "*i32", "partial_ptr": "*fp32", "out_ptr": "*bf16"}
+TYPES = {"x_ptr": "*bf16", "y_ptr": "*bf16", "w_ptr": "*fp8e4nv", "words_ptr": "*i64", "partial_ptr": "*fp32", "out_ptr": "*bf16"}
 
 
-def compile_for_sm90(kernel, consts, stages):
+def compile_for_sm90(kernel, consts, stages, warps=NUM_WARPS):
     signature = {n: "constexpr" if n in consts else TYPES.get(n, "*i32" if n.endswith("_ptr") else "i32") for n in kernel.arg_names}
     aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
                if n not in consts and (signature[n].startswith("*") or n.startswith(("stride", "K")))}
     return triton.compile(ASTSource(kernel, signature, consts, aligned), target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": 4, "num_stages": stages}).asm["ptx"]
+                          options={"num_warps": warps, "num_stages": stages}).asm["ptx"]
 
 
-ptx = compile_for_sm90(linear_kernel, dict(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, GROUPS=4, DOT_DTYPE=tl.bfloat16), 4)
-assert "wgmma.mma_async" in ptx and ".bf16.bf16" in ptx, "no bf16 wgmma"
+ptx = compile_for_sm90(linear_kernel, dict(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, GROUPS=BLOCK_K // 32, DOT_DTYPE=tl.bfloat16), 3)
+assert "mma.sync" in ptx and ".bf16.bf16" in ptx and "wgmma" not in ptx, "not bf16 mma.sync"
 assert "cp.async" in ptx, "weight loads not pipelined"
 assert "atom.global.gpu.acq_rel.add" in ptx, "split ticket not acquire-release"
-compile_for_sm90(dequantize_kernel, dict(BLOCK_N=32, GROUPS=4), 1)
+compile_for_sm90(dequantize_kernel, dict(BLOCK_N=32, GROUPS=8), 1, warps=4)
 print("compiled")
 """
 
 
 def test_kernels_compile_for_hopper():
     """The interpreter does not run Triton's compiler: compile for sm_90 (no GPU needed) and
-    check the bf16 wgmma, the pipelined weight loads and the acquire-release split ticket."""
+    check the bf16 mma.sync, the pipelined weight loads and the acquire-release split ticket."""
     import os
     import subprocess
     import sys

@@ -105,7 +105,7 @@ def assert_rows_close(got, want):
         (70, 8, 2, 64, 160, TileConfig(block_m=32, block_n=64, block_k=128, group_m=4)),  # K tail on the down GEMM
         (5, 128, 4, 64, 32, SMALL),  # M3's expert count: 20 pairs over 128 experts
         (20, 8, 2, 64, 96, pick_config(8192)),  # the prefill tiles (128-row blocks, more rows than tokens)
-        (4, 8, 2, 256, 128, None),  # fp16 path: 4-group (int32-word) K steps in both GEMMs
+        (4, 8, 2, 256, 128, None),  # fp16 path: 8-group (int64-word) K steps in gate/up, 4-group (int32) in down
     ],
 )
 def test_matches_reference(tokens, experts, top_k, hidden, inter, config, path):
@@ -269,8 +269,9 @@ from msa_kernels.mxfp8_gemm import PRESCALE_BLOCK, prescale_rows_kernel
 
 POINTERS = {
     "x16_ptr": "*fp16", "a16_ptr": "*fp16", "x_ptr": "*bf16", "act_ptr": "*fp32", "out_ptr": "*fp16", "y_ptr": "*bf16",
-    "w_ptr": "*fp8e4nv", "words_ptr": "*i32", "weights_ptr": "*fp32", "alpha": "fp32", "limit": "fp32",
+    "w_ptr": "*fp8e4nv", "weights_ptr": "*fp32", "alpha": "fp32", "limit": "fp32",
 }
+WORDS = {8: "*i64", 4: "*i32", 2: "*i16", 1: "*u8"}
 
 
 def compile_for_sm90(kernel, consts, warps=4, stages=3):
@@ -284,9 +285,10 @@ def compile_for_sm90(kernel, consts, warps=4, stages=3):
 
 config = moe.pick_config(1, "fp16")
 tiles = dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, GROUPS=config.block_k // 32, GROUP_M=config.group_m)
+POINTERS["words_ptr"] = WORDS[config.block_k // 32]
 for kernel, extra in ((moe.gate_up_fp16_kernel, dict(TOP_K=4, SWIGLU_OAI=True)), (moe.down_fp16_kernel, {})):
     ptx = compile_for_sm90(kernel, {**tiles, **extra}, config.num_warps, config.num_stages)
-    assert "wgmma.mma_async" in ptx and ".f16.f16" in ptx, f"{kernel.__name__}: no fp16 wgmma"
+    assert "mma.sync" in ptx and ".f16.f16" in ptx and "wgmma" not in ptx, f"{kernel.__name__}: not fp16 mma.sync"
     assert "cvt.rn.f16x2.e4m3x2" in ptx, f"{kernel.__name__}: e4m3 -> fp16 not one conversion per pair"
     assert "cp.async" in ptx, f"{kernel.__name__}: weight loads not pipelined"
 compile_for_sm90(moe.align_kernel, dict(BLOCK_M=16, CHUNK=64, E_POW2=128, PRESCALE=True, BLOCK_H=PRESCALE_BLOCK))
@@ -298,7 +300,7 @@ print("compiled")
 def test_fp16_path_compiles_for_hopper():
     """The interpreter does not run Triton's compiler: compile the fp16 path's kernels for sm_90
     with the decode tiles (no GPU needed) and check the instructions its design rests on (fp16
-    wgmma, the paired e4m3 -> fp16 conversion, cp.async weight loads)."""
+    mma.sync, no wgmma; the paired e4m3 -> fp16 conversion; cp.async weight loads)."""
     import os
     import subprocess
     import sys

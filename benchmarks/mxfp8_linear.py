@@ -1,0 +1,195 @@
+"""MXFP8 W8A16 dense linears (ours) against BF16 ``F.linear`` (cuBLAS) at M3's shapes, on one GPU.
+
+The shapes are one rank's slices of M3's dense linears at TP8 (the served Hopper recipes), plus the
+whole qkv projection (TP1): qkv 1280 x 6144 (8 query heads + the replicated KV head), o 6144 x 1024,
+shared expert gate_up 768 x 6144 and down 6144 x 384, dense MLP gate_up 3072 x 6144 and down
+6144 x 1536; TP1 qkv 9216 x 6144. Both sides compute the same function: random MXFP8 weights
+(e4m3 elements, e8m0 bytes 2**-14..2**-11) for ours, their exact bf16 dequantization for
+``F.linear`` (what SGLang's unquantized linear method runs on CUDA).
+
+Before timing, each (shape, token count) checks both of our paths (``msa_kernels.triton_mxfp8_linear``:
+``gemm`` up to ``GEMM_MAX_TOKENS`` tokens, ``dequantize`` + matmul beyond) against the fp32
+reference; ours must be within a relative error of 1e-2. Timing: CUDA-graph replays of ``--reps``
+calls cycling over enough weight copies that they exceed L2 four times over (one layer's slice
+alone would sit in L2), so every call reads its weight from HBM as in a real decode step. Reported
+per call: microseconds of BF16, of ours on the path it takes and on the other path, the weight
+bytes per second, and BF16 / ours. The last table sums one TP8 layer's qkv + o + shared expert.
+
+    scripts/gpu/run.sh exec python benchmarks/mxfp8_linear.py --out "$OUT" [--tokens 1 8 64 128 512 8192]
+
+Writes ``mxfp8_linear_<gpu>.json`` and ``mxfp8_linear_<gpu>.md`` into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+# This folder holds benchmarks/msa_kernels.py, which would shadow the kernels package: drop it.
+sys.path = [p for p in sys.path if os.path.abspath(p or ".") != HERE]
+sys.path[:0] = [os.path.join(ROOT, "kernels"), ROOT]
+
+import torch  # noqa: E402
+
+from msa_kernels import triton_mxfp8_linear as linear  # noqa: E402
+from msa_kernels.mxfp8_moe_reference import dequantize  # noqa: E402
+
+#: name -> (out features, in features)
+SHAPES = {
+    "qkv_tp8": (1280, 6144),
+    "o_tp8": (6144, 1024),
+    "shared_gate_up_tp8": (768, 6144),
+    "shared_down_tp8": (6144, 384),
+    "dense_gate_up_tp8": (3072, 6144),
+    "dense_down_tp8": (6144, 1536),
+    "qkv_tp1": (9216, 6144),
+}
+#: the linears of one MoE layer at TP8 (the 57 sparse layers' decode share of dense weights)
+MOE_LAYER = ("qkv_tp8", "o_tp8", "shared_gate_up_tp8", "shared_down_tp8")
+SCALE_BYTES = (113, 117)
+L2_MULTIPLE = 4
+
+
+def load_tuner():
+    """``benchmarks/tune_fused_moe.py`` by path (this folder is off ``sys.path``): its CUDA-graph timing."""
+    spec = importlib.util.spec_from_file_location("tune_fused_moe_bench", os.path.join(HERE, "tune_fused_moe.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+TUNE = load_tuner()
+
+
+def weight_copies(rows: int, cols: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """``(e4m3, scales, bf16 dequantization)`` copies whose BF16 bytes exceed L2 ``L2_MULTIPLE`` times."""
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    count = max(2, min(64, -(-L2_MULTIPLE * l2 // (2 * rows * cols))))
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    copies = []
+    for _ in range(count):
+        values = torch.randn(rows, cols, generator=gen, device="cuda", dtype=torch.bfloat16) * 64
+        elements = values.clamp(-448, 448).to(torch.float8_e4m3fn)
+        scales = torch.randint(*SCALE_BYTES, (rows, cols // 32), generator=gen, device="cuda", dtype=torch.uint8)
+        copies.append((elements, scales, dequantize(elements, scales).to(torch.bfloat16)))
+    return copies
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    if not torch.isfinite(got).all():
+        return float("inf")
+    return ((got.float() - want).norm() / want.norm()).item()
+
+
+def measure(name: str, tokens: int, copies, tickets, reps: int) -> dict:
+    rows, cols = SHAPES[name]
+    x = torch.randn(tokens, cols, device="cuda", dtype=torch.bfloat16)
+    elements, scales, bf16 = copies[0]
+    torch.backends.cuda.matmul.allow_tf32 = False
+    want = x.float() @ dequantize(elements, scales).T
+    served = "gemm" if tokens <= linear.GEMM_MAX_TOKENS else "dequantize"
+    errors = {path: relative_error(linear.mxfp8_linear(x, elements, scales, tickets, path=path), want) for path in ("gemm", "dequantize")}
+    errors["bf16"] = relative_error(torch.nn.functional.linear(x, bf16), want)
+    for path in ("gemm", "dequantize"):
+        if errors[path] > 1e-2:
+            raise SystemExit(f"{name} T={tokens}: MXFP8 linear ({path}) differs from the reference by {errors[path]:.3e}")
+
+    def ours(path):
+        return lambda e, s, _: linear.mxfp8_linear(x, e, s, tickets, path=path)
+
+    row = {
+        "shape": name, "out_features": rows, "in_features": cols, "tokens": tokens, "weight_copies": len(copies),
+        "relative_error": errors, "mxfp8_path": served,
+        "bf16_us": TUNE.graph_us(lambda e, s, w: torch.nn.functional.linear(x, w), copies, reps),
+        "mxfp8_us": TUNE.graph_us(ours(served), copies, reps),
+    }
+    other = "dequantize" if served == "gemm" else "gemm"
+    row["other_path"] = {"path": other, "us": TUNE.graph_us(ours(other), copies, reps)}
+    elements_count = rows * cols
+    row["bf16_gb_per_s"] = 2 * elements_count / row["bf16_us"] / 1e3
+    row["mxfp8_gb_per_s"] = elements_count * (1 + 1 / 32) / row["mxfp8_us"] / 1e3
+    row["speedup"] = row["bf16_us"] / row["mxfp8_us"]
+    return row
+
+
+def markdown(result: dict) -> str:
+    lines = [
+        f"# MXFP8 W8A16 dense linears vs BF16 F.linear, {result['gpu']}",
+        "",
+        f"CUDA-graph replays of {result['reps']} calls cycling weight copies that exceed L2 {L2_MULTIPLE}x; commit {result['commit']}. "
+        "MXFP8: the path taken at that token count (gemm up to "
+        f"{result['gemm_max_tokens']} tokens, dequantize + matmul beyond); 'other path' times the other one.",
+        "",
+        "| shape | N x K | tokens | BF16 us | BF16 GB/s | MXFP8 path | MXFP8 us | MXFP8 GB/s | BF16 / MXFP8 | other path us | rel. error (gemm, dequantize, bf16) |",
+        "|---|---|---:|---:|---:|---|---:|---:|---:|---:|---|",
+    ]
+    for r in result["rows"]:
+        e = r["relative_error"]
+        lines.append(
+            f"| {r['shape']} | {r['out_features']} x {r['in_features']} | {r['tokens']} | {r['bf16_us']:.1f} | {r['bf16_gb_per_s']:.0f} | "
+            f"{r['mxfp8_path']} | {r['mxfp8_us']:.1f} | {r['mxfp8_gb_per_s']:.0f} | {r['speedup']:.2f}x | "
+            f"{r['other_path']['path']} {r['other_path']['us']:.1f} | {e['gemm']:.1e}, {e['dequantize']:.1e}, {e['bf16']:.1e} |"
+        )
+    layer = result.get("moe_layer_tp8", {})
+    if layer:
+        lines += ["", "One TP8 MoE layer's dense linears (qkv + o + shared gate_up + down), sum of the rows above:", "",
+                  "| tokens | BF16 us | MXFP8 us | BF16 / MXFP8 |", "|---:|---:|---:|---:|"]
+        for tokens, sums in layer.items():
+            lines.append(f"| {tokens} | {sums['bf16_us']:.1f} | {sums['mxfp8_us']:.1f} | {sums['bf16_us'] / sums['mxfp8_us']:.2f}x |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 64, 128, 512, 8192])
+    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    parser.add_argument("--reps", type=int, default=20, help="calls per captured graph")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("needs a CUDA GPU")
+    import triton
+
+    torch.set_grad_enabled(False)
+    started = time.perf_counter()
+    gpu = torch.cuda.get_device_name()
+    result = {
+        "gpu": gpu, "triton": triton.__version__, "torch": torch.__version__, "commit": os.environ.get("M3_COMMIT", "unknown"),
+        "reps": args.reps, "gemm_max_tokens": linear.GEMM_MAX_TOKENS, "rows": [],
+    }
+    for index, name in enumerate(args.shapes):
+        copies = weight_copies(*SHAPES[name], seed=index)
+        tickets = torch.zeros(linear.ticket_count(SHAPES[name][0]), dtype=torch.int32, device="cuda")
+        for tokens in args.tokens:
+            row = measure(name, tokens, copies, tickets, args.reps)
+            assert torch.count_nonzero(tickets).item() == 0, "split tickets not back at zero"
+            result["rows"].append(row)
+            print(
+                f"{name:20s} T={tokens:5d}: BF16 {row['bf16_us']:8.1f} us | MXFP8 {row['mxfp8_path']} {row['mxfp8_us']:8.1f} us "
+                f"({row['mxfp8_gb_per_s']:5.0f} GB/s) | {row['speedup']:.2f}x | {row['other_path']['path']} {row['other_path']['us']:8.1f} us",
+                flush=True,
+            )
+        del copies
+    if all(name in args.shapes for name in MOE_LAYER):
+        result["moe_layer_tp8"] = {
+            tokens: {kind: sum(r[kind] for r in result["rows"] if r["tokens"] == tokens and r["shape"] in MOE_LAYER) for kind in ("bf16_us", "mxfp8_us")}
+            for tokens in args.tokens
+        }
+    tag = "h100" if "H100" in gpu else "h200" if "H200" in gpu else gpu.replace(" ", "_").lower()
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, f"mxfp8_linear_{tag}.json"), "w", encoding="utf-8") as handle:
+        json.dump(result, handle, indent=1)
+    with open(os.path.join(args.out, f"mxfp8_linear_{tag}.md"), "w", encoding="utf-8") as handle:
+        handle.write(markdown(result))
+    print(f"wrote mxfp8_linear_{tag}.json/.md in {time.perf_counter() - started:.0f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
