@@ -7,12 +7,13 @@ served BF16 path, with the project's measured tile table where one exists for th
 ``M3FusedMoeBlock`` uses it). Routing is excluded from both: random distinct top-4 ids and
 weights are inputs.
 
-Ours has two GEMM paths (``msa_kernels.triton_mxfp8_moe``: ``fp16`` for up to
-``FP16_PATH_MAX_TOKENS`` tokens, ``bf16`` beyond); the headline column is the path the served
-block takes at that token count, and every token count also times the other path, so the
-crossover (``FP16_PATH_MAX_TOKENS``) can be set from the same run.
+Ours has three GEMM paths (``msa_kernels.triton_mxfp8_moe.PATHS``: the core with ``fp16`` or
+``bf16`` dots up to ``CORE_PATH_MAX_TOKENS`` tokens, ``CORE_DOT`` naming the served one, ``widen``
+beyond); the headline column is the path the served block takes at that token count, and every
+token count also times the other paths, so ``CORE_DOT`` and the crossover can be set from the
+same run.
 
-Before timing, each token count checks BF16 and both of our paths against the fp32 dequantized
+Before timing, each token count checks BF16 and all of our paths against the fp32 dequantized
 reference (``msa_kernels.mxfp8_moe_reference``); ours must be within a relative error of 1e-2.
 Timing: CUDA-graph replays of ``--reps`` calls, each call on the next of several input sets
 (different tokens and routing), so consecutive calls read different experts; the weights of even
@@ -20,7 +21,7 @@ one call's 4 experts (226 MB in MXFP8, 453 MB in BF16) exceed L2 many times over
 call: microseconds, the byte minimum (the weights of the distinct experts the call's routing
 chose, each read once) and the bandwidth that implies, and the BF16 / MXFP8 time ratio.
 ``--sweep`` also times the served path over a few tile configs per token count (the best goes to
-``FP16_TILE_TABLE`` or ``TILE_TABLE`` in ``msa_kernels/triton_mxfp8_moe.py``).
+``CORE_TILE_TABLE`` or ``TILE_TABLE`` in ``msa_kernels/triton_mxfp8_moe.py``).
 
     scripts/gpu/run.sh exec python benchmarks/mxfp8_moe.py --out "$OUT" [--tokens 1 16 64 8192] [--sweep]
 
@@ -47,7 +48,7 @@ sys.path[:0] = [os.path.join(ROOT, "kernels"), ROOT]
 import torch  # noqa: E402
 
 from msa_kernels.mxfp8_moe_reference import dequantize, reference_fused_experts  # noqa: E402
-from msa_kernels.triton_mxfp8_moe import TABLES, TileConfig, gemm_path, mxfp8_fused_experts, pick_config  # noqa: E402
+from msa_kernels.triton_mxfp8_moe import PATHS, TileConfig, gemm_path, mxfp8_fused_experts, pick_config  # noqa: E402
 
 EXPERTS, HIDDEN, INTER, TOP_K = 128, 6144, 3072, 4
 ALPHA, LIMIT = 1.702, 7.0
@@ -55,9 +56,9 @@ ALPHA, LIMIT = 1.702, 7.0
 #: standard deviation ~1e-2 (elements ~N(0, 64)), gate/up of order 1 for unit activations
 SCALE_BYTES = (113, 117)
 SWEEP = {
-    # fp16 path: block_n is weight rows per program; fewer than 4 warps compile to mma.sync, 4+
+    # core paths: block_n is weight rows per program; fewer than 4 warps compile to mma.sync, 4+
     # warps with 64 rows per warpgroup to wgmma (the 27f1706 measurement: slower)
-    "fp16": [
+    "core": [
         TileConfig(16, 32, 256, 1, 2, 3), TileConfig(16, 32, 256, 1, 2, 4), TileConfig(16, 32, 128, 1, 2, 4),
         TileConfig(16, 32, 256, 1, 1, 3), TileConfig(16, 64, 256, 1, 1, 3), TileConfig(16, 64, 128, 1, 4, 4),
         TileConfig(32, 32, 128, 4, 2, 3),
@@ -169,7 +170,7 @@ def measure(tokens: int, weights: Weights, baseline: Bf16Baseline, reps: int, sw
     want = reference_fused_experts(x, *weights.mxfp8_args(), topk_weights, ids, ALPHA, LIMIT)
     served = gemm_path(tokens)
     errors = {"bf16_fused_experts": relative_error(baseline(x, ids, topk_weights), want)}
-    for path in TABLES:
+    for path in PATHS:
         errors[path] = relative_error(mxfp8_fused_experts(x, *weights.mxfp8_args(), topk_weights, ids, ALPHA, LIMIT, path=path), want)
         if errors[path] > 1e-2:
             raise SystemExit(f"T={tokens}: MXFP8 experts ({path} path) differ from the reference by {errors[path]:.3e} (relative)")
@@ -187,10 +188,9 @@ def measure(tokens: int, weights: Weights, baseline: Bf16Baseline, reps: int, sw
         "bf16_us": TUNE.graph_us(baseline, sets, reps),
         "mxfp8_us": TUNE.graph_us(ours(None), sets, reps),
     }
-    other = next(path for path in TABLES if path != served)
-    row["other_path"] = {"path": other, "us": TUNE.graph_us(ours(None, other), sets, reps)}
+    row["other_paths"] = {path: TUNE.graph_us(ours(None, path), sets, reps) for path in PATHS if path != served}
     if sweep:
-        candidates = SWEEP["fp16" if served == "fp16" else "decode" if tokens <= 64 else "prefill"]
+        candidates = SWEEP["core" if served != "widen" else "decode" if tokens <= 64 else "prefill"]
         row["sweep"] = []
         for config in candidates:
             try:
@@ -212,19 +212,19 @@ def markdown(result: dict) -> str:
         f"M3 experts at TP1 ({EXPERTS} x [{2 * INTER}x{HIDDEN} + {HIDDEN}x{INTER}]), top-{TOP_K}, routing excluded; "
         f"CUDA-graph replays of {result['reps']} calls on rotating inputs; commit {result['commit']}.",
         "Byte minimum: the weights of the distinct chosen experts, read once. MXFP8: the GEMM path the served "
-        "block takes at that token count; 'other path' times ours on the other one.",
+        "block takes at that token count; 'other paths' times ours on the others.",
         "",
-        "| tokens | distinct experts | BF16 us | BF16 GB/s | MXFP8 path | MXFP8 us | MXFP8 GB/s | BF16 / MXFP8 | other path us "
-        "| rel. error (fp16, bf16 path, BF16 fused) |",
-        "|---:|---:|---:|---:|---|---:|---:|---:|---:|---|",
+        "| tokens | distinct experts | BF16 us | BF16 GB/s | MXFP8 path | MXFP8 us | MXFP8 GB/s | BF16 / MXFP8 | other paths us "
+        f"| rel. error ({', '.join(PATHS)}, BF16 fused) |",
+        "|---:|---:|---:|---:|---|---:|---:|---:|---|---|",
     ]
     for r in result["rows"]:
         errors = r["relative_error"]
+        others = ", ".join(f"{path} {us:.1f}" for path, us in r["other_paths"].items())
         lines.append(
             f"| {r['tokens']} | {r['distinct_experts']:.1f} | {r['bf16_us']:.1f} | {r['bf16_gb_per_s']:.0f} | "
-            f"{r['mxfp8_path']} | {r['mxfp8_us']:.1f} | {r['mxfp8_gb_per_s']:.0f} | {r['speedup']:.2f}x | "
-            f"{r['other_path']['path']} {r['other_path']['us']:.1f} | "
-            f"{errors['fp16']:.1e}, {errors['bf16']:.1e}, {errors['bf16_fused_experts']:.1e} |"
+            f"{r['mxfp8_path']} | {r['mxfp8_us']:.1f} | {r['mxfp8_gb_per_s']:.0f} | {r['speedup']:.2f}x | {others} | "
+            + ", ".join(f"{errors[key]:.1e}" for key in (*PATHS, "bf16_fused_experts")) + " |"
         )
     sweeps = [r for r in result["rows"] if "sweep" in r]
     if sweeps:
@@ -262,7 +262,7 @@ def main(argv=None) -> int:
         print(
             f"T={tokens:5d}: BF16 {row['bf16_us']:9.1f} us ({row['bf16_gb_per_s']:6.0f} GB/s) | MXFP8 {row['mxfp8_path']} "
             f"{row['mxfp8_us']:9.1f} us ({row['mxfp8_gb_per_s']:6.0f} GB/s) | {row['speedup']:.2f}x | "
-            f"{row['other_path']['path']} path {row['other_path']['us']:9.1f} us | rel err {row['relative_error']}",
+            f"other paths {row['other_paths']} us | rel err {row['relative_error']}",
             flush=True,
         )
         for entry in row.get("sweep", []):

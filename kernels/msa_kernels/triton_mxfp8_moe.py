@@ -9,8 +9,9 @@ gate ``w1``, ``[I, 2I)`` the up ``w3``), ``w2 [E, H, I]``, each with uint8 scale
 ``[E, rows, K/32]``; scale byte ``b`` means ``2 ** (b - 127)`` for 32 consecutive elements along
 K (byte 0 means 0.0), as ``sglang_m3/quant/mxfp8.py`` and SGLang decode it.
 
-One call (:func:`mxfp8_fused_experts`) is four launches, none of which reads anything on the
-host, with grids fixed by the token count, so it can be captured in a CUDA graph:
+One call (:func:`mxfp8_fused_experts`) is four launches (five on the fp16 path), none of which
+reads anything on the host, with grids fixed by the token count, so it can be captured in a CUDA
+graph:
 
 1. :func:`align_tokens`: the ``T * top_k`` (token, slot) pairs sorted by expert (stable) into
    ``BLOCK_M``-row blocks, each block one expert's (padding rows hold the sentinel ``T * top_k``),
@@ -27,20 +28,22 @@ host, with grids fixed by the token count, so it can be captured in a CUDA graph
    per (token, slot).
 4. the sum over the top-k slots per token in fp32, rounded once to bf16.
 
-The GEMMs run one of two ways, chosen by the token count (:func:`gemm_path`):
+The GEMMs run one of three ways (:data:`PATHS`), chosen by the token count (:func:`gemm_path`):
 
-- ``fp16`` (decode and short prefill chunks, up to :data:`FP16_PATH_MAX_TOKENS` tokens): the
-  shared core of ``mxfp8_gemm`` (e4m3 -> fp16 in one conversion per two elements, fp16 dots per
-  32-column group with the group scales applied to the fp32 partial sums, both GEMMs' activation
-  rows prescaled by a power of two). Five launches: the activation's prescale is its own.
-- ``bf16`` (long prefill chunks): each weight tile widened in registers to bf16 with its group
+- ``fp16`` and ``bf16`` (decode and short prefill chunks, up to :data:`CORE_PATH_MAX_TOKENS`
+  tokens): the shared core of ``mxfp8_gemm`` (32-column groups, the group scales applied to the
+  fp32 partial sums, ``mma.sync``), with fp16 dots (e4m3 -> fp16 in one conversion per two
+  elements; both GEMMs' activation rows prescaled by a power of two, the activation's prescale
+  its own launch) or bf16 dots (the activations as they are; one more conversion instruction per
+  weight element, one launch fewer). :data:`CORE_DOT` picks the served one.
+- ``widen`` (long prefill chunks): each weight tile widened in registers to bf16 with its group
   scales (in fp32, exact) and bf16 dots; its per-element widening costs about 9 instructions per
   element and lane, which a 64-128-token tile amortizes but a decode tile does not.
 
-Both put the weights on the MMA's M side and the (few) tokens on N ("swap AB"), so a decode block
-of 16 rows does not pad the weight-side tile, and both accumulate in fp32. On the bf16 path the
-scale multiply runs in fp32 before the bf16 cast: the Triton interpreter mis-evaluates bf16
-arithmetic, and fp32 keeps the dequantized value exact on both. Expert parallelism:
+All put the weights on the MMA's M side and the (few) tokens on N ("swap AB"), so a decode block
+of 16 rows does not pad the weight-side tile, and all accumulate in fp32. Under the Triton
+interpreter, which mis-evaluates bf16 arithmetic, bf16 dots run in fp32 (every operand is exact in
+fp32 as well). Expert parallelism:
 ``first_expert`` maps global expert ids onto the local stack; pairs routed to experts outside it
 contribute nothing (their rank's sum is zero there).
 """
@@ -63,9 +66,9 @@ SCALE_DTYPE = torch.uint8
 @dataclass(frozen=True)
 class TileConfig:
     """Tiles of both GEMMs: ``block_m`` token rows per expert block (the alignment's unit),
-    ``block_n`` output columns (bf16 path: the gate/up tile holds their ``2 * block_n`` gate and up
-    rows; fp16 path: ``block_n`` weight rows in both GEMMs, the gate/up tile taking ``block_n / 2``
-    intermediate columns), ``block_k`` along the reduction (a multiple of 32)."""
+    ``block_n`` output columns (widen path: the gate/up tile holds their ``2 * block_n`` gate and
+    up rows; core paths: ``block_n`` weight rows in both GEMMs, the gate/up tile taking
+    ``block_n / 2`` intermediate columns), ``block_k`` along the reduction (a multiple of 32)."""
 
     block_m: int
     block_n: int
@@ -75,7 +78,7 @@ class TileConfig:
     num_stages: int = 3
 
 
-#: Tiles of the bf16 path: (largest token count, config), first match wins. Decode kept 16-row
+#: Tiles of the widen path: (largest token count, config), first match wins. Decode kept 16-row
 #: blocks (most experts get one or two tokens) and narrow weight tiles for enough programs to
 #: stream HBM; prefill takes 128-row blocks, whose weight tiles are reused across a block's tokens.
 #: The first and last rows are the winners of ``benchmarks/mxfp8_moe.py --sweep`` on the H100
@@ -86,34 +89,38 @@ TILE_TABLE: tuple[tuple[int, TileConfig], ...] = (
     (512, TileConfig(block_m=32, block_n=64, block_k=128, group_m=4, num_warps=4, num_stages=3)),
     (1 << 62, TileConfig(block_m=128, block_n=64, block_k=64, group_m=8, num_warps=4, num_stages=3)),
 )
-#: Tiles of the fp16 path (``block_k`` is one K step: 256 = eight scale groups read as one int64
-#: word per row, 128 where K is not a multiple of 256). Measured on the H100 at 27f1706 with 64-row
-#: wgmma tiles (4 warps, 128-column steps): T=1 166 us against the bf16 path's 126 us, although
+#: Tiles of the core paths (``block_k`` is one K step: 256 = eight scale groups read as one int64
+#: word per row, 128 where K is not a multiple of 256). Measured on the H100 at 27f1706 (fp16 dots,
+#: 64-row wgmma tiles, 4 warps, 128-column steps): T=1 166 us against the widen path's 126 us, although
 #: its K loop compiles to 3.7 instructions per weight element and lane against 9: each 32-column
 #: group's wgmma is waited for before its partial sums are scaled, which serializes a warpgroup.
 #: Two warps per program cannot form a warpgroup, so Triton emits ``mma.sync``, which has no such
 #: wait: 32 weight rows per program, 2.9 instructions per element and lane (sm_90 compile, Triton
 #: 3.8). At one token: 4 blocks x 192 programs per GEMM, about 6 per SM (32 KB of shared memory at
-#: 3 stages, 77 registers per thread each), all resident at once. Not timed yet:
-#: ``benchmarks/mxfp8_moe.py --sweep`` times these against the alternatives (wgmma included).
-FP16_TILE_TABLE: tuple[tuple[int, TileConfig], ...] = (
+#: 3 stages, 77 registers per thread each), all resident at once; bf16 dots 4.7 instructions.
+#: Not timed yet: ``benchmarks/mxfp8_moe.py --sweep`` times these against the alternatives.
+CORE_TILE_TABLE: tuple[tuple[int, TileConfig], ...] = (
     (64, TileConfig(block_m=16, block_n=32, block_k=256, num_warps=2, num_stages=3)),
     (1 << 62, TileConfig(block_m=32, block_n=32, block_k=128, group_m=4, num_warps=2, num_stages=3)),
 )
-TABLES = {"fp16": FP16_TILE_TABLE, "bf16": TILE_TABLE}
-#: Largest token count the fp16 path serves: up to here the weights are read about once per
-#: expert and the step is bound by those bytes, where the fp16 path's lighter instruction stream
-#: matters; beyond it the bf16 path's larger token tiles reuse each weight tile more.
-#: To be checked against ``benchmarks/mxfp8_moe.py`` (it times both paths at every token count).
-FP16_PATH_MAX_TOKENS = 512
+TABLES = {"fp16": CORE_TILE_TABLE, "bf16": CORE_TILE_TABLE, "widen": TILE_TABLE}
+PATHS = tuple(TABLES)
+#: Largest token count a core path serves: up to here the weights are read about once per expert
+#: and the step is bound by those bytes, where the core's lighter instruction stream matters;
+#: beyond it the widen path's larger token tiles reuse each weight tile more. To be checked
+#: against ``benchmarks/mxfp8_moe.py`` (it times every path at every token count).
+CORE_PATH_MAX_TOKENS = 512
+#: the core path served up to CORE_PATH_MAX_TOKENS: "fp16" (fewer instructions per weight
+#: element) or "bf16" (one launch fewer); not measured yet
+CORE_DOT = "fp16"
 
 
 def gemm_path(tokens: int) -> str:
-    """``"fp16"`` or ``"bf16"``: the GEMM path :func:`mxfp8_fused_experts` takes (module docstring)."""
-    return "fp16" if tokens <= FP16_PATH_MAX_TOKENS else "bf16"
+    """The GEMM path (:data:`PATHS`) :func:`mxfp8_fused_experts` takes (module docstring)."""
+    return CORE_DOT if tokens <= CORE_PATH_MAX_TOKENS else "widen"
 
 
-def pick_config(tokens: int, path: str = "bf16") -> TileConfig:
+def pick_config(tokens: int, path: str = "widen") -> TileConfig:
     """The tile config of ``path`` for a batch of ``tokens`` rows (:data:`TABLES`)."""
     return next(config for bound, config in TABLES[path] if tokens <= bound)
 
@@ -369,17 +376,18 @@ def down_kernel(
 
 
 @triton.jit
-def gate_up_fp16_kernel(
-    x16_ptr, shift_ptr, w_ptr, words_ptr, act_ptr, sorted_ptr, block_expert_ptr,
+def gate_up_core_kernel(
+    x_ptr, shift_ptr, w_ptr, words_ptr, act_ptr, sorted_ptr, block_expert_ptr,
     n_slots, num_blocks, inter, K, alpha, limit,
     stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_am,
     TOP_K: tl.constexpr, SWIGLU_OAI: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, GROUP_M: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, GROUP_M: tl.constexpr, DOT_DTYPE: tl.constexpr,
 ):
-    """:func:`gate_up_kernel` on the fp16 path: one tile of ``BLOCK_N`` weight rows, the gate rows of
-    ``BLOCK_N / 2`` intermediate columns then their up rows, against the block's prescaled token
-    rows (``mxfp8_gemm.mx_gemm_rows``); the activation is stored in fp32. One tile rather than a
-    gate and an up tile: a K step then reads twice the bytes per loop iteration."""
+    """:func:`gate_up_kernel` on a core path: one tile of ``BLOCK_N`` weight rows, the gate rows of
+    ``BLOCK_N / 2`` intermediate columns then their up rows, against the block's token rows
+    (``mxfp8_gemm.mx_gemm_rows``; fp16 dots read the prescaled rows and undo ``shift``); the
+    activation is stored in ``act``'s dtype. One tile rather than a gate and an up tile: a K step
+    then reads twice the bytes per loop iteration."""
     HALF: tl.constexpr = BLOCK_N // 2
     pid_m, pid_n = _tile(tl.program_id(0), num_blocks, tl.cdiv(inter, HALF), GROUP_M)
     expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
@@ -393,25 +401,26 @@ def gate_up_fp16_kernel(
     cols = pid_n * HALF + tile_rows % HALF
     acc = mx_gemm_rows(
         w_ptr + expert * stride_we, words_ptr + expert * stride_se, cols + (tile_rows // HALF) * inter, cols < inter,
-        stride_wn, stride_sn, x16_ptr, tokens, live, stride_xm, K, BLOCK_N, BLOCK_M, GROUPS, tl.float16,
+        stride_wn, stride_sn, x_ptr, tokens, live, stride_xm, K, BLOCK_N, BLOCK_M, GROUPS, DOT_DTYPE,
     )
-    acc *= unscale(tl.load(shift_ptr + tokens, mask=live, other=0))[None, :]
+    if DOT_DTYPE == tl.float16:
+        acc *= unscale(tl.load(shift_ptr + tokens, mask=live, other=0))[None, :]
     gate, up = tl.split(tl.permute(tl.reshape(acc, (2, HALF, BLOCK_M)), (1, 2, 0)))
     out = _activation(gate, up, alpha, limit, SWIGLU_OAI)
     cols = pid_n * HALF + tl.arange(0, HALF)
     a_ptrs = act_ptr + rows[None, :].to(tl.int64) * stride_am + cols[:, None]
-    tl.store(a_ptrs, out, mask=(cols < inter)[:, None])
+    tl.store(a_ptrs, round_cast(out, act_ptr.dtype.element_ty), mask=(cols < inter)[:, None])
 
 
 @triton.jit
-def down_fp16_kernel(
-    a16_ptr, shift_ptr, w_ptr, words_ptr, y_ptr, weights_ptr, sorted_ptr, block_expert_ptr,
+def down_core_kernel(
+    a_ptr, shift_ptr, w_ptr, words_ptr, y_ptr, weights_ptr, sorted_ptr, block_expert_ptr,
     n_slots, num_blocks, hidden, K,
     stride_am, stride_we, stride_wn, stride_se, stride_sn, stride_ym,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, GROUP_M: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, GROUP_M: tl.constexpr, DOT_DTYPE: tl.constexpr,
 ):
-    """:func:`down_kernel` on the fp16 path: the prescaled activation rows of one block times
-    ``w2`` (``mxfp8_gemm.mx_gemm_rows``), times each pair's routed weight."""
+    """:func:`down_kernel` on a core path: the activation rows of one block (prescaled, for fp16
+    dots) times ``w2`` (``mxfp8_gemm.mx_gemm_rows``), times each pair's routed weight."""
     pid_m, pid_n = _tile(tl.program_id(0), num_blocks, tl.cdiv(hidden, BLOCK_N), GROUP_M)
     expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
     if expert < 0:
@@ -423,9 +432,11 @@ def down_fp16_kernel(
     col_ok = cols < hidden
     acc = mx_gemm_rows(
         w_ptr + expert * stride_we, words_ptr + expert * stride_se, cols, col_ok, stride_wn, stride_sn,
-        a16_ptr, rows, live, stride_am, K, BLOCK_N, BLOCK_M, GROUPS, tl.float16,
+        a_ptr, rows, live, stride_am, K, BLOCK_N, BLOCK_M, GROUPS, DOT_DTYPE,
     )
-    acc *= (unscale(tl.load(shift_ptr + rows)) * tl.load(weights_ptr + slots, mask=live, other=0.0))[None, :]
+    if DOT_DTYPE == tl.float16:
+        acc *= unscale(tl.load(shift_ptr + rows))[None, :]
+    acc *= tl.load(weights_ptr + slots, mask=live, other=0.0)[None, :]
     y_ptrs = y_ptr + slots[None, :].to(tl.int64) * stride_ym + cols[:, None]
     tl.store(y_ptrs, round_cast(acc, tl.bfloat16), mask=live[None, :] & col_ok[:, None])
 
@@ -490,7 +501,7 @@ def mxfp8_fused_experts(
     scales ``[E, 2I, H/32]`` / ``[E, H, I/32]`` (contiguous); ``topk_weights [T, k]`` (fp32 used as
     is), ``topk_ids [T, k]`` int32/int64 global ids, local ``id - first_expert`` in ``[0, E)`` or
     skipped. Expert ``act``: swiglu-oai with ``alpha``/``limit``, plain gated silu when both are
-    None. ``path`` ("fp16"/"bf16") overrides :func:`gemm_path` and ``config`` :func:`pick_config`.
+    None. ``path`` (one of :data:`PATHS`) overrides :func:`gemm_path` and ``config`` :func:`pick_config`.
     """
     if x.dim() != 2 or x.dtype != torch.bfloat16 or (x.shape[1] > 1 and x.stride(1) != 1):
         raise ValueError(f"x must be [tokens, hidden] bf16 with unit stride along hidden, got {tuple(x.shape)} {x.dtype}")
@@ -509,8 +520,8 @@ def mxfp8_fused_experts(
     if (alpha is None) != (limit is None):
         raise ValueError(f"alpha and limit go together (swiglu-oai) or are both None (silu), got {alpha}, {limit}")
     path = path or gemm_path(tokens)
-    if path not in TABLES:
-        raise ValueError(f"path must be one of {sorted(TABLES)}, got {path!r}")
+    if path not in PATHS:
+        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
     out = torch.empty((tokens, hidden), dtype=torch.bfloat16, device=x.device)
     if tokens == 0:
         return out
@@ -522,8 +533,10 @@ def mxfp8_fused_experts(
         ids, experts, config.block_m, first_expert, x if path == "fp16" else None
     )
     routing = Routing(ids, weights, sorted_slots, block_expert, top_k, first_expert)
-    gemms = _fp16_gemms if path == "fp16" else _bf16_gemms
-    y = gemms(x, prescaled, w13, w13_scale, w2, w2_scale, routing, alpha, limit, config)
+    if path == "widen":
+        y = _widen_gemms(x, w13, w13_scale, w2, w2_scale, routing, alpha, limit, config)
+    else:
+        y = _core_gemms(prescaled or (x, None), w13, w13_scale, w2, w2_scale, routing, alpha, limit, config)
     block_h = min(1024, triton.next_power_of_2(hidden))
     sum_slots_kernel[(tokens, triton.cdiv(hidden, block_h))](
         y, ids, out, hidden, first_expert, experts, TOP_K=top_k, BLOCK_H=block_h, num_warps=4,
@@ -551,8 +564,8 @@ class Routing:
         return self.block_expert.shape[0]
 
 
-def _bf16_gemms(x, prescaled, w13, w13_scale, w2, w2_scale, routing: Routing, alpha, limit, config: TileConfig):
-    """Steps 2 and 3 on the bf16 path: ``y [T * k, H]`` bf16 per (token, slot)."""
+def _widen_gemms(x, w13, w13_scale, w2, w2_scale, routing: Routing, alpha, limit, config: TileConfig):
+    """Steps 2 and 3 on the widen path: ``y [T * k, H]`` bf16 per (token, slot)."""
     tokens, hidden = x.shape
     inter = w13.shape[1] // 2
     launch = {"num_warps": config.num_warps, "num_stages": config.num_stages}
@@ -576,29 +589,32 @@ def _bf16_gemms(x, prescaled, w13, w13_scale, w2, w2_scale, routing: Routing, al
     return y
 
 
-def _fp16_gemms(x, prescaled, w13, w13_scale, w2, w2_scale, routing: Routing, alpha, limit, config: TileConfig):
-    """Steps 2 and 3 on the fp16 path: ``y [T * k, H]`` bf16 per (token, slot)."""
-    x16, shifts = prescaled
+def _core_gemms(activations, w13, w13_scale, w2, w2_scale, routing: Routing, alpha, limit, config: TileConfig):
+    """Steps 2 and 3 on a core path: ``y [T * k, H]`` bf16 per (token, slot). ``activations``:
+    ``(x16, shifts)`` prescaled for fp16 dots, ``(x, None)`` for bf16 dots."""
+    x, shifts = activations
+    fp16 = shifts is not None
     tokens, hidden = x.shape
     inter = w13.shape[1] // 2
+    dot = tl.float16 if fp16 else tl.bfloat16 if x.is_cuda else tl.float32
     launch = {"num_warps": config.num_warps, "num_stages": config.num_stages}
-    tiles = {"BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "GROUP_M": config.group_m}
+    tiles = {"BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "GROUP_M": config.group_m, "DOT_DTYPE": dot}
     blocks, n_slots = routing.blocks, routing.n_slots
     w13_words, groups = scale_words(w13_scale, config.block_k)
-    act = torch.empty((blocks * config.block_m, inter), dtype=torch.float32, device=x.device)
-    gate_up_fp16_kernel[(blocks * triton.cdiv(inter, config.block_n // 2),)](
-        x16, shifts, w13, w13_words, act, routing.sorted_slots, routing.block_expert,
+    act = torch.empty((blocks * config.block_m, inter), dtype=torch.float32 if fp16 else torch.bfloat16, device=x.device)
+    gate_up_core_kernel[(blocks * triton.cdiv(inter, config.block_n // 2),)](
+        x, shifts, w13, w13_words, act, routing.sorted_slots, routing.block_expert,
         n_slots, blocks, inter, hidden, 0.0 if alpha is None else alpha, 0.0 if limit is None else limit,
-        x16.stride(0), w13.stride(0), w13.stride(1), w13_words.stride(0), w13_words.stride(1), act.stride(0),
+        x.stride(0), w13.stride(0), w13.stride(1), w13_words.stride(0), w13_words.stride(1), act.stride(0),
         TOP_K=routing.top_k, SWIGLU_OAI=alpha is not None, GROUPS=groups, **tiles, **launch,
     )
-    act16, act_shifts = prescale_rows(act)
+    act, act_shifts = prescale_rows(act) if fp16 else (act, None)
     w2_words, groups = scale_words(w2_scale, config.block_k)
     y = torch.empty((n_slots, hidden), dtype=torch.bfloat16, device=x.device)
-    down_fp16_kernel[(blocks * triton.cdiv(hidden, config.block_n),)](
-        act16, act_shifts, w2, w2_words, y, routing.weights, routing.sorted_slots, routing.block_expert,
+    down_core_kernel[(blocks * triton.cdiv(hidden, config.block_n),)](
+        act, act_shifts, w2, w2_words, y, routing.weights, routing.sorted_slots, routing.block_expert,
         n_slots, blocks, hidden, inter,
-        act16.stride(0), w2.stride(0), w2.stride(1), w2_words.stride(0), w2_words.stride(1), y.stride(0),
+        act.stride(0), w2.stride(0), w2.stride(1), w2_words.stride(0), w2_words.stride(1), y.stride(0),
         GROUPS=groups, **tiles, **launch,
     )
     return y

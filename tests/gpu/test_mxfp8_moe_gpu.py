@@ -1,9 +1,10 @@
 """The MXFP8 W8A16 MoE kernels compiled on CUDA, at M3's real expert shape, and served.
 
 Kernel: 128 experts, hidden 6144, intermediate 3072, top-4, swiglu-oai, against the fp32
-dequantized reference (``msa_kernels.mxfp8_moe_reference``, TF32 off) on both GEMM paths: fp16
-(decode 1, 16, 64 tokens and 512) and bf16 (1 token and a 2048-token prefill chunk, every expert
-hit), plus token rows past fp16's range and far below it on the fp16 path; the tolerance of the
+dequantized reference (``msa_kernels.mxfp8_moe_reference``, TF32 off) on every GEMM path: the
+core with fp16 dots (decode 1, 16, 64 tokens and 512) and bf16 dots (1, 64), widen (1 token and a
+2048-token prefill chunk, every expert hit), plus token rows past fp16's range and far below it on
+both core paths; the tolerance of the
 interpreter tests (``tests/kernels/test_mxfp8_moe.py``: relative Frobenius error <= 6e-3, every
 element within 1e-2 of the largest output). Then what only a GPU shows: the call captured in a
 CUDA graph and replayed on new tokens and routing, and two runs bit-identical (the alignment is a
@@ -78,7 +79,8 @@ def reference(x, ids, weights, experts):
 
 
 @pytest.mark.parametrize(
-    "tokens, path", [(1, "fp16"), (16, "fp16"), (64, "fp16"), (512, "fp16"), (1, "bf16"), (2048, "bf16")]
+    "tokens, path",
+    [(1, "fp16"), (16, "fp16"), (64, "fp16"), (512, "fp16"), (1, "bf16"), (64, "bf16"), (1, "widen"), (2048, "widen")],
 )
 def test_m3_shape_matches_reference(experts, tokens, path):
     from msa_kernels.triton_mxfp8_moe import mxfp8_fused_experts
@@ -89,15 +91,16 @@ def test_m3_shape_matches_reference(experts, tokens, path):
     assert torch.equal(mxfp8_fused_experts(x, *experts, weights, ids, ALPHA, LIMIT, path=path), got), "two runs differ"
 
 
-def test_fp16_path_rows_of_any_magnitude(experts):
-    """Compiled fp16 path, rows scaled by 2**20 (past fp16's 65504), 2**-40 (activations past its
+@pytest.mark.parametrize("path", ["fp16", "bf16"])
+def test_core_paths_rows_of_any_magnitude(experts, path):
+    """Compiled core paths, rows scaled by 2**20 (past fp16's 65504), 2**-40 (activations past its
     subnormals) and 0 among ordinary ones: each row within the bound of its own magnitude."""
     from msa_kernels.triton_mxfp8_moe import mxfp8_fused_experts
 
     x, ids, weights = routing(5, seed=9)
     factors = torch.tensor([2.0**20, 1.0, 2.0**-40, 0.0, 1.0], device="cuda")
     x = (x.float() * factors[:, None]).to(torch.bfloat16)
-    got = mxfp8_fused_experts(x, *experts, weights, ids, ALPHA, LIMIT, path="fp16")
+    got = mxfp8_fused_experts(x, *experts, weights, ids, ALPHA, LIMIT, path=path)
     want = reference(x, ids, weights, experts)
     assert torch.equal(got[3].float(), torch.zeros_like(want[3]))
     for row in (0, 1, 2, 4):

@@ -1,16 +1,16 @@
 """The MXFP8 W8A16 MoE kernels (Triton interpreter, CPU) against the torch reference.
 
 ``msa_kernels.mxfp8_moe_reference`` dequantizes and runs each hit expert in fp32 from the same
-bf16 inputs. Both GEMM paths accumulate in fp32 from exact operands (the fp16 path's e4m3 -> fp16
-weights and power-of-two prescaled fp16 activations are exact, see ``msa_kernels.mxfp8_gemm``),
-then round intermediate results: the bf16 path three times to bf16 (the activation, each slot's
-weighted expert output, the token sum; each a relative error of at most 2**-9), the fp16 path
-the activation once to fp16 (its prescaled row: 2**-12) and the other two to bf16. Measured
-relative Frobenius error 2.5e-3..3.1e-3 (bf16 path) and 2.5e-3..2.8e-3 (fp16 path), largest
-element error 3.3e-3 and 4.3e-3 of the output's largest magnitude. Asserted: relative Frobenius error <= 6e-3 and every
+bf16 inputs. The three GEMM paths accumulate in fp32 from exact operands (the fp16 path's e4m3 ->
+fp16 weights and power-of-two prescaled fp16 activations are exact, see ``msa_kernels.mxfp8_gemm``),
+then round intermediate results: the bf16 and widen paths three times to bf16 (the activation,
+each slot's weighted expert output, the token sum; each a relative error of at most 2**-9), the
+fp16 path the activation once to fp16 (its prescaled row: 2**-12) and the other two to bf16.
+Measured relative Frobenius error 2.5e-3..3.1e-3 (widen path) and 2.5e-3..2.8e-3 (fp16 path),
+largest element error 3.3e-3 and 4.3e-3 of the output's largest magnitude. Asserted: relative Frobenius error <= 6e-3 and every
 element within 1e-2 of the output's largest magnitude, all finite: room for the rounding, while
 a wrong scale group, expert, slot, routed weight or prescale moves results by O(1) relative.
-Every comparison runs on both paths (``path=``); the token-count dispatch between them is tested
+Every comparison runs on every path (``path=``); the token-count dispatch between them is tested
 on its own.
 
 Each test draws fresh inputs (its own seed). Intermediate buffers are allocated poisoned (NaN,
@@ -26,7 +26,9 @@ import torch
 from msa_kernels import triton_mxfp8_moe as moe
 from msa_kernels.mxfp8_moe_reference import dequantize, reference_fused_experts
 from msa_kernels.triton_mxfp8_moe import (
-    FP16_PATH_MAX_TOKENS,
+    CORE_DOT,
+    CORE_PATH_MAX_TOKENS,
+    PATHS,
     TileConfig,
     align_tokens,
     gemm_path,
@@ -41,7 +43,6 @@ pytestmark = pytest.mark.skipif(
 
 ALPHA, LIMIT = 1.702, 7.0
 SMALL = TileConfig(block_m=16, block_n=32, block_k=64)
-PATHS = ("fp16", "bf16")
 
 
 @pytest.fixture(autouse=True)
@@ -100,12 +101,12 @@ def assert_rows_close(got, want):
     "tokens, experts, top_k, hidden, inter, config",
     [
         (1, 8, 2, 64, 64, None),  # decode: most experts empty
-        (3, 8, 4, 128, 96, SMALL),  # intermediate not a multiple of BLOCK_N; fp16 path: 2-group K steps
-        (17, 16, 4, 96, 64, SMALL),  # hidden not a multiple of BLOCK_K (bf16 path: K tail masks; fp16: 1-group steps)
+        (3, 8, 4, 128, 96, SMALL),  # intermediate not a multiple of BLOCK_N; core paths: 2-group K steps
+        (17, 16, 4, 96, 64, SMALL),  # hidden not a multiple of BLOCK_K (widen path: K tail masks; core: 1-group steps)
         (70, 8, 2, 64, 160, TileConfig(block_m=32, block_n=64, block_k=128, group_m=4)),  # K tail on the down GEMM
         (5, 128, 4, 64, 32, SMALL),  # M3's expert count: 20 pairs over 128 experts
         (20, 8, 2, 64, 96, pick_config(8192)),  # the prefill tiles (128-row blocks, more rows than tokens)
-        (4, 8, 2, 256, 128, None),  # fp16 path: 8-group (int64-word) K steps in gate/up, 4-group (int32) in down
+        (4, 8, 2, 256, 128, None),  # core paths: 8-group (int64-word) K steps in gate/up, 4-group (int32) in down
     ],
 )
 def test_matches_reference(tokens, experts, top_k, hidden, inter, config, path):
@@ -201,9 +202,10 @@ def test_scale_bytes_decode_to_powers_of_two_and_zero(path):
 
 
 def test_token_count_picks_the_path():
-    """fp16 path up to FP16_PATH_MAX_TOKENS tokens, bf16 path beyond; an unknown path is refused."""
-    assert gemm_path(1) == gemm_path(FP16_PATH_MAX_TOKENS) == "fp16"
-    assert gemm_path(FP16_PATH_MAX_TOKENS + 1) == "bf16"
+    """The served core path up to CORE_PATH_MAX_TOKENS tokens, widen beyond; an unknown path is refused."""
+    assert CORE_DOT in ("fp16", "bf16") and set(PATHS) == {"fp16", "bf16", "widen"}
+    assert gemm_path(1) == gemm_path(CORE_PATH_MAX_TOKENS) == CORE_DOT
+    assert gemm_path(CORE_PATH_MAX_TOKENS + 1) == "widen"
     with pytest.raises(ValueError, match="path must be one of"):
         mxfp8_fused_experts(*case(1, 4, 2, 64, 64, seed=0), ALPHA, LIMIT, path="fp8")
 
@@ -262,13 +264,14 @@ def test_refusals_name_the_argument():
 
 _COMPILE_FOR_HOPPER = """
 import triton
+import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from msa_kernels import triton_mxfp8_moe as moe
 from msa_kernels.mxfp8_gemm import PRESCALE_BLOCK, prescale_rows_kernel
 
 POINTERS = {
-    "x16_ptr": "*fp16", "a16_ptr": "*fp16", "x_ptr": "*bf16", "act_ptr": "*fp32", "out_ptr": "*fp16", "y_ptr": "*bf16",
+    "x16_ptr": "*fp16", "x_ptr": "*bf16", "out_ptr": "*fp16", "y_ptr": "*bf16",
     "w_ptr": "*fp8e4nv", "weights_ptr": "*fp32", "alpha": "fp32", "limit": "fp32",
 }
 WORDS = {8: "*i64", 4: "*i32", 2: "*i16", 1: "*u8"}
@@ -286,21 +289,24 @@ def compile_for_sm90(kernel, consts, warps=4, stages=3):
 config = moe.pick_config(1, "fp16")
 tiles = dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, GROUPS=config.block_k // 32, GROUP_M=config.group_m)
 POINTERS["words_ptr"] = WORDS[config.block_k // 32]
-for kernel, extra in ((moe.gate_up_fp16_kernel, dict(TOP_K=4, SWIGLU_OAI=True)), (moe.down_fp16_kernel, {})):
-    ptx = compile_for_sm90(kernel, {**tiles, **extra}, config.num_warps, config.num_stages)
-    assert "mma.sync" in ptx and ".f16.f16" in ptx and "wgmma" not in ptx, f"{kernel.__name__}: not fp16 mma.sync"
-    assert "cvt.rn.f16x2.e4m3x2" in ptx, f"{kernel.__name__}: e4m3 -> fp16 not one conversion per pair"
-    assert "cp.async" in ptx, f"{kernel.__name__}: weight loads not pipelined"
+for dot, x_type, act_type, name in ((tl.float16, "*fp16", "*fp32", "f16"), (tl.bfloat16, "*bf16", "*bf16", "bf16")):
+    POINTERS.update(x_ptr=x_type, a_ptr=x_type, act_ptr=act_type)
+    for kernel, extra in ((moe.gate_up_core_kernel, dict(TOP_K=4, SWIGLU_OAI=True)), (moe.down_core_kernel, {})):
+        ptx = compile_for_sm90(kernel, {**tiles, **extra, "DOT_DTYPE": dot}, config.num_warps, config.num_stages)
+        assert "mma.sync" in ptx and f".{name}.{name}" in ptx and "wgmma" not in ptx, f"{kernel.__name__}: not {name} mma.sync"
+        assert "cvt.rn.f16x2.e4m3x2" in ptx, f"{kernel.__name__}: e4m3 -> fp16 not one conversion per pair"
+        assert "cp.async" in ptx, f"{kernel.__name__}: weight loads not pipelined"
+POINTERS["x_ptr"] = "*bf16"
 compile_for_sm90(moe.align_kernel, dict(BLOCK_M=16, CHUNK=64, E_POW2=128, PRESCALE=True, BLOCK_H=PRESCALE_BLOCK))
 compile_for_sm90(prescale_rows_kernel, dict(BLOCK=PRESCALE_BLOCK))
 print("compiled")
 """
 
 
-def test_fp16_path_compiles_for_hopper():
-    """The interpreter does not run Triton's compiler: compile the fp16 path's kernels for sm_90
-    with the decode tiles (no GPU needed) and check the instructions its design rests on (fp16
-    mma.sync, no wgmma; the paired e4m3 -> fp16 conversion; cp.async weight loads)."""
+def test_core_paths_compile_for_hopper():
+    """The interpreter does not run Triton's compiler: compile the core paths' kernels for sm_90
+    with the decode tiles (no GPU needed) and check the instructions their design rests on (fp16 /
+    bf16 mma.sync, no wgmma; the paired e4m3 -> fp16 conversion; cp.async weight loads)."""
     import os
     import subprocess
     import sys
