@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from .model_geometry import GB, Mxfp8Residency
+from .model_geometry import GB
 
 Vendor = Literal["nvidia", "amd", "cpu"]
 Architecture = Literal["hopper", "blackwell", "cdna3", "cdna4", "cpu"]
@@ -32,10 +32,6 @@ class HardwareProfile(BaseModel):
     memory_gb: float
     gpus_per_node: int
     variants: tuple[Variant, ...]
-    #: which linears of the MXFP8 checkpoint stay fp8 in GPU memory here, the weight layout the
-    #: memory fit counts for variant mxfp8 (``model_geometry``): all of them, or the routed
-    #: experts only with every other linear dequantized to BF16 at load
-    mxfp8_residency: Mxfp8Residency = "all_linears"
     attention_backend: str
     #: vision-tower attention backend, or None for SGLang's default on this hardware
     mm_attention_backend: str | None = None
@@ -65,7 +61,7 @@ class HardwareProfile(BaseModel):
 
 
 def _nvidia(name, description, architecture, memory_gb, variants, backend, product,
-            per_node=8, scale_up=8, mxfp8_residency="all_linears"):
+            per_node=8, scale_up=8):
     # The SGLang cookbook adds the cuDNN vision-tower backend for image serving on Blackwell.
     mm_backend = "flashinfer_cudnn" if architecture == "blackwell" else None
     return HardwareProfile(
@@ -77,7 +73,6 @@ def _nvidia(name, description, architecture, memory_gb, variants, backend, produ
         gpus_per_node=per_node,
         scale_up_gpus=scale_up,
         variants=variants,
-        mxfp8_residency=mxfp8_residency,
         attention_backend=backend,
         mm_attention_backend=mm_backend,
         device="cuda",
@@ -105,16 +100,15 @@ def _amd(name, description, architecture, memory_gb, product):
 
 
 # Hopper runs M3 through fa3 for dense layers (SGLang picks it for page size 128). It has no
-# MX-scaled fp8 GEMMs, so MXFP8 weights take the project's Hopper path: the routed experts stay
-# e4m3 + e8m0 scales and run through a W8A16 Triton MoE kernel, every other quantized linear
-# (attention q/k/v/o, dense MLPs, shared experts) is dequantized to BF16 at load; the fit counts
-# that layout ("routed_experts": 453.96 GB in all, 58.90 GB per GPU at TP8). Blackwell is counted
-# with every quantized linear in fp8 (443.96 GB) and uses fa4 (trtllm_mha for fp8 KV).
+# MX-scaled fp8 GEMMs, so MXFP8 weights take the project's Hopper path: every quantized linear
+# (routed and shared experts, attention q/k/v/o, dense MLPs) stays e4m3 + e8m0 scales and runs
+# through W8A16 Triton kernels, so the fit counts the checkpoint's bytes as on Blackwell (443.96 GB
+# in all, 57.61 GB per GPU at TP8). Blackwell uses fa4 (trtllm_mha for fp8 KV).
 _PROFILES = (
     _nvidia("h100", "NVIDIA H100 SXM 80 GB", "hopper", 80, ("bf16", "mxfp8"), "fa3",
-            "NVIDIA-H100-80GB-HBM3", mxfp8_residency="routed_experts"),
+            "NVIDIA-H100-80GB-HBM3"),
     _nvidia("h200", "NVIDIA H200 SXM 141 GB", "hopper", 141, ("bf16", "mxfp8"), "fa3",
-            "NVIDIA-H200", mxfp8_residency="routed_experts"),
+            "NVIDIA-H200"),
     _nvidia("b200", "NVIDIA B200 180 GB", "blackwell", 180, ("bf16", "mxfp8"), "fa4",
             "NVIDIA-B200"),
     _nvidia("b300", "NVIDIA B300 288 GB", "blackwell", 288, ("bf16", "mxfp8"), "fa4",

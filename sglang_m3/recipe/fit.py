@@ -9,10 +9,9 @@ Per GPU rank of one replica:
   inside the TP group leaves 1/tp of them per rank too), the rest (norms, index projections,
   router, vision tower) whole on every rank; pipeline stages hold their layers, the first also
   the embedding and vision tower, the last the final norm and lm_head; the fullest stage counts.
-  MXFP8 uses the same groups as the profile keeps them (``mxfp8_residency`` in the catalog):
-  inspect's MXFP8 layout where every quantized linear stays fp8 (1 byte per element plus a
-  scale byte per 32, the rest as built), or on Hopper that layout for the routed experts and the
-  BF16 one for everything else, which is dequantized at load;
+  MXFP8 uses the same groups in inspect's MXFP8 layout: every quantized linear as the checkpoint
+  stores it (1 byte per element plus a scale byte per 32, the rest as built), which Blackwell
+  and Hopper alike keep in GPU memory;
 * KV bytes per token = worst pipeline stage's layers x (2 x KV heads per rank x 128 x KV dtype)
   + its sparse layers x 128 x 2 bytes for the bf16 index key. KV heads per rank = 4 /
   attention-TP, at least 1: beyond attention-TP 4 each KV head (and the single index-key head
@@ -48,17 +47,14 @@ from dataclasses import dataclass
 
 from .catalog import HardwareProfile, get_profile
 from .findings import Finding
-from .model_geometry import GB, M3, MAX_CONTEXT_LENGTH, M3Geometry, Mxfp8Residency
+from .model_geometry import GB, M3, MAX_CONTEXT_LENGTH, M3Geometry
 from .schema import Recipe
 
 #: KV element size per ``kvCache.dtype`` ("auto" serves the model dtype, bf16).
 KV_DTYPE_BYTES = {"auto": 2, "bf16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}
 
-#: How the fit counts MXFP8 weights, per ``mxfp8_residency`` of the profile, for the report.
-MXFP8_LAYOUTS = {
-    "all_linears": "mxfp8: quantized linears e4m3 + e8m0 scale per 32",
-    "routed_experts": "mxfp8: routed experts e4m3 + e8m0 scale per 32, other linears bf16",
-}
+#: How the fit counts MXFP8 weights, for the report.
+MXFP8_LAYOUT = "mxfp8: quantized linears e4m3 + e8m0 scale per 32"
 
 #: Bytes of the per-token fp32 scale beside an fp8 index key (``kvCache.indexKeyDtype: fp8_e4m3``).
 INDEX_KEY_SCALE_BYTES = 4
@@ -86,7 +82,7 @@ class FitReport:
     """The memory budget of one GPU rank and what it allows."""
 
     profile: str
-    #: what the weights are counted as (bf16, or one of ``MXFP8_LAYOUTS``)
+    #: what the weights are counted as (bf16, or ``MXFP8_LAYOUT``)
     weight_layout: str
     memory_bytes: int
     mem_fraction_static: float
@@ -175,8 +171,7 @@ def estimate_fit(recipe: Recipe, geometry: M3Geometry = M3) -> FitReport:
     if spec.speculative is not None and spec.speculative.draft_model is not None:
         draft = DRAFT_WEIGHT_BYTES // parallel.tp
     weights = draft + weight_bytes_per_gpu(spec.model.variant, parallel.tp, parallel.pp,
-                                           parallel.attention_dp, geometry,
-                                           mxfp8_residency=profile.mxfp8_residency)
+                                           parallel.attention_dp, geometry)
     kv_heads = max(1, geometry.num_kv_heads // attention_tp)
     page = spec.kv_cache.page_size
     offload = sparse_offload(recipe)
@@ -202,8 +197,7 @@ def estimate_fit(recipe: Recipe, geometry: M3Geometry = M3) -> FitReport:
     host_bytes = host_tier_bytes(recipe)
     return FitReport(
         profile=profile.name,
-        weight_layout=(MXFP8_LAYOUTS[profile.mxfp8_residency] if spec.model.variant == "mxfp8"
-                       else "bf16 (routers fp32)"),
+        weight_layout=MXFP8_LAYOUT if spec.model.variant == "mxfp8" else "bf16 (routers fp32)",
         memory_bytes=profile.memory_bytes,
         mem_fraction_static=spec.serving.mem_fraction_static,
         weight_bytes_per_gpu=weights,
@@ -258,10 +252,9 @@ def host_tier_tokens(host_bytes: int, bytes_per_token: int, page: int) -> int:
 
 
 def weight_bytes_per_gpu(variant: str, tp: int, pp: int, attention_dp: int = 1,
-                         geometry: M3Geometry = M3,
-                         mxfp8_residency: Mxfp8Residency = "all_linears") -> int:
+                         geometry: M3Geometry = M3) -> int:
     """Weight bytes of the fullest rank (see the module docstring for the rules)."""
-    layout = geometry.weight_layout(variant, mxfp8_residency)
+    layout = geometry.weight_layout(variant)
     attention_tp = max(1, tp // attention_dp)
     ways = {"attention_tp": attention_tp, "kv_heads": min(attention_tp, geometry.num_kv_heads),
             "tp": tp, "experts": tp, "replicated": 1}

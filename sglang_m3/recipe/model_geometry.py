@@ -7,22 +7,17 @@ The recipe layer reads that record instead of computing it, because it must judg
 before any weights are downloaded, on a machine with neither torch nor SGLang; a test keeps the
 record equal to what inspect computes now, for BF16 weights and for the MXFP8 checkpoint
 (its quantized linears at 1 byte per element plus one e8m0 scale byte per 32: 443.96 GB in all,
-the published ~440 GB).
-
-Where MXFP8 weights are served, not every quantized linear need stay fp8 in GPU memory: Hopper
-keeps the routed experts as the checkpoint stores them (e4m3 + e8m0 scales, for a W8A16 kernel)
-and dequantizes every other linear to BF16 at load. That layout is cut from the two records
-rather than measured again: inspect's ``experts`` group holds the routed experts and nothing else
-(both records split every layer into the same groups), so it is the BF16 record with its
-``experts`` group taken from the MXFP8 one (453.96 GB in all).
+the published ~440 GB). Every GPU serves an MXFP8 checkpoint at those bytes: Blackwell through
+SGLang's MX-scaled GEMMs, Hopper through the project's W8A16 kernels for the routed experts
+(``sglang_m3.models.mxfp8_moe``) and the dense linears (``sglang_m3.quant.mxfp8_linear``), which
+keep exactly the linears inspect counts as quantized (the index projections stay BF16 on both).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 #: Model path that names the project's embedded tiny random-weight M3 instead of a checkpoint.
 #: ``sglang-m3 serve`` builds that checkpoint and substitutes its directory for this value.
@@ -31,11 +26,6 @@ TINY_MODEL_PATH = "sglang-m3:tiny"
 GB = 10**9
 
 GEOMETRY_PATH = Path(__file__).parent / "data" / "m3_geometry.json"
-
-#: Which linears of an MXFP8 checkpoint stay fp8 in GPU memory: "all_linears" (every quantized
-#: linear, as the checkpoint stores it) or "routed_experts" (the routed experts only; every other
-#: linear dequantized to BF16 at load).
-Mxfp8Residency = Literal["all_linears", "routed_experts"]
 
 
 @dataclass(frozen=True)
@@ -56,21 +46,6 @@ class WeightLayout:
     def total_bytes(self) -> int:
         layers = sum(sum(self.layer_groups[kind].values()) for kind in self.layer_kinds)
         return layers + sum(self.first_stage.values()) + sum(self.last_stage.values())
-
-    def with_group_from(self, group: str, other: WeightLayout) -> WeightLayout:
-        """This layout with ``group``'s bytes taken from ``other``, outside the layers and in
-        every layer kind: the weights when that group alone is stored as ``other`` stores it."""
-
-        def swapped(mine: dict[str, int], theirs: dict[str, int]) -> dict[str, int]:
-            return {**mine, group: theirs[group]}
-
-        return replace(
-            self,
-            first_stage=swapped(self.first_stage, other.first_stage),
-            last_stage=swapped(self.last_stage, other.last_stage),
-            layer_groups={kind: swapped(groups, other.layer_groups[kind])
-                          for kind, groups in self.layer_groups.items()},
-        )
 
 
 @dataclass(frozen=True)
@@ -97,15 +72,10 @@ class M3Geometry:
     weights: WeightLayout
     #: the same groups as the MXFP8 checkpoint stores them
     weights_mxfp8: WeightLayout
-    #: the MXFP8 checkpoint served with only its routed experts in fp8 (module docstring)
-    weights_mxfp8_experts: WeightLayout
 
-    def weight_layout(self, variant: str,
-                      mxfp8_residency: Mxfp8Residency = "all_linears") -> WeightLayout:
-        """The bytes a GPU holds for ``variant``; MXFP8 as ``mxfp8_residency`` keeps it."""
-        if variant != "mxfp8":
-            return self.weights
-        return self.weights_mxfp8 if mxfp8_residency == "all_linears" else self.weights_mxfp8_experts
+    def weight_layout(self, variant: str) -> WeightLayout:
+        """The bytes a GPU holds for ``variant``."""
+        return self.weights_mxfp8 if variant == "mxfp8" else self.weights
 
 
 def load_geometry(path: Path = GEOMETRY_PATH) -> M3Geometry:
@@ -120,7 +90,6 @@ def load_geometry(path: Path = GEOMETRY_PATH) -> M3Geometry:
             layer_groups=weights["layer_groups"],
         )
 
-    weights, weights_mxfp8 = layout(record["weights"]), layout(record["weights_mxfp8"])
     return M3Geometry(
         num_layers=shape["num_layers"],
         dense_layers=shape["dense_layers"],
@@ -137,9 +106,8 @@ def load_geometry(path: Path = GEOMETRY_PATH) -> M3Geometry:
         vocab_size=shape["vocab_size"],
         max_context_length=shape["max_context_length"],
         parameters=record["parameters"]["total"],
-        weights=weights,
-        weights_mxfp8=weights_mxfp8,
-        weights_mxfp8_experts=weights.with_group_from("experts", weights_mxfp8),
+        weights=layout(record["weights"]),
+        weights_mxfp8=layout(record["weights_mxfp8"]),
     )
 
 

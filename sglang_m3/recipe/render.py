@@ -147,9 +147,9 @@ def render_launch(
         # Hopper: in SGLang 0.5.23 the flag only makes ModelConfig refuse a checkpoint whose
         # quantization_config is not mxfp8 (its M3 override sets mxfp8 from the checkpoint
         # anyway, so every other server argument resolves as without the flag), and the plugin's
-        # loader hook (sglang_m3.quant.serving) gives M3 no SGLang quantization config, so
-        # SGLang's MXFP8 layers and their SM100 capability check are never reached; the plugin
-        # reads the MXFP8 tensors from the checkpoint itself.
+        # loader hook (sglang_m3.quant.serving) gives M3 the project's own quantization config
+        # (W8A16 linears, capability 90), so SGLang's MXFP8 layers and their SM100 capability
+        # check are never reached; the plugin reads the MXFP8 tensors from the checkpoint itself.
         add("--quantization", "mxfp8")
 
     add("--device", profile.device)

@@ -1,6 +1,6 @@
 """The MXFP8 checkpoint's size as inspect measures it (the fit's source for every MXFP8 layout).
 
-How Hopper holds it (routed experts fp8, other linears BF16) and what fits on 8x H100 is checked
+How Hopper holds it (every quantized linear fp8, as Blackwell) and what fits on 8x H100 is checked
 in ``tests/recipe/test_mxfp8_hopper_fit.py``.
 """
 
