@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import sys
 import time
@@ -56,15 +55,17 @@ SCALE_BYTES = (113, 117)
 L2_MULTIPLE = 4
 
 
-def load_tuner():
-    """``benchmarks/tune_fused_moe.py`` by path (this folder is off ``sys.path``): its CUDA-graph timing."""
-    spec = importlib.util.spec_from_file_location("tune_fused_moe_bench", os.path.join(HERE, "tune_fused_moe.py"))
+def load_moe_benchmark():
+    """``benchmarks/mxfp8_moe.py`` by path (this folder is off ``sys.path``): its result files and
+    the fused-MoE tuner's CUDA-graph timing it loads."""
+    spec = importlib.util.spec_from_file_location("mxfp8_moe_bench", os.path.join(HERE, "mxfp8_moe.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-TUNE = load_tuner()
+MOE = load_moe_benchmark()
+TUNE = MOE.TUNE
 
 
 def weight_copies(rows: int, cols: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
@@ -181,13 +182,8 @@ def main(argv=None) -> int:
             tokens: {kind: sum(r[kind] for r in result["rows"] if r["tokens"] == tokens and r["shape"] in MOE_LAYER) for kind in ("bf16_us", "mxfp8_us")}
             for tokens in args.tokens
         }
-    tag = "h100" if "H100" in gpu else "h200" if "H200" in gpu else gpu.replace(" ", "_").lower()
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, f"mxfp8_linear_{tag}.json"), "w", encoding="utf-8") as handle:
-        json.dump(result, handle, indent=1)
-    with open(os.path.join(args.out, f"mxfp8_linear_{tag}.md"), "w", encoding="utf-8") as handle:
-        handle.write(markdown(result))
-    print(f"wrote mxfp8_linear_{tag}.json/.md in {time.perf_counter() - started:.0f} s", flush=True)
+    name = MOE.write_results(args.out, "mxfp8_linear", result, markdown(result))
+    print(f"wrote {name}.json/.md in {time.perf_counter() - started:.0f} s", flush=True)
     return 0
 
 

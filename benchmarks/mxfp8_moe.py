@@ -235,6 +235,18 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_results(out: str, stem: str, result: dict, markdown_text: str) -> str:
+    """``<stem>_<gpu>.json`` (``result``) and ``.md`` into ``out``; returns ``<stem>_<gpu>``."""
+    gpu = result["gpu"]
+    name = f"{stem}_" + ("h100" if "H100" in gpu else "h200" if "H200" in gpu else gpu.replace(" ", "_").lower())
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f"{name}.json"), "w", encoding="utf-8") as handle:
+        json.dump(result, handle, indent=1)
+    with open(os.path.join(out, f"{name}.md"), "w", encoding="utf-8") as handle:
+        handle.write(markdown_text)
+    return name
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
@@ -267,13 +279,8 @@ def main(argv=None) -> int:
         )
         for entry in row.get("sweep", []):
             print(f"    {entry['tiles']}: {entry.get('us', entry.get('error'))}", flush=True)
-    tag = "h100" if "H100" in gpu else "h200" if "H200" in gpu else gpu.replace(" ", "_").lower()
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, f"mxfp8_moe_{tag}.json"), "w", encoding="utf-8") as handle:
-        json.dump(result, handle, indent=1)
-    with open(os.path.join(args.out, f"mxfp8_moe_{tag}.md"), "w", encoding="utf-8") as handle:
-        handle.write(markdown(result))
-    print(f"wrote mxfp8_moe_{tag}.json/.md in {time.perf_counter() - started:.0f} s", flush=True)
+    name = write_results(args.out, "mxfp8_moe", result, markdown(result))
+    print(f"wrote {name}.json/.md in {time.perf_counter() - started:.0f} s", flush=True)
     return 0
 
 

@@ -249,6 +249,15 @@ def _tile(pid, num_m, num_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
+def _block_rows(sorted_ptr, pid_m, n_slots, BLOCK_M: tl.constexpr):
+    """Block ``pid_m``'s rows, the (token, slot) pair of each and which of them are pairs (the
+    others are padding)."""
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    slots = tl.load(sorted_ptr + rows)
+    return rows, slots, slots < n_slots
+
+
+@triton.jit
 def _scale_bytes(s_ptr, rows, row_ok, k0, K, stride_sn, BLOCK_K: tl.constexpr):
     """Rows ``rows``' e8m0 scale bytes ``[BLOCK_N, BLOCK_K / 32]`` for columns ``[k0, k0 + BLOCK_K)``
     (byte 0, meaning 0.0, past K). Left undecoded: the loop uses them one step later (prefetch)."""
@@ -301,9 +310,7 @@ def gate_up_kernel(
     expert = tl.load(block_expert_ptr + pid_m)
     if expert < 0:
         return
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    slots = tl.load(sorted_ptr + rows)
-    live = slots < n_slots
+    rows, slots, live = _block_rows(sorted_ptr, pid_m, n_slots, BLOCK_M)
     tokens = (slots // TOP_K).to(tl.int64)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < inter
@@ -349,9 +356,7 @@ def down_kernel(
     expert = tl.load(block_expert_ptr + pid_m)
     if expert < 0:
         return
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    slots = tl.load(sorted_ptr + rows)
-    live = slots < n_slots
+    rows, slots, live = _block_rows(sorted_ptr, pid_m, n_slots, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < hidden
     w_ptr += expert.to(tl.int64) * stride_we
@@ -393,9 +398,7 @@ def gate_up_core_kernel(
     expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
     if expert < 0:
         return
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    slots = tl.load(sorted_ptr + rows)
-    live = slots < n_slots
+    rows, slots, live = _block_rows(sorted_ptr, pid_m, n_slots, BLOCK_M)
     tokens = slots // TOP_K
     tile_rows = tl.arange(0, BLOCK_N)
     cols = pid_n * HALF + tile_rows % HALF
@@ -425,9 +428,7 @@ def down_core_kernel(
     expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
     if expert < 0:
         return
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    slots = tl.load(sorted_ptr + rows)
-    live = slots < n_slots
+    rows, slots, live = _block_rows(sorted_ptr, pid_m, n_slots, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < hidden
     acc = mx_gemm_rows(

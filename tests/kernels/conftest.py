@@ -28,6 +28,19 @@ def interpreted_api():
     return api
 
 
+@pytest.fixture
+def poisoned_buffers(monkeypatch):
+    """``torch.empty`` returns NaN floats / huge ints, so a buffer element a kernel forgets to
+    write cannot pass as zero."""
+    real_empty = torch.empty
+
+    def empty(*args, **kwargs):
+        tensor = real_empty(*args, **kwargs)
+        return tensor.fill_(float("nan") if tensor.is_floating_point() else 0x3FFFFFF0)
+
+    monkeypatch.setattr(torch, "empty", empty)
+
+
 @pytest.fixture(scope="module")
 def backend_module(interpreted_api):
     """``sglang_m3.msa.triton_backend`` bound to the interpreted kernels."""
