@@ -13,26 +13,28 @@ it streamed at 2.5 TB/s at best. Here the per-element work is one conversion per
 - The e8m0 scales are not applied to the weights at all: each K step of ``32 * groups`` columns
   runs one dot per 32-column group and multiplies that group's fp32 partial sums by the group's
   factor ``2 ** (b - 127)`` per weight row (an exact power of two) before adding them up. That is
-  one multiply-add per accumulator element and group, not one per weight element. The scale bytes
-  of a step are read as one word per row (``groups`` bytes, up to 8, :func:`scale_words`) and prefetched a
-  step ahead by hand, since Triton's pipeliner leaves loads that feed no dot operand in place (the
-  weights and activations it pipelines ``num_stages`` deep; a second loop-carried prefetch made
-  Triton 3.8 drop that pipelining altogether).
+  one multiply-add per accumulator element and group, not one per weight element. The scale
+  bytes of a step are read as one word per row (``groups`` bytes, up to 8, :func:`scale_words`)
+  and prefetched a step ahead by hand, since Triton's pipeliner leaves loads that feed no dot
+  operand in place (the weights and activations it pipelines ``num_stages`` deep; a second
+  loop-carried prefetch made Triton 3.8 drop that pipelining altogether).
 - The activations must be fp16, whose range (65504) bf16 activations can exceed: each row is
   multiplied by a power of two ``2 ** s`` chosen from its largest magnitude (:func:`prescale_row`,
-  the largest lands in ``[2**14, 2**15)``), which is exact for bf16 and fp16 inputs, and the
-  epilogue multiplies by ``2 ** -s`` (:func:`unscale`). Elements more than ``2**28`` below their
+  the largest lands in ``[2**14, 2**15)``), which is exact for bf16 and fp16 inputs (fp32 rows,
+  the MoE's activation, round once to fp16's 11 bits), and the epilogue multiplies by ``2 ** -s``
+  (:func:`unscale`). Elements more than ``2**28`` below their
   row's largest fall into fp16's subnormals and keep fewer bits: an absolute error below
   ``2**-39`` of the row's largest magnitude, far under bf16's rounding of that largest element.
 
 So the result equals an fp32 GEMM of the exact dequantized weights with the bf16 activations up
 to fp32 summation order. Weights sit on the MMA's M side and the few tokens on N ("swap AB"), so
 a 16-token tile does not pad the weight side. Callers launch it with fewer than four warps per
-program, so the dots compile to ``mma.sync``: a wgmma here is waited for in every group before its
-partial sums can be scaled, which measured slower than widening every weight to bf16. The same loop can run its dots in bf16 instead
-(``DOT_DTYPE``), for callers to which a prescale launch costs more than one more instruction per
-weight element (the dense linears). :func:`dequantize` is the conversion alone, for the GEMMs
-that are bound by FLOPs rather than bytes.
+program, so the dots compile to ``mma.sync``: a wgmma here is waited for in every group before
+its partial sums can be scaled, which measured slower than widening every weight to bf16. The
+same loop can run its dots in bf16 instead (``DOT_DTYPE``), for callers to which a prescale
+launch costs more than one more instruction per weight element (the dense linears).
+:func:`dequantize` is the conversion alone, for the GEMMs that are bound by FLOPs rather than
+bytes.
 """
 
 from __future__ import annotations
@@ -104,7 +106,7 @@ def mx_gemm_rows(
 
 @triton.jit
 def prescale_row(x_ptr, out_ptr, shift_ptr, row, cols, stride_x, stride_o, BLOCK: tl.constexpr):
-    """Row ``row`` of ``x`` (bf16 or fp16) times ``2 ** s`` into fp16 ``out``, and ``s`` into
+    """Row ``row`` of ``x`` (bf16, fp16 or fp32) times ``2 ** s`` into fp16 ``out``, and ``s`` into
     ``shift[row]``: ``s`` brings the row's largest magnitude into ``[2**14, 2**15)`` (an all-zero
     row gets the largest ``s``, 126; ``s`` stays in ``[-126, 126]`` so both ``2 ** s`` and
     ``2 ** -s`` are normal fp32)."""
@@ -137,8 +139,9 @@ def prescale_rows_kernel(x_ptr, out_ptr, shift_ptr, cols, stride_x, stride_o, BL
 
 
 def prescale_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(x16 [T, K] fp16, shifts [T] int32)`` with ``x16 = x * 2 ** shifts[:, None]`` exactly
-    (:func:`prescale_row`); ``x`` is ``[T, K]`` bf16 or fp16 with unit stride along K."""
+    """``(x16 [T, K] fp16, shifts [T] int32)`` with ``x16 = x * 2 ** shifts[:, None]``
+    (:func:`prescale_row`: exact for bf16 and fp16 ``x``, fp32 rounds once); ``x`` is ``[T, K]``
+    with unit stride along K."""
     rows, cols = x.shape
     x16 = torch.empty((rows, cols), dtype=torch.float16, device=x.device)
     shifts = torch.empty(rows, dtype=torch.int32, device=x.device)
@@ -168,7 +171,7 @@ def dequantize(weight: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -
     """e4m3 ``[N, K]`` with uint8 e8m0 scales ``[N, K/32]`` (contiguous) -> ``dtype`` ``[N, K]``, in
     one pass on the device (the same values as ``sglang_m3.quant.mxfp8.dequantize``)."""
     rows, cols = weight.shape
-    words, groups = scale_words(scales, 4 * GROUP)
+    words, groups = scale_words(scales, 8 * GROUP)
     out = torch.empty((rows, cols), dtype=dtype, device=weight.device)
     if rows and cols:
         grid = (triton.cdiv(rows, DEQUANTIZE_ROWS), cols // (GROUP * groups))

@@ -113,6 +113,19 @@ def test_device_dequantize_equals_the_reference():
     assert torch.equal(mxfp8_gemm.dequantize(w, s, torch.bfloat16), reference_dequantize(w, s).to(torch.bfloat16))
 
 
+def test_prescale_rows_scales_each_row_by_an_exact_power_of_two():
+    """``mxfp8_gemm.prescale_rows`` (the fp16 dots' activations): x16 = x * 2**s exactly for bf16
+    rows of any magnitude, the largest entry in [2**14, 2**15), an all-zero row left at zero."""
+    factors = torch.tensor([1.0, 2.0**40, 2.0**-60, 0.0, 2.0**100])
+    x = (activations(5, 2500, seed=9) * factors[:, None]).to(torch.bfloat16)
+    x16, shifts = mxfp8_gemm.prescale_rows(x)
+    assert x16.dtype == torch.float16 and shifts.dtype == torch.int32
+    assert torch.equal(x16.float(), x.float() * torch.pow(2.0, shifts.float())[:, None])
+    largest = x16.float().abs().amax(dim=1)
+    assert ((largest[[0, 1, 2, 4]] >= 2**14) & (largest[[0, 1, 2, 4]] < 2**15)).all()
+    assert shifts[3] == 126 and not x16[3].any()
+
+
 def test_split_plan_fills_the_gpu():
     """Tiles alone when they cover the SMs; otherwise K split into whole steps, none empty, for
     about PROGRAMS_PER_SM programs per SM (within a factor of two: steps are whole)."""
