@@ -18,7 +18,7 @@ score scale ``qk_scale_log2`` by the launcher and the V scale multiplies the nor
 import triton
 import triton.language as tl
 
-from msa_kernels.triton_select import union_ids
+from msa_kernels.triton_select import load_tile, union_ids
 from msa_kernels.triton_tree import main_pass_limits
 
 
@@ -50,9 +50,7 @@ def sparse_attention_kernel(
     h = tl.program_id(1)
     split = tl.program_id(2)
     req = tl.load(tile_req_ptr + tile)
-    tok0 = tl.load(tile_tok0_ptr + tile)
-    pos0 = tl.load(tile_pos0_ptr + tile)
-    ntok = tl.load(tile_ntok_ptr + tile)
+    tok0, pos0, ntok = load_tile(tile_tok0_ptr, tile_pos0_ptr, tile_ntok_ptr, tile)
     rows = tl.arange(0, ROWS)
     t = rows // GP
     g = rows % GP

@@ -25,7 +25,7 @@ powers of two).
 import triton
 import triton.language as tl
 
-from msa_kernels.triton_select import empty_top, forced_or_visible_scores, keep_top, sort_ids
+from msa_kernels.triton_select import empty_top, forced_or_visible_scores, keep_top, load_tile, sort_ids
 from msa_kernels.triton_tree import main_pass_limits
 
 
@@ -48,9 +48,7 @@ def decode_index_scores_kernel(
     """
     b = tl.program_id(0)
     split = tl.program_id(1)
-    tok0 = tl.load(tile_tok0_ptr + b)
-    pos0 = tl.load(tile_pos0_ptr + b)
-    ntok = tl.load(tile_ntok_ptr + b)
+    tok0, pos0, ntok = load_tile(tile_tok0_ptr, tile_pos0_ptr, tile_ntok_ptr, b)
     rows = tl.arange(0, ROWS)
     t = rows // NUM_HEADS
     row_ok = t < ntok
@@ -102,9 +100,7 @@ def tree_window_scores_kernel(
     b = tl.program_id(0)
     h = tl.program_id(1)
     t = tl.program_id(2)
-    tok0 = tl.load(tile_tok0_ptr + b)
-    pos0 = tl.load(tile_pos0_ptr + b)
-    ntok = tl.load(tile_ntok_ptr + b)
+    tok0, pos0, ntok = load_tile(tile_tok0_ptr, tile_pos0_ptr, tile_ntok_ptr, b)
     token_ok = t < ntok
     i = tl.arange(0, NW)
     on_path = ((tl.load(anc_ptr + tok0 + t, mask=token_ok, other=0) >> i.to(tl.int64)) & 1) != 0
@@ -131,9 +127,7 @@ def tree_window_scores_kernel(
 @triton.jit
 def _tile_rows(tile_tok0_ptr, tile_pos0_ptr, tile_ntok_ptr, tile, NUM_HEADS: tl.constexpr, ROWS: tl.constexpr):
     """Rows of an indexer tile: row = token * heads + head. Returns tok0, token, head, row_ok, row_pos, last_pos."""
-    tok0 = tl.load(tile_tok0_ptr + tile)
-    pos0 = tl.load(tile_pos0_ptr + tile)
-    ntok = tl.load(tile_ntok_ptr + tile)
+    tok0, pos0, ntok = load_tile(tile_tok0_ptr, tile_pos0_ptr, tile_ntok_ptr, tile)
     rows = tl.arange(0, ROWS)
     t = rows // NUM_HEADS
     return tok0, t, rows % NUM_HEADS, t < ntok, pos0 + t, pos0 + ntok - 1

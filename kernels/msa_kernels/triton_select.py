@@ -12,6 +12,12 @@ _BIG = tl.constexpr(1 << 30)
 
 
 @triton.jit
+def load_tile(tile_tok0_ptr, tile_pos0_ptr, tile_ntok_ptr, tile):
+    """``(tok0, pos0, ntok)`` of a tile: its first row of q, that row's position, its token count."""
+    return tl.load(tile_tok0_ptr + tile), tl.load(tile_pos0_ptr + tile), tl.load(tile_ntok_ptr + tile)
+
+
+@triton.jit
 def sort_ids(ids):
     """Sort block ids ascending along the last axis, ``-1`` padding last."""
     x = tl.where(ids < 0, _BIG, ids)

@@ -148,7 +148,8 @@ class Speculative(RecipeModel):
     num_steps: int = Field(default=3, ge=1)
     """Draft steps per verification (--speculative-num-steps)."""
     eagle_topk: int = Field(default=1, ge=1)
-    """Branching per draft step (--speculative-eagle-topk); M3 supports only chains (1)."""
+    """Branching per draft step (--speculative-eagle-topk); 1 is a chain, more a draft tree (not
+    with Blackwell's dense attention backends)."""
     num_draft_tokens: int = Field(default=4, ge=2)
     """Tokens verified per step (--speculative-num-draft-tokens); numSteps + 1 for a chain."""
 
