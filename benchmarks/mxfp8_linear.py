@@ -15,7 +15,7 @@ alone would sit in L2), so every call reads its weight from HBM as in a real dec
 per call: microseconds of BF16, of ours on the path it takes and on the other path, the weight
 bytes per second, and BF16 / ours. The last table sums one TP8 layer's qkv + o + shared expert.
 
-    scripts/gpu/run.sh exec python benchmarks/mxfp8_linear.py --out "$OUT" [--tokens 1 8 64 128 512 8192]
+    scripts/gpu/run.sh exec python benchmarks/mxfp8_linear.py --out "$OUT" [--tokens 1 8 64 128 256 512 8192] [--shapes ...]
 
 Writes ``mxfp8_linear_<gpu>.json`` and ``mxfp8_linear_<gpu>.md`` into ``--out``.
 """
@@ -149,7 +149,7 @@ def markdown(result: dict) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 64, 128, 512, 8192])
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 64, 128, 256, 512, 8192])
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     parser.add_argument("--reps", type=int, default=20, help="calls per captured graph")
     args = parser.parse_args(argv)
