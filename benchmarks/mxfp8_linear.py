@@ -82,12 +82,6 @@ def weight_copies(rows: int, cols: int, seed: int) -> list[tuple[torch.Tensor, t
     return copies
 
 
-def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
-    if not torch.isfinite(got).all():
-        return float("inf")
-    return ((got.float() - want).norm() / want.norm()).item()
-
-
 def measure(name: str, tokens: int, copies, tickets, reps: int) -> dict:
     rows, cols = SHAPES[name]
     x = torch.randn(tokens, cols, device="cuda", dtype=torch.bfloat16)
@@ -95,8 +89,8 @@ def measure(name: str, tokens: int, copies, tickets, reps: int) -> dict:
     torch.backends.cuda.matmul.allow_tf32 = False
     want = x.float() @ dequantize(elements, scales).T
     served = "gemm" if tokens <= linear.GEMM_MAX_TOKENS else "dequantize"
-    errors = {path: relative_error(linear.mxfp8_linear(x, elements, scales, tickets, path=path), want) for path in ("gemm", "dequantize")}
-    errors["bf16"] = relative_error(torch.nn.functional.linear(x, bf16), want)
+    errors = {path: MOE.relative_error(linear.mxfp8_linear(x, elements, scales, tickets, path=path), want) for path in ("gemm", "dequantize")}
+    errors["bf16"] = MOE.relative_error(torch.nn.functional.linear(x, bf16), want)
     for path in ("gemm", "dequantize"):
         if errors[path] > 1e-2:
             raise SystemExit(f"{name} T={tokens}: MXFP8 linear ({path}) differs from the reference by {errors[path]:.3e}")
