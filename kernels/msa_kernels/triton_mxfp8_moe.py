@@ -107,11 +107,14 @@ TABLES = {"fp16": CORE_TILE_TABLE, "bf16": CORE_TILE_TABLE, "widen": TILE_TABLE}
 PATHS = tuple(TABLES)
 #: Largest token count a core path serves: up to here the weights are read about once per expert
 #: and the step is bound by those bytes, where the core's lighter instruction stream matters;
-#: beyond it the widen path's larger token tiles reuse each weight tile more. To be checked
-#: against ``benchmarks/mxfp8_moe.py`` (it times every path at every token count).
-CORE_PATH_MAX_TOKENS = 512
+#: beyond it the widen path's larger token tiles reuse each weight tile more. Measured on the
+#: H100 (``benchmarks/mxfp8_moe.py`` at 03d147c, us for fp16 core / bf16 core / widen): T=1
+#: 118.5 / 124.1 / 127.3, T=16 1158 / 1166 / 1199, T=64 2570 / 2571 / 2727, T=512 4270 / 4282 /
+#: 3759. The crossover lies between 64 and 512 tokens and was not located; 64 is the last count
+#: where the core measured faster.
+CORE_PATH_MAX_TOKENS = 64
 #: the core path served up to CORE_PATH_MAX_TOKENS: "fp16" (fewer instructions per weight
-#: element) or "bf16" (one launch fewer); not measured yet
+#: element) or "bf16" (one launch fewer); fp16 measured faster at 1, 16 and 64 tokens (above)
 CORE_DOT = "fp16"
 
 
