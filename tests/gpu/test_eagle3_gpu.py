@@ -31,12 +31,9 @@ from gpu_server import launch_gpu_server, log_text  # noqa: E402
 from transformers_oracle import random_prompt  # noqa: E402
 
 from sglang_m3.speculative.tiny_draft import build_tiny_draft  # noqa: E402
+from tests.speculative.conftest import CHAIN_FLAGS  # noqa: E402
 from tests.speculative.spec_requests import accept_length, generate, generate_concurrently  # noqa: E402
 
-CHAIN_FLAGS = (
-    "--speculative-algorithm", "EAGLE3",
-    "--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
-)
 CHUNKING = ("--chunked-prefill-size", "112")
 NEW_TOKENS = 24
 LONG_PROMPT = random_prompt(31, 300)
