@@ -17,15 +17,10 @@ import importlib.util
 import json
 import os
 
-import sys
-
 import torch
 
-# This folder holds benchmarks/msa_kernels.py, which would shadow the kernels package: drop it.
-sys.path = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
-
-from msa_kernels.triton_add_rmsnorm import add_rmsnorm  # noqa: E402
-from sglang_m3.models.layers import M3RMSNorm  # noqa: E402
+from msa_kernels.triton_add_rmsnorm import add_rmsnorm
+from sglang_m3.models.layers import M3RMSNorm
 
 HIDDEN, EPS, DTYPE = 6144, 1e-6, torch.bfloat16
 

@@ -8,7 +8,7 @@ block_major_explore3.json). Results: benchmarks/results/msa_kernels_h100_block_m
 import json, os, sys
 import torch
 import importlib.util
-spec = importlib.util.spec_from_file_location("bench", "benchmarks/msa_kernels.py")
+spec = importlib.util.spec_from_file_location("bench", "benchmarks/msa_kernel_bench.py")
 bench = importlib.util.module_from_spec(spec); sys.modules["bench"] = bench; spec.loader.exec_module(bench)
 from msa_kernels import api
 from msa_kernels.plan import page_table_from_req_to_token, plan_prefill

@@ -31,10 +31,9 @@ import tempfile
 sys.path.insert(0, os.path.dirname(__file__))
 from e2e_gpu import PeakGpuMemory, commit, gpu_name, graphs_captured, start_server, stop_server, warm_up  # noqa: E402
 from e2e_gpu_report import gpu_key  # noqa: E402
-from midsize_m3 import midsize_text_config, write_midsize_checkpoint  # noqa: E402
+from midsize_m3 import add_mxfp8_quantization_config, midsize_text_config, write_midsize_checkpoint  # noqa: E402
 from serving_client import random_prompt, run_group, single_stream_tpot_ms, stream_generate  # noqa: E402
 
-from sglang_m3.config.quantization import MXFP8Config  # noqa: E402
 
 VARIANTS = ("bf16", "mxfp8")
 TTFT_PROMPT, PROMPT_TOKENS, OUTPUT_TOKENS = 8192, 2048, 256
@@ -45,27 +44,9 @@ MXFP8_HARNESS_FLAGS = ("--disable-flashinfer-autotune",)
 WEIGHT_MEMORY = re.compile(r"Load weight end\..*?mem usage=([\d.]+) GB")
 
 
-def midsize_ignore_list(config: dict) -> list[str]:
-    """The modules an MXFP8 M3 checkpoint keeps in BF16 (``sglang_m3.quant.checkpoint_writer``'s
-    rule): embeddings, lm head, the routers and the index projections."""
-    ignored = ["lm_head", "model.embed_tokens"]
-    for layer, moe in enumerate(config["moe_layer_freq"]):
-        ignored += [f"model.layers.{layer}.self_attn.index_q_proj", f"model.layers.{layer}.self_attn.index_k_proj"]
-        if moe:
-            ignored.append(f"model.layers.{layer}.block_sparse_moe.gate")
-    return ignored
-
-
 def write_variant(variant: str) -> str:
     model_dir = write_midsize_checkpoint(tempfile.mkdtemp(prefix=f"m3-midsize-{variant}-"))
-    if variant == "mxfp8":
-        path = os.path.join(model_dir, "config.json")
-        with open(path, encoding="utf-8") as handle:
-            config = json.load(handle)
-        config["quantization_config"] = MXFP8Config(ignored_modules=tuple(midsize_ignore_list(config))).to_json()
-        with open(path, "w", encoding="utf-8") as handle:
-            json.dump(config, handle, indent=2)
-    return model_dir
+    return add_mxfp8_quantization_config(model_dir) if variant == "mxfp8" else model_dir
 
 
 def bench_variant(variant: str, out_dir: str, quick: bool) -> dict:

@@ -22,10 +22,6 @@ if not torch.cuda.is_available():
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-# The kernel package is imported before any test module runs: the benchmark scripts put
-# ``benchmarks/`` first on sys.path when imported (tests/test_benchmark_tools.py does), and its
-# ``msa_kernels.py`` would then shadow the package for every module collected after them.
-import msa_kernels  # noqa: E402,F401
 from server_harness import TINY_PREFILL_CHUNK, launch_cpu_server  # noqa: E402
 
 

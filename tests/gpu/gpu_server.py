@@ -39,12 +39,20 @@ def launch_gpu_server(
     dtype: str = "float32", prefill_graphs: bool = True,
 ):
     port = free_port()
+    argv = gpu_server_args(model_path, port, *extra, dtype=dtype, prefill_graphs=prefill_graphs)
+    with launch_server_argv(argv, port, model_path, log_dir, env={**EXACT_ENV, **(env or {})}, name=name) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def launch_server_argv(argv: list[str], port: int, model_path: str, log_dir: str, env: dict[str, str] | None = None, name: str = ""):
+    """``sglang.launch_server`` with exactly ``argv`` (serving on ``port``) and the plugin's models."""
     log_dir = os.environ.get("OUT") or log_dir
     log_path = os.path.join(log_dir, f"server-{name or port}.log")
-    env = {**os.environ, "SGLANG_EXTERNAL_MODEL_PACKAGE": "sglang_m3.models", **EXACT_ENV, **(env or {})}
+    env = {**os.environ, "SGLANG_EXTERNAL_MODEL_PACKAGE": "sglang_m3.models", **(env or {})}
     with open(log_path, "w", encoding="utf-8") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "sglang.launch_server", *gpu_server_args(model_path, port, *extra, dtype=dtype, prefill_graphs=prefill_graphs)],
+            [sys.executable, "-m", "sglang.launch_server", *argv],
             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
         )
     server = RunningServer(f"http://127.0.0.1:{port}", model_path, log_path, process)

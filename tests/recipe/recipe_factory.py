@@ -49,3 +49,16 @@ def make_recipe(**changes):
 
 def library_files() -> list[Path]:
     return sorted(LIBRARY.glob("*.yaml"))
+
+
+def flag_pairs(argv: list[str]) -> list[tuple[str, str | None]]:
+    """``--flag value`` / bare ``--flag`` pairs of a rendered argv, in order."""
+    pairs: list[tuple[str, str | None]] = []
+    for token in argv:
+        if token.startswith("--"):
+            pairs.append((token, None))
+        else:
+            flag, value = pairs[-1]
+            assert value is None, f"{flag} renders two values"
+            pairs[-1] = (flag, token)
+    return pairs

@@ -25,7 +25,7 @@ from transformers_oracle import random_prompt
 
 from sglang_m3.commands import tiny_draft as tiny_draft_command
 from sglang_m3.recipe import load_recipe, render_launch
-from tests.recipe.recipe_factory import library_files
+from tests.recipe.recipe_factory import flag_pairs, library_files
 from tests.speculative.no_interpreter import launch_without_interpreter
 from tests.speculative.spec_requests import generate
 
@@ -73,19 +73,6 @@ PROMPT = random_prompt(77, 150)
 def speculative_recipes() -> list:
     recipes = [load_recipe(path) for path in library_files()]
     return [recipe for recipe in recipes if recipe.spec.speculative is not None]
-
-
-def flag_pairs(argv: list[str]) -> list[tuple[str, str | None]]:
-    """``--flag value`` / bare ``--flag`` pairs of a rendered argv, in order."""
-    pairs: list[tuple[str, str | None]] = []
-    for token in argv:
-        if token.startswith("--"):
-            pairs.append((token, None))
-        else:
-            flag, value = pairs[-1]
-            assert value is None, f"{flag} renders two values"
-            pairs[-1] = (flag, token)
-    return pairs
 
 
 def cpu_argv(pairs, target: str, draft: str) -> tuple[list[str], str]:

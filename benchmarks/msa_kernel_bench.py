@@ -21,7 +21,7 @@ SGLang's kernels are imported from an unmodified copy of
 the few SGLang helpers it imports; its decode top-k runs the Triton 2-stage path of the same file
 (the JIT radix top-k needs SGLang's JIT stack).
 
-Usage: PYTHONPATH=kernels python benchmarks/msa_kernels.py --out DIR [--sglang-path DIR] [--quick]
+Usage: PYTHONPATH=kernels python benchmarks/msa_kernel_bench.py --out DIR [--sglang-path DIR] [--quick]
 Writes DIR/msa_kernels_<gpu>.json, .md and .png.
 """
 
@@ -37,10 +37,6 @@ from dataclasses import dataclass
 
 import torch
 import triton
-
-# This file's folder is first on sys.path and its name equals the package's: drop it so that
-# ``msa_kernels`` resolves to the kernel package.
-sys.path = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
 
 from msa_kernels.api import decode_select, prefill_select, run_decode, run_prefill
 from msa_kernels.paged_batch import compare_with_reference, make_paged_batch
