@@ -10,8 +10,8 @@ vision tower's settings, 1 dense + 3 MoE/MSA layers at real widths, the publishe
 ``quantization_config`` (its ignore list from the project's model built on the meta device), the
 tiny tokenizer with M3's chat template, and random weights (``--load-format dummy``). The served
 checks: ``/server_info`` holds the rendered values, the routed experts and dense linears stay
-MXFP8 (the start-up log's count), and an ``openai`` chat completion with the recipe's parsers
-returns generated tokens.
+MXFP8 (the start-up log says so; dummy loading never reaches the loader's per-weight count), and an
+``openai`` chat completion with the recipe's parsers returns generated tokens.
 
 Skipped without CUDA. Run on the lent GPU with ``scripts/gpu/run.sh tests -k recipes_gpu``.
 """
@@ -19,7 +19,6 @@ Skipped without CUDA. Run on the lent GPU with ``scripts/gpu/run.sh tests -k rec
 from __future__ import annotations
 
 import os
-import re
 import sys
 
 import pytest
@@ -70,7 +69,8 @@ SERVED_FIELDS = {
     "--tool-call-parser": "tool_call_parser", "--mem-fraction-static": "mem_fraction_static",
     "--chunked-prefill-size": "chunked_prefill_size", "--max-running-requests": "max_running_requests",
 }
-MXFP8_KEPT = re.compile(r"kept (\d+) routed-expert and (\d+) linear weight\(s\) in MXFP8")
+#: start-up log lines of a model that keeps its routed experts and dense linears in MXFP8
+MXFP8_LOG_LINES = ("M3 MoE experts: mxfp8 path", "dense linears kept in MXFP8")
 
 
 def gpu_argv(pairs, model: str, port: int) -> list[str]:
@@ -107,9 +107,8 @@ def test_rendered_h100_recipe_serves_the_midsize_mxfp8_model(name, midsize_mxfp8
             if flag in rendered:
                 assert str(info[field]) == rendered[flag], (flag, info[field], rendered[flag])
         with open(server.log_path, encoding="utf-8", errors="replace") as handle:
-            kept = MXFP8_KEPT.search(handle.read())
-        # 3 MoE layers x 128 experts x w1/w2/w3; 4 x q/k/v/o + the dense MLP's 3 + 3 shared experts x 3
-        assert kept and kept.groups() == ("1152", "28"), kept and kept.group(0)
+            log = handle.read()
+        assert all(line in log for line in MXFP8_LOG_LINES), [line for line in MXFP8_LOG_LINES if line not in log]
         client = openai.OpenAI(base_url=server.openai_url, api_key="none")
         reply = client.chat.completions.create(
             model=midsize_mxfp8, messages=[{"role": "user", "content": "What is the capital of France?"}],
