@@ -13,6 +13,9 @@ Decode, speculative verify and draft batches keep SGLang's backend (they are gra
 is per request and eager). The per-request loop reads host-side lengths; prefill is never
 captured whole (SGLang's breakable prefill graphs run attention eagerly on the real tokens).
 ``SGLANG_M3_DENSE_PREFILL=sglang`` keeps SGLang's kernel for A/B measurements.
+
+The sparse layers' extend requests that select every block (at most ``topk * block_size``
+tokens) make the same per-request call, :func:`causal_sdpa` (:mod:`sglang_m3.msa.full_selection`).
 """
 
 from __future__ import annotations
@@ -109,16 +112,30 @@ class SDPADensePrefill:
                 break  # a padded batch hands over only its real tokens
             rows = slice(span.q_start, span.q_start + span.q_len)
             if span.slots is None:
-                keys, values, mask, causal, backend = k[rows], v[rows], None, True, SDPBackend.CUDNN_ATTENTION
+                keys, values = k[rows], v[rows]
             else:
                 # an fp8 cache (no KV scales: ``takes``) holds the values themselves; SDPA wants q's dtype
                 keys, values = k_cache[span.slots].to(q.dtype), v_cache[span.slots].to(q.dtype)
-                mask = causal_lower_right(span.q_len, span.slots.shape[0])
-                causal, backend = False, SDPBackend.FLASH_ATTENTION
-            with sdpa_kernel([backend, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
-                attended = F.scaled_dot_product_attention(
-                    q[rows].transpose(0, 1)[None], keys.transpose(0, 1)[None], values.transpose(0, 1)[None],
-                    attn_mask=mask, is_causal=causal, scale=layer.scaling, enable_gqa=heads != kv_heads,
-                )
-            out[rows] = attended[0].transpose(0, 1)
+            out[rows] = causal_sdpa(q[rows], keys, values, layer.scaling)
         return out.view(-1, heads * layer.v_head_dim)
+
+
+def causal_sdpa(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
+    """Causal GQA attention of one request's new tokens over its keys: ``[n, Hq, Dv]``.
+
+    ``q [n, Hq, D]`` are the last ``n`` of the ``L`` positions of ``keys`` / ``values [L, Hkv, D]``
+    (same dtype as ``q``). ``n == L`` (a chunk without cached prefix): square causal, cuDNN first;
+    otherwise causal aligned to the last key (lower right), FlashAttention first. Both fall back
+    to the efficient and math kernels where a first choice cannot run (fp32, the CPU).
+    """
+    n, length = q.shape[0], keys.shape[0]
+    if n == length:
+        mask, causal, backend = None, True, SDPBackend.CUDNN_ATTENTION
+    else:
+        mask, causal, backend = causal_lower_right(n, length), False, SDPBackend.FLASH_ATTENTION
+    with sdpa_kernel([backend, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+        attended = F.scaled_dot_product_attention(
+            q.transpose(0, 1)[None], keys.transpose(0, 1)[None], values.transpose(0, 1)[None],
+            attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=q.shape[1] != keys.shape[1],
+        )
+    return attended[0].transpose(0, 1)

@@ -19,9 +19,17 @@ captured draft width (SGLang replays only uniform widths). A graphed draft tree'
 copied into the plan out of the graph, before every replay: the runner keeps no copy of the
 tree mask in its input buffers, the real ``spec_info`` holds it. Extend batches are never
 graphed here: their plans depend on host-side lengths.
+
+Extend requests that hold at most ``topk * block_size`` tokens (2,048 on M3) select every
+visible block, so their MSA is dense causal attention: they run SDPA per request
+(:mod:`sglang_m3.msa.full_selection`, ``SGLANG_M3_FULL_SELECTION_DENSE=0`` turns it off) and
+``kernel_plan`` covers the batch's other requests only (None when there are none), their rows of
+``q`` gathered and packed; the cache writes are the same either way.
 """
 
 from __future__ import annotations
+
+import logging
 
 import torch
 from msa_kernels.api import run_decode, run_prefill
@@ -36,8 +44,18 @@ from msa_kernels.plan import (
 
 from sglang_m3.msa.backend import MSATorchBackend
 from sglang_m3.msa.batch_shape import attended_lens, host_extend_lens, is_target_verify, uniform_query_shape
+from sglang_m3.msa.dense_prefill import serves_batch
+from sglang_m3.msa.full_selection import (
+    ENV as FULL_SELECTION_ENV,
+    FullSelectionPlan,
+    full_selection_dense_enabled,
+    full_selection_limit,
+    plan_full_selection,
+)
 from sglang_m3.msa.graph_plan import GraphDecodePlans
 from sglang_m3.msa.verify_tree import draft_visibility_rows, is_draft_tree, tree_mask_qlen_only
+
+logger = logging.getLogger(__name__)
 
 
 def _blocks_for(max_seq_len: int, block_size: int, limit: int) -> int:
@@ -66,6 +84,10 @@ class MSATritonBackend(MSATorchBackend):
         self.model_runner = model_runner  # its attention backend names the tree-mask layout
         self.kernel_plan = None
         self.graph_plans: GraphDecodePlans | None = None
+        # extend requests attended densely (every block selected), None when the batch has none
+        self.full_selection: FullSelectionPlan | None = None
+        self.full_selection_dense = full_selection_dense_enabled()
+        self._full_selection_logged = [False, False]  # the switch, its first use
 
     def _draft_trees(self, forward_batch, q_len: int):
         """``(visible rows, slots)`` of a verify batch's draft trees, None for any other batch."""
@@ -76,10 +98,49 @@ class MSATritonBackend(MSATorchBackend):
 
     def init_forward_metadata(self, forward_batch) -> None:
         shape = uniform_query_shape(forward_batch, trees=True)
+        self.full_selection = None
+        if shape is None and self._plan_full_selection(forward_batch):
+            return
         trees = None if shape is None else self._draft_trees(forward_batch, shape[0])
         self.kernel_plan = plan_kernels(
             forward_batch, self.req_to_token_pool.req_to_token, self.params, self.num_kv_heads, self.num_sms, trees
         )
+
+    def _plan_full_selection(self, forward_batch) -> bool:
+        """Plan an extend batch of which some requests select every block (False: none do, or off).
+
+        Those requests go to ``full_selection``; ``kernel_plan`` covers the others (None if none).
+        Reads the host-side lengths the prefill plan reads; the extend plan needs them anyway.
+        """
+        self._log_full_selection()
+        if not (self.full_selection_dense and serves_batch(forward_batch) and forward_batch.seq_lens_cpu is not None):
+            return False
+        req_to_token, pool_indices = self.req_to_token_pool.req_to_token, forward_batch.req_pool_indices
+        seq_lens, extend_lens = forward_batch.seq_lens_cpu.tolist(), host_extend_lens(forward_batch)
+        plan = plan_full_selection(self.params, req_to_token, pool_indices, seq_lens, extend_lens)
+        if plan is None:
+            return False
+        self.full_selection, self.kernel_plan, keep = plan, None, list(plan.sparse)
+        if keep:
+            self.kernel_plan = plan_extend(
+                req_to_token, select_requests(pool_indices, keep), [seq_lens[b] for b in keep],
+                [extend_lens[b] for b in keep], self.params, self.num_kv_heads, self.num_sms,
+            )
+        self._log_full_selection(len(seq_lens) - len(keep), len(seq_lens))
+        return True
+
+    def _log_full_selection(self, dense: int = 0, requests: int = 0) -> None:
+        """Once per server, at its first extend batch: the switch; at the first batch that takes it: that batch."""
+        logged = self._full_selection_logged
+        if not logged[0]:
+            logged[0] = True
+            logger.info(
+                "M3 MSA: extend requests of at most %d tokens attend densely (MSA selects every block): %s (%s)",
+                full_selection_limit(self.params), "on" if self.full_selection_dense else "off", FULL_SELECTION_ENV,
+            )
+        if dense and not logged[1]:
+            logged[1] = True
+            logger.info("M3 MSA: first extend batch attended densely (every block selected): %d of %d requests", dense, requests)
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
         """Static plan buffers for graphs of up to ``max_bs`` requests (re-allocated on every call).
@@ -96,6 +157,7 @@ class MSATritonBackend(MSATorchBackend):
 
     def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False) -> None:
         """Pick the static plan of this batch's shape; the same one at capture and at every replay."""
+        self.full_selection = None
         if self.graph_plans is None:
             raise RuntimeError("init_forward_metadata_out_graph before init_cuda_graph_state: no static MSA plan buffers")
         q_len, queries_in_seq_lens = graph_query_shape(forward_batch)
@@ -122,6 +184,23 @@ class MSATritonBackend(MSATorchBackend):
     def _run(
         self, q, k_cache, v_cache, index_q, index_k_cache, scale, index_k_scale=None, k_scale=1.0, v_scale=1.0
     ) -> torch.Tensor:
+        """The batch's attention: its dense requests through SDPA, the rest on the MSA kernels."""
+        dense = self.full_selection
+        if dense is None:
+            return self._run_kernels(q, k_cache, v_cache, index_q, index_k_cache, scale, index_k_scale, k_scale, v_scale)
+        out = q.new_empty(q.shape[0], q.shape[1], v_cache.shape[-1])
+        dense.attend(q, k_cache, v_cache, out, scale, k_scale, v_scale)
+        if dense.sparse_rows is not None:
+            rows = dense.sparse_rows
+            out[rows] = self._run_kernels(
+                q[rows], k_cache, v_cache, index_q[rows], index_k_cache, scale, index_k_scale, k_scale, v_scale
+            )
+        return out
+
+    def _run_kernels(
+        self, q, k_cache, v_cache, index_q, index_k_cache, scale, index_k_scale=None, k_scale=1.0, v_scale=1.0
+    ) -> torch.Tensor:
+        """The MSA kernels over ``kernel_plan`` (``q`` / ``index_q`` rows packed as it plans them)."""
         run = run_decode if isinstance(self.kernel_plan, DecodePlan) else run_prefill
         out, _ = run(
             self.kernel_plan, q, k_cache, v_cache, index_q, index_k_cache,
@@ -170,22 +249,45 @@ def plan_kernels(forward_batch, req_to_token: torch.Tensor, params, num_kv_heads
     host_lens = forward_batch.seq_lens if on_host is None else on_host
     if shape is not None:
         host_lens = attended_lens(host_lens, *shape)
-    longest = int(host_lens.max()) if host_lens.numel() else 0
-    if longest > req_to_token.shape[1]:
-        raise ValueError(f"a request attends to {longest} tokens, more than a req_to_token row holds ({req_to_token.shape[1]})")
-    width = _blocks_for(longest, block, -(-req_to_token.shape[1] // block))
-    max_context = min(width * block, req_to_token.shape[1])
-    table = page_table_from_req_to_token(req_to_token, forward_batch.req_pool_indices, max_context, block)
     if shape is None:
-        return plan_prefill(
-            params, table, host_lens.tolist(), host_extend_lens(forward_batch), num_index_heads=num_kv_heads, num_sms=num_sms
+        return plan_extend(
+            req_to_token, forward_batch.req_pool_indices, host_lens.tolist(), host_extend_lens(forward_batch),
+            params, num_kv_heads, num_sms,
         )
+    longest = int(host_lens.max()) if host_lens.numel() else 0
+    table = _page_table(req_to_token, forward_batch.req_pool_indices, longest, block)
     q_len, queries_in_seq_lens = shape
     kv_lens = attended_lens(forward_batch.seq_lens, q_len, queries_in_seq_lens)
     return plan_decode(
         params, table, kv_lens, q_len=q_len, num_kv_heads=num_kv_heads, num_sms=num_sms,
         tree=None if trees is None else draft_tree(*trees),
     )
+
+
+def plan_extend(
+    req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: list[int], extend_lens: list[int],
+    params, num_kv_heads: int, num_sms: int = 132,
+):
+    """The prefill-kernel plan of extend requests (host lengths; ``q`` rows packed request after request)."""
+    table = _page_table(req_to_token, req_pool_indices, max(seq_lens, default=0), params.block_size)
+    return plan_prefill(params, table, seq_lens, extend_lens, num_index_heads=num_kv_heads, num_sms=num_sms)
+
+
+def select_requests(req_pool_indices: torch.Tensor, keep: list[int]) -> torch.Tensor:
+    """``req_pool_indices`` of the requests ``keep`` (batch indices, ascending), without a host sync."""
+    if keep == list(range(len(keep))):
+        return req_pool_indices[: len(keep)]
+    index = torch.tensor(keep, dtype=torch.int64).to(req_pool_indices.device, non_blocking=True)
+    return req_pool_indices.index_select(0, index)
+
+
+def _page_table(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, longest: int, block: int) -> torch.Tensor:
+    """Page table of the requests wide enough for ``longest`` tokens (see :func:`_blocks_for`)."""
+    if longest > req_to_token.shape[1]:
+        raise ValueError(f"a request attends to {longest} tokens, more than a req_to_token row holds ({req_to_token.shape[1]})")
+    width = _blocks_for(longest, block, -(-req_to_token.shape[1] // block))
+    max_context = min(width * block, req_to_token.shape[1])
+    return page_table_from_req_to_token(req_to_token, req_pool_indices, max_context, block)
 
 
 def msa_backend_for(model_runner, spec) -> MSATorchBackend:
