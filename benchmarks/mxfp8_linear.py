@@ -7,15 +7,19 @@ shared expert gate_up 768 x 6144 and down 6144 x 384, dense MLP gate_up 3072 x 6
 (e4m3 elements, e8m0 bytes 2**-14..2**-11) for ours, their exact bf16 dequantization for
 ``F.linear`` (what SGLang's unquantized linear method runs on CUDA).
 
-Before timing, each (shape, token count) checks both of our paths (``msa_kernels.triton_mxfp8_linear``:
-``gemm`` up to ``GEMM_MAX_TOKENS`` tokens, ``dequantize`` + matmul beyond) against the fp32
+Before timing, each (shape, token count) checks our paths (``msa_kernels.triton_mxfp8_linear.PATHS``:
+``gemv`` up to ``GEMV_MAX_TOKENS`` tokens, the MMA core ``gemm`` up to ``GEMM_MAX_TOKENS``,
+``dequantize`` + matmul beyond; the GEMV only up to ``GEMV_TIMED_MAX_TOKENS``) against the fp32
 reference; ours must be within a relative error of 1e-2. Timing: CUDA-graph replays of ``--reps``
 calls cycling over enough weight copies that they exceed L2 four times over (one layer's slice
 alone would sit in L2), so every call reads its weight from HBM as in a real decode step. Reported
-per call: microseconds of BF16, of ours on the path it takes and on the other path, the weight
-bytes per second, and BF16 / ours. The last table sums one TP8 layer's qkv + o + shared expert.
+per call: microseconds of BF16, of ours on the path it takes and on each other path (a column per
+path), the weight bytes per second, and BF16 / ours. The last table sums one TP8 layer's qkv + o +
+shared expert. ``--sweep-gemv`` times the GEMV at ``--sweep-gemv-tokens`` (default 1) over
+:data:`SWEEP_GEMV` tiles per shape (the best goes to ``LINEAR_GEMV_TILE`` in
+``msa_kernels/mxfp8_gemv.py``).
 
-    scripts/gpu/run.sh exec python benchmarks/mxfp8_linear.py --out "$OUT" [--tokens 1 8 64 128 256 512 8192] [--shapes ...]
+    scripts/gpu/run.sh exec python benchmarks/mxfp8_linear.py --out "$OUT" [--tokens 1 8 64 128 256 512 8192] [--shapes ...] [--sweep-gemv]
 
 Writes ``mxfp8_linear_<gpu>.json`` and ``mxfp8_linear_<gpu>.md`` into ``--out``.
 """
@@ -36,7 +40,9 @@ sys.path[:0] = [os.path.join(ROOT, "kernels"), ROOT]
 
 import torch  # noqa: E402
 
+from msa_kernels import mxfp8_gemv  # noqa: E402
 from msa_kernels import triton_mxfp8_linear as linear  # noqa: E402
+from msa_kernels.mxfp8_gemv import GemvTile  # noqa: E402
 from msa_kernels.mxfp8_moe_reference import dequantize  # noqa: E402
 
 #: name -> (out features, in features)
@@ -53,6 +59,11 @@ SHAPES = {
 MOE_LAYER = ("qkv_tp8", "o_tp8", "shared_gate_up_tp8", "shared_down_tp8")
 SCALE_BYTES = (113, 117)
 L2_MULTIPLE = 4
+#: most tokens at which the GEMV is timed (and checked) when it is not the served path
+GEMV_TIMED_MAX_TOKENS = 16
+#: ``--sweep-gemv`` candidates (block_n, block_k, num_warps)
+SWEEP_GEMV = [GemvTile(8, 256, 2), GemvTile(8, 256, 4), GemvTile(16, 256, 2), GemvTile(16, 256, 4), GemvTile(16, 128, 4),
+              GemvTile(32, 256, 4), GemvTile(32, 256, 8), GemvTile(64, 256, 8)]
 
 
 def load_moe_benchmark():
@@ -82,21 +93,27 @@ def weight_copies(rows: int, cols: int, seed: int) -> list[tuple[torch.Tensor, t
     return copies
 
 
-def measure(name: str, tokens: int, copies, tickets, reps: int) -> dict:
+def timed_paths(tokens: int) -> tuple[str, ...]:
+    """Our paths timed at ``tokens`` (the served one always)."""
+    return tuple(p for p in linear.PATHS if p != "gemv" or tokens <= GEMV_TIMED_MAX_TOKENS or linear.linear_path(tokens) == "gemv")
+
+
+def measure(name: str, tokens: int, copies, tickets, reps: int, sweep_gemv: bool = False) -> dict:
     rows, cols = SHAPES[name]
     x = torch.randn(tokens, cols, device="cuda", dtype=torch.bfloat16)
     elements, scales, bf16 = copies[0]
     torch.backends.cuda.matmul.allow_tf32 = False
     want = x.float() @ dequantize(elements, scales).T
-    served = "gemm" if tokens <= linear.GEMM_MAX_TOKENS else "dequantize"
-    errors = {path: MOE.relative_error(linear.mxfp8_linear(x, elements, scales, tickets, path=path), want) for path in ("gemm", "dequantize")}
+    served = linear.linear_path(tokens)
+    paths = timed_paths(tokens)
+    errors = {path: MOE.relative_error(linear.mxfp8_linear(x, elements, scales, tickets, path=path), want) for path in paths}
     errors["bf16"] = MOE.relative_error(torch.nn.functional.linear(x, bf16), want)
-    for path in ("gemm", "dequantize"):
+    for path in paths:
         if errors[path] > 1e-2:
             raise SystemExit(f"{name} T={tokens}: MXFP8 linear ({path}) differs from the reference by {errors[path]:.3e}")
 
-    def ours(path):
-        return lambda e, s, _: linear.mxfp8_linear(x, e, s, tickets, path=path)
+    def ours(path, tile=None):
+        return lambda e, s, _: linear.mxfp8_linear(x, e, s, tickets, path=path, gemv_tile=tile)
 
     row = {
         "shape": name, "out_features": rows, "in_features": cols, "tokens": tokens, "weight_copies": len(copies),
@@ -104,8 +121,18 @@ def measure(name: str, tokens: int, copies, tickets, reps: int) -> dict:
         "bf16_us": TUNE.graph_us(lambda e, s, w: torch.nn.functional.linear(x, w), copies, reps),
         "mxfp8_us": TUNE.graph_us(ours(served), copies, reps),
     }
-    other = "dequantize" if served == "gemm" else "gemm"
-    row["other_path"] = {"path": other, "us": TUNE.graph_us(ours(other), copies, reps)}
+    row["path_us"] = {path: row["mxfp8_us"] if path == served else TUNE.graph_us(ours(path), copies, reps) for path in paths}
+    other = "dequantize" if served != "dequantize" else "gemm"
+    row["other_path"] = {"path": other, "us": row["path_us"][other]}
+    if sweep_gemv:
+        row["gemv_sweep"] = []
+        for tile in SWEEP_GEMV:
+            entry = {"tile": vars(tile), "table": tile == mxfp8_gemv.LINEAR_GEMV_TILE}
+            try:
+                entry["us"] = TUNE.graph_us(ours("gemv", tile), copies, reps)
+            except Exception as error:  # a tile Triton cannot compile, or more tiles than tickets
+                entry["error"] = f"{type(error).__name__}: {error}"[:300]
+            row["gemv_sweep"].append(entry)
     elements_count = rows * cols
     row["bf16_gb_per_s"] = 2 * elements_count / row["bf16_us"] / 1e3
     row["mxfp8_gb_per_s"] = elements_count * (1 + 1 / 32) / row["mxfp8_us"] / 1e3
@@ -118,18 +145,21 @@ def markdown(result: dict) -> str:
         f"# MXFP8 W8A16 dense linears vs BF16 F.linear, {result['gpu']}",
         "",
         f"CUDA-graph replays of {result['reps']} calls cycling weight copies that exceed L2 {L2_MULTIPLE}x; commit {result['commit']}. "
-        "MXFP8: the path taken at that token count (gemm up to "
-        f"{result['gemm_max_tokens']} tokens, dequantize + matmul beyond); 'other path' times the other one.",
+        f"MXFP8: the path taken at that token count (gemv up to {result.get('gemv_max_tokens', 0)} tokens, gemm up to "
+        f"{result['gemm_max_tokens']}, dequantize + matmul beyond); a column per path times each (gemv up to {GEMV_TIMED_MAX_TOKENS} tokens).",
         "",
-        "| shape | N x K | tokens | BF16 us | BF16 GB/s | MXFP8 path | MXFP8 us | MXFP8 GB/s | BF16 / MXFP8 | other path us | rel. error (gemm, dequantize, bf16) |",
-        "|---|---|---:|---:|---:|---|---:|---:|---:|---:|---|",
+        "| shape | N x K | tokens | BF16 us | BF16 GB/s | MXFP8 path | MXFP8 us | MXFP8 GB/s | BF16 / MXFP8 | "
+        + " | ".join(f"{path} us" for path in linear.PATHS) + f" | rel. error ({', '.join(linear.PATHS)}, bf16) |",
+        "|---|---|---:|---:|---:|---|---:|---:|---:|" + "---:|" * len(linear.PATHS) + "---|",
     ]
     for r in result["rows"]:
         e = r["relative_error"]
+        paths_us = r.get("path_us", {r["mxfp8_path"]: r["mxfp8_us"], r["other_path"]["path"]: r["other_path"]["us"]})
         lines.append(
             f"| {r['shape']} | {r['out_features']} x {r['in_features']} | {r['tokens']} | {r['bf16_us']:.1f} | {r['bf16_gb_per_s']:.0f} | "
             f"{r['mxfp8_path']} | {r['mxfp8_us']:.1f} | {r['mxfp8_gb_per_s']:.0f} | {r['speedup']:.2f}x | "
-            f"{r['other_path']['path']} {r['other_path']['us']:.1f} | {e['gemm']:.1e}, {e['dequantize']:.1e}, {e['bf16']:.1e} |"
+            + " | ".join(f"{paths_us[path]:.1f}" if path in paths_us else "-" for path in linear.PATHS) + " | "
+            + ", ".join(f"{e[key]:.1e}" if key in e else "-" for key in (*linear.PATHS, "bf16")) + " |"
         )
     layer = result.get("moe_layer_tp8", {})
     if layer:
@@ -137,15 +167,23 @@ def markdown(result: dict) -> str:
                   "| tokens | BF16 us | MXFP8 us | BF16 / MXFP8 |", "|---:|---:|---:|---:|"]
         for tokens, sums in layer.items():
             lines.append(f"| {tokens} | {sums['bf16_us']:.1f} | {sums['mxfp8_us']:.1f} | {sums['bf16_us'] / sums['mxfp8_us']:.2f}x |")
+    sweeps = [r for r in result["rows"] if "gemv_sweep" in r]
+    if sweeps:
+        lines += ["", "GEMV tile sweep (block_n, block_k, warps -> us; * LINEAR_GEMV_TILE):", ""]
+        for r in sweeps:
+            timed = [f"{tuple(s['tile'].values())}{'*' if s['table'] else ''}: {s['us']:.1f}" for s in r["gemv_sweep"] if "us" in s]
+            lines.append(f"- {r['shape']} T={r['tokens']} (BF16 {r['bf16_us']:.1f}): " + "; ".join(timed))
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 64, 128, 256, 512, 8192])
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 4, 8, 16, 64, 128, 256, 512, 8192])
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     parser.add_argument("--reps", type=int, default=20, help="calls per captured graph")
+    parser.add_argument("--sweep-gemv", action="store_true", help="also time the GEMV over candidate tiles (SWEEP_GEMV)")
+    parser.add_argument("--sweep-gemv-tokens", type=int, nargs="+", default=[1], help="token counts of --sweep-gemv")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
@@ -156,20 +194,22 @@ def main(argv=None) -> int:
     gpu = torch.cuda.get_device_name()
     result = {
         "gpu": gpu, "triton": triton.__version__, "torch": torch.__version__, "commit": os.environ.get("M3_COMMIT", "unknown"),
-        "reps": args.reps, "gemm_max_tokens": linear.GEMM_MAX_TOKENS, "rows": [],
+        "reps": args.reps, "gemm_max_tokens": linear.GEMM_MAX_TOKENS, "gemv_max_tokens": linear.GEMV_MAX_TOKENS, "rows": [],
     }
     for index, name in enumerate(args.shapes):
         copies = weight_copies(*SHAPES[name], seed=index)
         tickets = torch.zeros(linear.ticket_count(SHAPES[name][0]), dtype=torch.int32, device="cuda")
-        for tokens in args.tokens:
-            row = measure(name, tokens, copies, tickets, args.reps)
+        for tokens in list(dict.fromkeys(args.tokens + (args.sweep_gemv_tokens if args.sweep_gemv else []))):
+            row = measure(name, tokens, copies, tickets, args.reps, args.sweep_gemv and tokens in args.sweep_gemv_tokens)
             assert torch.count_nonzero(tickets).item() == 0, "split tickets not back at zero"
             result["rows"].append(row)
             print(
                 f"{name:20s} T={tokens:5d}: BF16 {row['bf16_us']:8.1f} us | MXFP8 {row['mxfp8_path']} {row['mxfp8_us']:8.1f} us "
-                f"({row['mxfp8_gb_per_s']:5.0f} GB/s) | {row['speedup']:.2f}x | {row['other_path']['path']} {row['other_path']['us']:8.1f} us",
+                f"({row['mxfp8_gb_per_s']:5.0f} GB/s) | {row['speedup']:.2f}x | paths " + ", ".join(f"{p} {us:.1f}" for p, us in row["path_us"].items()),
                 flush=True,
             )
+            for entry in row.get("gemv_sweep", []):
+                print(f"    gemv {entry['tile']}: {entry.get('us', entry.get('error'))}", flush=True)
         del copies
     if all(name in args.shapes for name in MOE_LAYER):
         result["moe_layer_tp8"] = {

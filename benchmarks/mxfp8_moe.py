@@ -7,11 +7,13 @@ served BF16 path, with the project's measured tile table where one exists for th
 ``M3FusedMoeBlock`` uses it). Routing is excluded from both: random distinct top-4 ids and
 weights are inputs.
 
-Ours has three GEMM paths (``msa_kernels.triton_mxfp8_moe.PATHS``: the core with ``fp16`` or
-``bf16`` dots up to ``CORE_PATH_MAX_TOKENS`` tokens, ``CORE_DOT`` naming the served one, ``widen``
-beyond); the headline column is the path the served block takes at that token count, and every
-token count also times the other paths, so ``CORE_DOT`` and the crossover can be set from the
-same run.
+Ours has four paths (``msa_kernels.triton_mxfp8_moe.PATHS``: the ``gemv`` of ``msa_kernels.mxfp8_gemv``
+up to ``GEMV_MAX_TOKENS`` tokens, the core with ``fp16`` or ``bf16`` dots up to
+``CORE_PATH_MAX_TOKENS``, ``CORE_DOT`` naming the served one, ``widen`` beyond); the headline
+column is the path the served block takes at that token count, and every token count also times
+the other paths (the GEMV only up to ``GEMV_TIMED_MAX_TOKENS``: it streams each pair's expert on
+its own), each in its own column, so ``GEMV_MAX_TOKENS``, ``CORE_DOT`` and the crossover can be
+set from the same run.
 
 Before timing, each token count checks BF16 and all of our paths against the fp32 dequantized
 reference (``msa_kernels.mxfp8_moe_reference``); ours must be within a relative error of 1e-2.
@@ -21,9 +23,12 @@ one call's 4 experts (226 MB in MXFP8, 453 MB in BF16) exceed L2 many times over
 call: microseconds, the byte minimum (the weights of the distinct experts the call's routing
 chose, each read once) and the bandwidth that implies, and the BF16 / MXFP8 time ratio.
 ``--sweep`` also times the served path over a few tile configs per token count (the best goes to
-``CORE_TILE_TABLE`` or ``TILE_TABLE`` in ``msa_kernels/triton_mxfp8_moe.py``).
+``CORE_TILE_TABLE`` or ``TILE_TABLE`` in ``msa_kernels/triton_mxfp8_moe.py``). ``--sweep-gemv``
+times the GEMV path at ``--sweep-gemv-tokens`` (default 1) over gate/up tiles (with the table's
+down tile) and down tiles (with the table's gate/up tile): the best of each goes to
+``MOE_GEMV_TABLE`` in ``msa_kernels/mxfp8_gemv.py``.
 
-    scripts/gpu/run.sh exec python benchmarks/mxfp8_moe.py --out "$OUT" [--tokens 1 16 64 8192] [--sweep]
+    scripts/gpu/run.sh exec python benchmarks/mxfp8_moe.py --out "$OUT" [--tokens 1 16 64 8192] [--sweep] [--sweep-gemv]
 
 Writes ``mxfp8_moe_<gpu>.json`` and ``mxfp8_moe_<gpu>.md`` into ``--out``.
 """
@@ -48,6 +53,7 @@ sys.path[:0] = [os.path.join(ROOT, "kernels"), ROOT]
 import torch  # noqa: E402
 
 from msa_kernels.mxfp8_moe_reference import dequantize, reference_fused_experts  # noqa: E402
+from msa_kernels.mxfp8_gemv import GemvTile, MoeGemvConfig  # noqa: E402
 from msa_kernels.triton_mxfp8_moe import PATHS, TileConfig, gemm_path, mxfp8_fused_experts, pick_config  # noqa: E402
 
 EXPERTS, HIDDEN, INTER, TOP_K = 128, 6144, 3072, 4
@@ -72,6 +78,24 @@ SWEEP = {
         TileConfig(64, 64, 128, 8, 4, 4), TileConfig(128, 64, 64, 8, 4, 3),
     ],
 }
+
+
+#: most tokens at which the GEMV path is timed (and checked) when it is not the served one
+GEMV_TIMED_MAX_TOKENS = 64
+#: ``--sweep-gemv`` candidates (block_n, block_k, num_warps): each kernel's, with the other kernel
+#: at its table tile. Gate/up ``block_n`` counts intermediate columns (twice the weight rows);
+#: down ``block_n`` hidden columns per token (times top-k weight rows).
+SWEEP_GEMV = {
+    "gate_up": [GemvTile(8, 256, 4), GemvTile(16, 256, 4), GemvTile(32, 256, 4), GemvTile(16, 128, 4),
+                GemvTile(16, 256, 2), GemvTile(16, 256, 8), GemvTile(32, 256, 8), GemvTile(64, 256, 8)],
+    "down": [GemvTile(4, 256, 4), GemvTile(8, 256, 4), GemvTile(16, 256, 4), GemvTile(8, 128, 4),
+             GemvTile(8, 256, 2), GemvTile(8, 256, 8), GemvTile(16, 256, 8), GemvTile(32, 256, 8)],
+}
+
+
+def timed_paths(tokens: int) -> tuple[str, ...]:
+    """Our paths timed at ``tokens`` (the served one always)."""
+    return tuple(path for path in PATHS if path != "gemv" or tokens <= GEMV_TIMED_MAX_TOKENS or gemm_path(tokens) == "gemv")
 
 
 def load_benchmark_module(name: str):
@@ -163,14 +187,14 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got.float() - want).norm() / want.norm()).item()
 
 
-def measure(tokens: int, weights: Weights, baseline: Bf16Baseline, reps: int, sweep: bool) -> dict:
+def measure(tokens: int, weights: Weights, baseline: Bf16Baseline, reps: int, sweep: bool, sweep_gemv: bool = False) -> dict:
     sets = inputs(tokens, 8 if tokens <= 64 else 2, seed=tokens)
     x, ids, topk_weights = sets[0]
     torch.backends.cuda.matmul.allow_tf32 = False
     want = reference_fused_experts(x, *weights.mxfp8_args(), topk_weights, ids, ALPHA, LIMIT)
     served = gemm_path(tokens)
     errors = {"bf16_fused_experts": relative_error(baseline(x, ids, topk_weights), want)}
-    for path in PATHS:
+    for path in timed_paths(tokens):
         errors[path] = relative_error(mxfp8_fused_experts(x, *weights.mxfp8_args(), topk_weights, ids, ALPHA, LIMIT, path=path), want)
         if errors[path] > 1e-2:
             raise SystemExit(f"T={tokens}: MXFP8 experts ({path} path) differ from the reference by {errors[path]:.3e} (relative)")
@@ -188,7 +212,10 @@ def measure(tokens: int, weights: Weights, baseline: Bf16Baseline, reps: int, sw
         "bf16_us": TUNE.graph_us(baseline, sets, reps),
         "mxfp8_us": TUNE.graph_us(ours(None), sets, reps),
     }
-    row["other_paths"] = {path: TUNE.graph_us(ours(None, path), sets, reps) for path in PATHS if path != served}
+    row["other_paths"] = {path: TUNE.graph_us(ours(None, path), sets, reps) for path in timed_paths(tokens) if path != served}
+    row["path_us"] = {path: row["mxfp8_us"] if path == served else row["other_paths"][path] for path in timed_paths(tokens)}
+    if sweep_gemv:
+        row["gemv_sweep"] = sweep_gemv_tiles(tokens, sets, reps, ours)
     if sweep:
         candidates = SWEEP["core" if served != "widen" else "decode" if tokens <= 64 else "prefill"]
         row["sweep"] = []
@@ -205,6 +232,23 @@ def measure(tokens: int, weights: Weights, baseline: Bf16Baseline, reps: int, sw
     return row
 
 
+def sweep_gemv_tiles(tokens: int, sets, reps: int, ours) -> list[dict]:
+    """The GEMV path at ``tokens`` over :data:`SWEEP_GEMV` (each kernel's candidates with the other
+    kernel's table tile; the table's tiles as they are, not narrowed: M3 at TP1 is not)."""
+    table = pick_config(tokens, "gemv")
+    configs = [MoeGemvConfig(tile, table.down) for tile in SWEEP_GEMV["gate_up"]]
+    configs += [MoeGemvConfig(table.gate_up, tile) for tile in SWEEP_GEMV["down"] if tile != table.down]
+    timed = []
+    for config in configs:
+        entry = {"gate_up": vars(config.gate_up), "down": vars(config.down), "table": config == table}
+        try:
+            entry["us"] = TUNE.graph_us(ours(config, "gemv"), sets, reps)
+        except Exception as error:  # a tile Triton cannot compile
+            entry["error"] = f"{type(error).__name__}: {error}"[:300]
+        timed.append(entry)
+    return timed
+
+
 def markdown(result: dict) -> str:
     lines = [
         f"# MXFP8 W8A16 MoE vs BF16 fused MoE, {result['gpu']}",
@@ -214,17 +258,18 @@ def markdown(result: dict) -> str:
         "Byte minimum: the weights of the distinct chosen experts, read once. MXFP8: the GEMM path the served "
         "block takes at that token count; 'other paths' times ours on the others.",
         "",
-        "| tokens | distinct experts | BF16 us | BF16 GB/s | MXFP8 path | MXFP8 us | MXFP8 GB/s | BF16 / MXFP8 | other paths us "
-        f"| rel. error ({', '.join(PATHS)}, BF16 fused) |",
-        "|---:|---:|---:|---:|---|---:|---:|---:|---|---|",
+        "| tokens | distinct experts | BF16 us | BF16 GB/s | MXFP8 path | MXFP8 us | MXFP8 GB/s | BF16 / MXFP8 | "
+        + " | ".join(f"{path} us" for path in PATHS) + f" | rel. error ({', '.join(PATHS)}, BF16 fused) |",
+        "|---:|---:|---:|---:|---|---:|---:|---:|" + "---:|" * len(PATHS) + "---|",
     ]
     for r in result["rows"]:
         errors = r["relative_error"]
-        others = ", ".join(f"{path} {us:.1f}" for path, us in r["other_paths"].items())
+        paths_us = r.get("path_us", {r["mxfp8_path"]: r["mxfp8_us"], **r["other_paths"]})
         lines.append(
             f"| {r['tokens']} | {r['distinct_experts']:.1f} | {r['bf16_us']:.1f} | {r['bf16_gb_per_s']:.0f} | "
-            f"{r['mxfp8_path']} | {r['mxfp8_us']:.1f} | {r['mxfp8_gb_per_s']:.0f} | {r['speedup']:.2f}x | {others} | "
-            + ", ".join(f"{errors[key]:.1e}" for key in (*PATHS, "bf16_fused_experts")) + " |"
+            f"{r['mxfp8_path']} | {r['mxfp8_us']:.1f} | {r['mxfp8_gb_per_s']:.0f} | {r['speedup']:.2f}x | "
+            + " | ".join(f"{paths_us[path]:.1f}" if path in paths_us else "-" for path in PATHS) + " | "
+            + ", ".join(f"{errors[key]:.1e}" if key in errors else "-" for key in (*PATHS, "bf16_fused_experts")) + " |"
         )
     sweeps = [r for r in result["rows"] if "sweep" in r]
     if sweeps:
@@ -232,6 +277,15 @@ def markdown(result: dict) -> str:
         for r in sweeps:
             timed = [f"{tuple(s['tiles'].values())}: {s['us']:.1f}" for s in r["sweep"] if "us" in s]
             lines.append(f"- T={r['tokens']} ({r['mxfp8_path']}): " + "; ".join(timed))
+    gemv_sweeps = [r for r in result["rows"] if "gemv_sweep" in r]
+    if gemv_sweeps:
+        lines += ["", "GEMV tile sweep (gate/up and down: block_n, block_k, warps -> us; * the table's):", "",
+                  "| tokens | gate/up | down | us | BF16 / this |", "|---:|---|---|---:|---:|"]
+        for r in gemv_sweeps:
+            for s in r["gemv_sweep"]:
+                tiles = [tuple(s[name].values()) for name in ("gate_up", "down")]
+                us = f"{s['us']:.1f} | {r['bf16_us'] / s['us']:.2f}x" if "us" in s else f"{s['error'][:60]} | -"
+                lines.append(f"| {r['tokens']} | {tiles[0]}{' *' if s['table'] else ''} | {tiles[1]} | {us} |")
     return "\n".join(lines) + "\n"
 
 
@@ -250,9 +304,11 @@ def write_results(out: str, stem: str, result: dict, markdown_text: str) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 64, 512, 8192])
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 4, 8, 16, 64, 512, 8192])
     parser.add_argument("--reps", type=int, default=10, help="calls per captured graph")
     parser.add_argument("--sweep", action="store_true", help="also time ours over candidate tile configs")
+    parser.add_argument("--sweep-gemv", action="store_true", help="also time the GEMV path over candidate tiles (SWEEP_GEMV)")
+    parser.add_argument("--sweep-gemv-tokens", type=int, nargs="+", default=[1], help="token counts of --sweep-gemv")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
@@ -268,8 +324,9 @@ def main(argv=None) -> int:
         "gpu": gpu, "triton": triton.__version__, "torch": torch.__version__, "commit": os.environ.get("M3_COMMIT", "unknown"),
         "shape": {"experts": EXPERTS, "hidden": HIDDEN, "intermediate": INTER, "top_k": TOP_K}, "reps": args.reps, "rows": [],
     }
-    for tokens in args.tokens:
-        row = measure(tokens, weights, baseline, args.reps, args.sweep)
+    tokens_list = list(dict.fromkeys(args.tokens + (args.sweep_gemv_tokens if args.sweep_gemv else [])))
+    for tokens in tokens_list:
+        row = measure(tokens, weights, baseline, args.reps, args.sweep, args.sweep_gemv and tokens in args.sweep_gemv_tokens)
         result["rows"].append(row)
         print(
             f"T={tokens:5d}: BF16 {row['bf16_us']:9.1f} us ({row['bf16_gb_per_s']:6.0f} GB/s) | MXFP8 {row['mxfp8_path']} "
@@ -279,6 +336,8 @@ def main(argv=None) -> int:
         )
         for entry in row.get("sweep", []):
             print(f"    {entry['tiles']}: {entry.get('us', entry.get('error'))}", flush=True)
+        for entry in row.get("gemv_sweep", []):
+            print(f"    gemv gate_up {entry['gate_up']} down {entry['down']}: {entry.get('us', entry.get('error'))}", flush=True)
     name = write_results(args.out, "mxfp8_moe", result, markdown(result))
     print(f"wrote {name}.json/.md in {time.perf_counter() - started:.0f} s", flush=True)
     return 0

@@ -43,6 +43,8 @@ import torch
 import triton
 import triton.language as tl
 
+from msa_kernels.triton_cast import round_cast
+
 GROUP = 32  # elements per e8m0 scale along K
 #: scale-word dtype per number of 32-column groups it covers
 WORD_DTYPES = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
@@ -102,6 +104,28 @@ def mx_gemm_rows(
         x_ptrs += STEP
         words = next_words
     return acc
+
+
+@triton.jit
+def store_split(acc, cells, y_ptrs, y_mask, partial_ptr, ticket_ptr, tile, split, splits, CELLS: tl.constexpr):
+    """Stores one K split's fp32 sums ``acc`` of output tile ``tile`` at ``y_ptrs`` (rounded to their
+    dtype, where ``y_mask``): at once without a split (``splits`` 1); otherwise into the tile's
+    slot ``split`` of ``partial_ptr`` (``CELLS`` floats a slot, ``cells`` numbering ``acc``'s), and
+    the last split of the tile to arrive (an atomic ticket, which it resets to zero, so CUDA graphs
+    replay it) sums the partials in split order: deterministic. Shared by the MMA core's and the
+    GEMV's split-K linears."""
+    if splits == 1:
+        tl.store(y_ptrs, round_cast(acc, y_ptrs.dtype.element_ty), mask=y_mask)
+    else:
+        partials = partial_ptr + tile.to(tl.int64) * splits * CELLS + cells
+        tl.store(partials + split * CELLS, acc)
+        tl.debug_barrier()  # every thread's partial stores precede the release of the ticket
+        if tl.atomic_add(ticket_ptr + tile, 1, sem="acq_rel", scope="gpu") == splits - 1:
+            total = tl.zeros(acc.shape, dtype=tl.float32)
+            for s in range(splits):
+                total += tl.load(partials + s * CELLS, cache_modifier=".cg")
+            tl.store(y_ptrs, round_cast(total, y_ptrs.dtype.element_ty), mask=y_mask)
+            tl.atomic_xchg(ticket_ptr + tile, 0, sem="relaxed", scope="gpu")  # zero again for the next launch
 
 
 @triton.jit

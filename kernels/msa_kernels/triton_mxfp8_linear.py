@@ -3,9 +3,13 @@
 
 The weight is the checkpoint's: e4m3 ``[N, K]`` with uint8 e8m0 scales ``[N, K/32]``, scale byte
 ``b`` meaning ``2 ** (b - 127)`` for 32 consecutive elements along K. :func:`mxfp8_linear` runs one
-of two ways by the token count:
+of three ways by the token count (:data:`PATHS`):
 
-- up to :data:`GEMM_MAX_TOKENS` tokens (decode, speculative verify, short chunks): the shared core
+- up to :data:`GEMV_MAX_TOKENS` tokens (decode): ``mxfp8_gemv.linear_kernel``, a GEMV without
+  ``tl.dot`` (each weight tile converted once and multiplied with every token's row on the FMA
+  pipe; the MMA core below pads the tokens to 16 rows and stages every weight tile for the dot),
+  K split as below with the same tickets.
+- up to :data:`GEMM_MAX_TOKENS` tokens (speculative verify, short chunks): the shared core
   of ``mxfp8_gemm`` (``mx_gemm_rows``: the weights on the MMA's M side, 32-column groups, scale
   factors on the fp32 partial sums) in one launch. The dot runs in the activations' own dtype:
   bf16 activations go to the tensor cores as they are, so no prescale launch is needed (the MoE
@@ -25,17 +29,20 @@ power-of-two scale is a bf16 value).
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import torch
 import triton
 import triton.language as tl
 
-from msa_kernels.mxfp8_gemm import GROUP, dequantize, mx_gemm_rows, scale_words
-from msa_kernels.triton_cast import round_cast
+from msa_kernels import mxfp8_gemv
+from msa_kernels.mxfp8_gemm import GROUP, dequantize, mx_gemm_rows, scale_words, store_split
+from msa_kernels.mxfp8_gemv import sm_count
 
-#: largest token count served by the W8A16 kernel; more go through dequantize + matmul
+#: largest token count served by the W8A16 kernels; more go through dequantize + matmul
 GEMM_MAX_TOKENS = 128
+#: largest token count served by the GEMV (``mxfp8_gemv.linear_kernel``), the MMA core beyond: a
+#: first guess (issue 17), not timed yet; ``benchmarks/mxfp8_linear.py`` times both at 1-16 tokens
+GEMV_MAX_TOKENS = 4
+PATHS = ("gemv", "gemm", "dequantize")
 #: weight rows and tokens per program, K step (256: one int64 scale word per row, where K allows)
 BLOCK_N, BLOCK_M, BLOCK_K = 32, 16, 256
 #: warps per program: two, so the dots are mma.sync (``mxfp8_gemm``'s docstring says why)
@@ -66,31 +73,15 @@ def linear_kernel(
     )
     y_ptrs = y_ptr + tokens[None, :].to(tl.int64) * stride_ym + rows[:, None]
     y_mask = (tokens < T)[None, :] & (rows < N)[:, None]
-    if splits == 1:
-        tl.store(y_ptrs, round_cast(acc, y_ptr.dtype.element_ty), mask=y_mask)
-    else:
-        tile = pid_n * tl.num_programs(0) + pid_m
-        cells = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
-        partials = partial_ptr + tile.to(tl.int64) * splits * BLOCK_N * BLOCK_M + cells
-        tl.store(partials + pid_s * BLOCK_N * BLOCK_M, acc)
-        tl.debug_barrier()  # every thread's partial stores precede the release of the ticket
-        if tl.atomic_add(ticket_ptr + tile, 1, sem="acq_rel", scope="gpu") == splits - 1:
-            total = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-            for s in range(splits):
-                total += tl.load(partials + s * BLOCK_N * BLOCK_M, cache_modifier=".cg")
-            tl.store(y_ptrs, round_cast(total, y_ptr.dtype.element_ty), mask=y_mask)
-            tl.atomic_xchg(ticket_ptr + tile, 0, sem="relaxed", scope="gpu")  # zero again for the next launch
+    cells = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
+    tile = pid_n * tl.num_programs(0) + pid_m
+    store_split(acc, cells, y_ptrs, y_mask, partial_ptr, ticket_ptr, tile, pid_s, splits, BLOCK_N * BLOCK_M)
 
 
-@lru_cache(maxsize=None)
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
-
-
-def split_plan(tiles: int, steps: int, sms: int) -> tuple[int, int]:
-    """``(splits, steps_per_split)``: K split into about ``PROGRAMS_PER_SM * sms / tiles`` parts of
-    whole K steps when ``tiles`` programs alone are fewer than that (every split non-empty)."""
-    target = PROGRAMS_PER_SM * sms
+def split_plan(tiles: int, steps: int, sms: int, per_sm: int = PROGRAMS_PER_SM) -> tuple[int, int]:
+    """``(splits, steps_per_split)``: K split into about ``per_sm * sms / tiles`` parts of whole K
+    steps when ``tiles`` programs alone are fewer than that (every split non-empty)."""
+    target = per_sm * sms
     if tiles >= target:
         return 1, steps
     steps_per_split = triton.cdiv(steps, min(steps, triton.cdiv(target, tiles)))
@@ -98,8 +89,14 @@ def split_plan(tiles: int, steps: int, sms: int) -> tuple[int, int]:
 
 
 def ticket_count(out_features: int, max_tokens: int = GEMM_MAX_TOKENS) -> int:
-    """Tickets :func:`mxfp8_linear` needs for a weight of ``out_features`` rows at any token count."""
+    """Tickets :func:`mxfp8_linear` needs for a weight of ``out_features`` rows at any token count
+    (the GEMV's tiles, of at least 4 rows and 4 tokens, need no more up to 16 tokens)."""
     return triton.cdiv(out_features, BLOCK_N) * triton.cdiv(max_tokens, BLOCK_M)
+
+
+def linear_path(tokens: int) -> str:
+    """The path (:data:`PATHS`) :func:`mxfp8_linear` takes for ``tokens`` rows (module docstring)."""
+    return "gemv" if tokens <= GEMV_MAX_TOKENS else "gemm" if tokens <= GEMM_MAX_TOKENS else "dequantize"
 
 
 def mxfp8_linear(
@@ -110,14 +107,16 @@ def mxfp8_linear(
     *,
     splits: int | None = None,
     path: str | None = None,
+    gemv_tile: mxfp8_gemv.GemvTile | None = None,
 ) -> torch.Tensor:
     """``x @ dequant(weight, scales).T`` in ``x``'s dtype, shape ``[*x.shape[:-1], N]``.
 
     ``x [..., K]`` bf16 or fp16 with unit stride along K; ``weight [N, K]`` float8_e4m3fn and
     ``scales [N, K/32]`` uint8, both contiguous. ``tickets``: int32 zeros, at least
-    :func:`ticket_count` of them, kept by the caller across calls (the kernel leaves them at zero;
-    allocated per call when None). ``splits`` overrides the K split (tests), ``path`` ("gemm" or
-    "dequantize") the choice by :data:`GEMM_MAX_TOKENS` (benchmarks).
+    :func:`ticket_count` of them, kept by the caller across calls (the kernels leave them at zero;
+    allocated per call when None). ``splits`` overrides the K split (tests), ``path`` (one of
+    :data:`PATHS`) the choice by token count (:func:`linear_path`; benchmarks), ``gemv_tile``
+    ``mxfp8_gemv.LINEAR_GEMV_TILE`` (benchmark sweeps).
     """
     if x.dtype not in (torch.bfloat16, torch.float16) or x.shape[-1] != weight.shape[-1] or x.stride(-1) != 1:
         raise ValueError(f"x must be [..., {weight.shape[-1]}] bf16/fp16 with unit stride along K, got {tuple(x.shape)} {x.dtype}")
@@ -129,29 +128,42 @@ def mxfp8_linear(
     lead = x.shape[:-1]
     x2 = x.reshape(-1, cols)
     tokens = x2.shape[0]
-    path = path or ("gemm" if tokens <= GEMM_MAX_TOKENS else "dequantize")
-    if path not in ("gemm", "dequantize"):
-        raise ValueError(f"path must be 'gemm' or 'dequantize', got {path!r}")
+    path = path or linear_path(tokens)
+    if path not in PATHS:
+        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
     if path == "dequantize":
         return torch.matmul(x2, dequantize(weight, scales, x.dtype).t()).reshape(*lead, rows)
     y = torch.empty((tokens, rows), dtype=x.dtype, device=x.device)
     if tokens == 0:
         return y.reshape(*lead, rows)
-    words, groups = scale_words(scales, BLOCK_K)
+    gemv = path == "gemv"
+    tile = gemv_tile or mxfp8_gemv.LINEAR_GEMV_TILE
+    block_m, block_n = (mxfp8_gemv.linear_block_t(tokens), tile.block_n) if gemv else (BLOCK_M, BLOCK_N)
+    words, groups = scale_words(scales, tile.block_k if gemv else BLOCK_K)
     steps = cols // (GROUP * groups)
-    m_tiles, n_tiles = triton.cdiv(tokens, BLOCK_M), triton.cdiv(rows, BLOCK_N)
+    m_tiles, n_tiles = triton.cdiv(tokens, block_m), triton.cdiv(rows, block_n)
     if splits is None:
-        splits, per_split = split_plan(m_tiles * n_tiles, steps, _sm_count(x.device))
+        per_sm = mxfp8_gemv.MIN_PROGRAMS_PER_SM if gemv else PROGRAMS_PER_SM
+        splits, per_split = split_plan(m_tiles * n_tiles, steps, sm_count(x.device), per_sm)
     else:
         per_split = triton.cdiv(steps, splits)
         splits = triton.cdiv(steps, per_split)
-    partials = torch.empty((m_tiles * n_tiles * splits * BLOCK_N * BLOCK_M,) if splits > 1 else (1,), dtype=torch.float32, device=x.device)
+    partials = torch.empty((m_tiles * n_tiles * splits * block_n * block_m,) if splits > 1 else (1,), dtype=torch.float32, device=x.device)
     if splits == 1:
         tickets = torch.empty(1, dtype=torch.int32, device=x.device)  # not touched without a split
     elif tickets is None:
         tickets = torch.zeros(m_tiles * n_tiles, dtype=torch.int32, device=x.device)
     elif tickets.dtype != torch.int32 or tickets.numel() < m_tiles * n_tiles:
         raise ValueError(f"tickets must be at least {m_tiles * n_tiles} int32 zeros, got {tickets.numel()} {tickets.dtype}")
+    if gemv:
+        w_words = weight.view(torch.int32)
+        mxfp8_gemv.linear_kernel[(m_tiles, splits, n_tiles)](
+            x2, w_words, words, y, partials, tickets,
+            tokens, rows, cols, per_split, splits,
+            x2.stride(0), w_words.stride(0), words.stride(0), y.stride(0),
+            BLOCK_T=block_m, BLOCK_N=block_n, GROUPS=groups, ASM=x.is_cuda, num_warps=tile.num_warps,
+        )
+        return y.reshape(*lead, rows)
     dot_dtype = (tl.bfloat16 if x.dtype == torch.bfloat16 else tl.float16) if x.is_cuda else tl.float32
     linear_kernel[(m_tiles, splits, n_tiles)](
         x2, weight, words, y, partials, tickets,

@@ -9,9 +9,9 @@ gate ``w1``, ``[I, 2I)`` the up ``w3``), ``w2 [E, H, I]``, each with uint8 scale
 ``[E, rows, K/32]``; scale byte ``b`` means ``2 ** (b - 127)`` for 32 consecutive elements along
 K (byte 0 means 0.0), as ``sglang_m3/quant/mxfp8.py`` and SGLang decode it.
 
-One call (:func:`mxfp8_fused_experts`) is four launches (five on the fp16 path), none of which
-reads anything on the host, with grids fixed by the token count, so it can be captured in a CUDA
-graph:
+One call (:func:`mxfp8_fused_experts`) on a GEMM path is four launches (five on the fp16 path),
+none of which reads anything on the host, with grids fixed by the token count, so it can be
+captured in a CUDA graph (the GEMV path, below, is two such launches):
 
 1. :func:`align_tokens`: the ``T * top_k`` (token, slot) pairs sorted by expert (stable) into
    ``BLOCK_M``-row blocks, each block one expert's (padding rows hold the sentinel ``T * top_k``),
@@ -28,8 +28,14 @@ graph:
    per (token, slot).
 4. the sum over the top-k slots per token in fp32, rounded once to bf16.
 
-The GEMMs run one of three ways (:data:`PATHS`), chosen by the token count (:func:`gemm_path`):
+The experts run one of four ways (:data:`PATHS`), chosen by the token count (:func:`gemm_path`):
 
+- ``gemv`` (decode batches up to :data:`GEMV_MAX_TOKENS` tokens): ``mxfp8_gemv``'s two kernels
+  instead of steps 1-4, no alignment and no ``tl.dot``: one program per (token, slot) pair streams
+  its expert's gate and up rows against the token's row, one program per token streams the down
+  rows of all its top-k experts and sums them in registers. At a few tokens the MMA paths pad the
+  tokens to a 16-row tile and stage every weight tile for the dot, while the bytes are all that
+  should count (``mxfp8_gemv``'s docstring has the per-element budget).
 - ``fp16`` and ``bf16`` (decode and short prefill chunks, up to :data:`CORE_PATH_MAX_TOKENS`
   tokens): the shared core of ``mxfp8_gemm`` (32-column groups, the group scales applied to the
   fp32 partial sums, ``mma.sync``), with fp16 dots (e4m3 -> fp16 in one conversion per two
@@ -57,6 +63,8 @@ import triton
 import triton.language as tl
 
 from msa_kernels.mxfp8_gemm import GROUP, PRESCALE_BLOCK, mx_gemm_rows, prescale_row, prescale_rows, scale_words, unscale
+from msa_kernels.mxfp8_gemv import MOE_GEMV_TABLE, MoeGemvConfig, moe_gemv
+from msa_kernels.mxfp8_gemv import expert_activation as _activation
 from msa_kernels.triton_cast import round_cast
 
 WEIGHT_DTYPE = torch.float8_e4m3fn
@@ -104,7 +112,12 @@ CORE_TILE_TABLE: tuple[tuple[int, TileConfig], ...] = (
     (1 << 62, TileConfig(block_m=32, block_n=32, block_k=128, group_m=4, num_warps=2, num_stages=3)),
 )
 TABLES = {"fp16": CORE_TILE_TABLE, "bf16": CORE_TILE_TABLE, "widen": TILE_TABLE}
-PATHS = tuple(TABLES)
+PATHS = ("gemv", *TABLES)
+#: Largest token count the GEMV path serves (module docstring): there each pair's expert rows are
+#: streamed once per token, which pays while few tokens share an expert. A first guess (issue 17:
+#: up to 8 decode tokens), not timed yet: ``benchmarks/mxfp8_moe.py`` times the GEMV path beside
+#: the others at 1, 2, 4, 8 and 16 tokens.
+GEMV_MAX_TOKENS = 8
 #: Largest token count a core path serves: up to here the weights are read about once per expert
 #: and the step is bound by those bytes, where the core's lighter instruction stream matters;
 #: beyond it the widen path's larger token tiles reuse each weight tile more. Measured on the
@@ -119,13 +132,18 @@ CORE_DOT = "fp16"
 
 
 def gemm_path(tokens: int) -> str:
-    """The GEMM path (:data:`PATHS`) :func:`mxfp8_fused_experts` takes (module docstring)."""
+    """The path (:data:`PATHS`) :func:`mxfp8_fused_experts` takes (module docstring)."""
+    if tokens <= GEMV_MAX_TOKENS:
+        return "gemv"
     return CORE_DOT if tokens <= CORE_PATH_MAX_TOKENS else "widen"
 
 
-def pick_config(tokens: int, path: str = "widen") -> TileConfig:
-    """The tile config of ``path`` for a batch of ``tokens`` rows (:data:`TABLES`)."""
-    return next(config for bound, config in TABLES[path] if tokens <= bound)
+def pick_config(tokens: int, path: str = "widen") -> TileConfig | MoeGemvConfig:
+    """The tile config of ``path`` for a batch of ``tokens`` rows (:data:`TABLES`; the GEMV path's
+    :data:`~msa_kernels.mxfp8_gemv.MOE_GEMV_TABLE`, before ``mxfp8_gemv.moe_config`` narrows its
+    gate/up tile for narrow intermediate slices)."""
+    table = MOE_GEMV_TABLE if path == "gemv" else TABLES[path]
+    return next(config for bound, config in table if tokens <= bound)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -283,19 +301,6 @@ def _weight_tile(w_ptr, scales, rows, row_ok, k0, K, stride_wn,
     factors = (scales.to(tl.int32) << 23).to(tl.float32, bitcast=True)  # byte b -> 2**(b-127), 0 -> 0.0
     w = tl.reshape(w.to(tl.float32), (BLOCK_N, BLOCK_K // 32, 32)) * factors[:, :, None]
     return tl.reshape(w, (BLOCK_N, BLOCK_K)).to(DOT_DTYPE)
-
-
-@triton.jit
-def _activation(gate, up, alpha, limit, SWIGLU_OAI: tl.constexpr):
-    """M3's swiglu-oai ``(clamp(up) + 1) * g * sigmoid(alpha * g)``, ``g = min(gate, limit)``, or
-    plain gated silu."""
-    if SWIGLU_OAI:
-        gate = tl.minimum(gate, limit)
-        up = tl.minimum(tl.maximum(up, -limit), limit)
-        out = (up + 1.0) * (gate * tl.sigmoid(gate * alpha))
-    else:
-        out = gate * tl.sigmoid(gate) * up
-    return out
 
 
 @triton.jit
@@ -496,7 +501,7 @@ def mxfp8_fused_experts(
     limit: float | None,
     *,
     first_expert: int = 0,
-    config: TileConfig | None = None,
+    config: TileConfig | MoeGemvConfig | None = None,
     path: str | None = None,
 ) -> torch.Tensor:
     """``sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t])`` as bf16 ``[T, H]``.
@@ -505,7 +510,9 @@ def mxfp8_fused_experts(
     scales ``[E, 2I, H/32]`` / ``[E, H, I/32]`` (contiguous); ``topk_weights [T, k]`` (fp32 used as
     is), ``topk_ids [T, k]`` int32/int64 global ids, local ``id - first_expert`` in ``[0, E)`` or
     skipped. Expert ``act``: swiglu-oai with ``alpha``/``limit``, plain gated silu when both are
-    None. ``path`` (one of :data:`PATHS`) overrides :func:`gemm_path` and ``config`` :func:`pick_config`.
+    None. ``path`` (one of :data:`PATHS`) overrides :func:`gemm_path` and ``config`` :func:`pick_config`
+    (a :class:`TileConfig` applies to the GEMM paths and a ``MoeGemvConfig`` to the GEMV path; the
+    other kind is ignored, so one config can be passed whatever the path).
     """
     if x.dim() != 2 or x.dtype != torch.bfloat16 or (x.shape[1] > 1 and x.stride(1) != 1):
         raise ValueError(f"x must be [tokens, hidden] bf16 with unit stride along hidden, got {tuple(x.shape)} {x.dtype}")
@@ -526,13 +533,16 @@ def mxfp8_fused_experts(
     path = path or gemm_path(tokens)
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+    ids = topk_ids.contiguous()
+    weights = topk_weights.to(torch.float32).contiguous()
+    if path == "gemv":
+        gemv_config = config if isinstance(config, MoeGemvConfig) else None
+        return moe_gemv(x, w13, w13_scale, w2, w2_scale, weights, ids, alpha, limit, first_expert, gemv_config)
     out = torch.empty((tokens, hidden), dtype=torch.bfloat16, device=x.device)
     if tokens == 0:
         return out
     top_k = topk_ids.shape[1]
-    config = config or pick_config(tokens, path)
-    ids = topk_ids.contiguous()
-    weights = topk_weights.to(torch.float32).contiguous()
+    config = config if isinstance(config, TileConfig) else pick_config(tokens, path)
     sorted_slots, block_expert, prescaled = align_and_prescale(
         ids, experts, config.block_m, first_expert, x if path == "fp16" else None
     )

@@ -80,3 +80,42 @@ def test_split_k_captured_in_a_cuda_graph_and_replayed():
         torch.cuda.synchronize()
         assert_close(out, reference(x, w, s))
         assert torch.count_nonzero(tickets).item() == 0
+
+
+# ---------------------------------------------------------------- the GEMV (msa_kernels.mxfp8_gemv)
+
+
+@pytest.mark.parametrize("tokens", [1, 2, 4])
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_gemv_m3_shapes_match_reference(shape, tokens):
+    """The GEMV path (inline-PTX e4m3 conversion, K split by the plan) at every shape."""
+    from msa_kernels.triton_mxfp8_linear import mxfp8_linear, ticket_count
+
+    w, s = weight(*SHAPES[shape], seed=10 + tokens)
+    x = torch.randn(tokens, SHAPES[shape][1], device="cuda").to(torch.bfloat16)
+    tickets = torch.zeros(ticket_count(SHAPES[shape][0]), dtype=torch.int32, device="cuda")
+    got = mxfp8_linear(x, w, s, tickets, path="gemv")
+    assert_close(got, reference(x, w, s))
+    assert torch.count_nonzero(tickets).item() == 0, "split tickets not back at zero"
+    assert torch.equal(mxfp8_linear(x, w, s, tickets, path="gemv"), got), "two runs differ"
+
+
+@pytest.mark.parametrize("tokens", [1, 4])
+def test_gemv_split_k_captured_in_a_cuda_graph_and_replayed(tokens):
+    from msa_kernels.triton_mxfp8_linear import linear_path, mxfp8_linear, ticket_count
+
+    assert linear_path(tokens) == "gemv"
+    w, s = weight(*SHAPES["qkv_tp8"], seed=4)
+    tickets = torch.zeros(ticket_count(w.shape[0]), dtype=torch.int32, device="cuda")
+    x = torch.randn(tokens, w.shape[1], device="cuda").to(torch.bfloat16)
+    mxfp8_linear(x, w, s, tickets)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = mxfp8_linear(x, w, s, tickets)
+    for seed in (5, 6):
+        x.copy_(torch.randn(x.shape, generator=torch.Generator(device="cuda").manual_seed(seed), device="cuda").to(torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_close(out, reference(x, w, s))
+        assert torch.count_nonzero(tickets).item() == 0

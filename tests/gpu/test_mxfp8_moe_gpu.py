@@ -183,3 +183,85 @@ def test_served_mxfp8_checkpoint_within_bf16_noise(tmp_path, server_log_dir):
         if delta["mxfp8"] > FUSED_NOISE_RATIO * delta["fused"] + FUSED_NOISE_SLACK:
             failures.append(f"mxfp8 {name}: noise {delta['mxfp8']} vs the BF16 fused MoE's {delta['fused']}")
     assert NEW_TOKENS > 0 and not failures, failures
+
+
+# ---------------------------------------------------------------- the GEMV path (msa_kernels.mxfp8_gemv)
+
+
+@pytest.mark.parametrize("tokens", [1, 4, 8])
+def test_gemv_m3_shape_matches_reference(experts, tokens):
+    """The GEMV path (the inline-PTX e4m3 conversion runs only here) at the real shape, decode batch
+    sizes up to the dispatch bound; token 0's routing repeated by the last token (shared experts)."""
+    from msa_kernels.triton_mxfp8_moe import mxfp8_fused_experts
+
+    x, ids, weights = routing(tokens, seed=300 + tokens)
+    ids[-1] = ids[0]
+    got = mxfp8_fused_experts(x, *experts, weights, ids, ALPHA, LIMIT, path="gemv")
+    assert_close(got, reference(x, ids, weights, experts))
+    assert torch.equal(mxfp8_fused_experts(x, *experts, weights, ids, ALPHA, LIMIT, path="gemv"), got), "two runs differ"
+
+
+def test_gemv_is_the_decode_path():
+    from msa_kernels.triton_mxfp8_moe import GEMV_MAX_TOKENS, gemm_path
+
+    assert gemm_path(1) == gemm_path(GEMV_MAX_TOKENS) == "gemv" != gemm_path(GEMV_MAX_TOKENS + 1)
+
+
+@pytest.mark.parametrize("tokens", [1, 4, 8])
+def test_gemv_captured_in_a_cuda_graph_and_replayed_on_new_routing(experts, tokens):
+    from msa_kernels.triton_mxfp8_moe import mxfp8_fused_experts
+
+    x, ids, weights = routing(tokens, seed=400 + tokens)
+    mxfp8_fused_experts(x, *experts, weights, ids, ALPHA, LIMIT, path="gemv")  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = mxfp8_fused_experts(x, *experts, weights, ids, ALPHA, LIMIT, path="gemv")
+    for seed in (1, 2):
+        new_x, new_ids, new_weights = routing(tokens, seed=500 + 10 * tokens + seed)
+        x.copy_(new_x)
+        ids.copy_(new_ids)
+        weights.copy_(new_weights)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_close(out, reference(new_x, new_ids, new_weights, experts))
+
+
+def test_gemv_rows_of_any_magnitude(experts):
+    """Rows scaled by 2**20, 2**-40 and 0 among ordinary ones: the GEMV multiplies in fp32 and needs
+    no prescale, each row within the bound of its own magnitude."""
+    from msa_kernels.triton_mxfp8_moe import mxfp8_fused_experts
+
+    x, ids, weights = routing(5, seed=19)
+    factors = torch.tensor([2.0**20, 1.0, 2.0**-40, 0.0, 1.0], device="cuda")
+    x = (x.float() * factors[:, None]).to(torch.bfloat16)
+    got = mxfp8_fused_experts(x, *experts, weights, ids, ALPHA, LIMIT, path="gemv")
+    want = reference(x, ids, weights, experts)
+    assert torch.equal(got[3].float(), torch.zeros_like(want[3]))
+    for row in (0, 1, 2, 4):
+        assert_close(got[row : row + 1], want[row : row + 1])
+
+
+def test_gemv_tp8_slice_and_expert_parallel_half(experts):
+    """One TP8 rank's slice of every expert (intermediate 384: the gate/up tiles narrow, the down
+    GEMV's K steps are 4 groups), and a rank holding experts 64..127 (slots elsewhere skipped)."""
+    from msa_kernels.mxfp8_moe_reference import reference_fused_experts
+    from msa_kernels.triton_mxfp8_moe import mxfp8_fused_experts
+
+    w13, s13, w2, s2 = experts
+    part = slice(0, INTER // 8)
+    sliced = (
+        torch.cat([w13[:, part], w13[:, INTER + part.start : INTER + part.stop]], dim=1).contiguous(),
+        torch.cat([s13[:, part], s13[:, INTER + part.start : INTER + part.stop]], dim=1).contiguous(),
+        w2[:, :, part].contiguous(),
+        s2[:, :, part.start // 32 : part.stop // 32].contiguous(),
+    )
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        for held, first, tokens in ((sliced, 0, 4), (tuple(t[64:] for t in experts), 64, 8)):
+            x, ids, weights = routing(tokens, seed=600 + tokens)
+            got = mxfp8_fused_experts(x, *held, weights, ids, ALPHA, LIMIT, first_expert=first, path="gemv")
+            assert_close(got, reference_fused_experts(x, *held, weights, ids, ALPHA, LIMIT, first_expert=first))
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous

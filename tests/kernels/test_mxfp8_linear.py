@@ -1,7 +1,8 @@
 """The MXFP8 W8A16 dense linear (Triton interpreter, CPU) against an fp32 matmul of the exactly
 dequantized weight.
 
-Both paths of ``msa_kernels.triton_mxfp8_linear`` multiply exact operands (every e4m3 element times
+Every path of ``msa_kernels.triton_mxfp8_linear`` (the GEMV of ``msa_kernels.mxfp8_gemv``, the
+MMA core, dequantize + matmul) multiplies exact operands (every e4m3 element times
 its power-of-two scale is a bf16 value) and accumulate in fp32, so they differ from the fp32
 reference by summation order and the one rounding of the output to bf16 (relative 2**-9 per
 element). Asserted per element: ``|got - want| <= 2**-8 * |want| + 2**-16 * max |want|`` (the
@@ -17,8 +18,9 @@ import torch
 
 from msa_kernels import mxfp8_gemm
 from msa_kernels import triton_mxfp8_linear as linear
+from msa_kernels.mxfp8_gemv import GemvTile
 from msa_kernels.mxfp8_moe_reference import dequantize as reference_dequantize
-from msa_kernels.triton_mxfp8_linear import mxfp8_linear, split_plan, ticket_count
+from msa_kernels.triton_mxfp8_linear import linear_path, mxfp8_linear, split_plan, ticket_count
 
 pytestmark = [
     pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter tests run on CPU machines; tests/gpu covers CUDA"),
@@ -62,33 +64,71 @@ def assert_close(got, want):
     ],
 )
 def test_matches_reference(tokens, rows, cols, splits):
+    """The MMA core (``path="gemm"``: the GEMV serves the smallest of these token counts)."""
     w, s = weight(rows, cols, seed=rows + cols)
     x = activations(tokens, cols, seed=tokens)
     tickets = torch.zeros(ticket_count(rows), dtype=torch.int32)
-    got = mxfp8_linear(x, w, s, tickets, splits=splits)
+    got = mxfp8_linear(x, w, s, tickets, splits=splits, path="gemm")
     assert got.dtype == torch.bfloat16
     assert_close(got, reference(x, w, s))
     assert torch.equal(tickets, torch.zeros_like(tickets)), "tickets not back at zero"
-    assert torch.equal(mxfp8_linear(x, w, s, tickets, splits=splits), got), "a second call with the same tickets differs"
+    assert torch.equal(mxfp8_linear(x, w, s, tickets, splits=splits, path="gemm"), got), "a second call with the same tickets differs"
 
 
-def test_fp16_activations_and_leading_dims():
+@pytest.mark.parametrize(
+    "tokens, rows, cols, splits, tile",
+    [
+        (1, 64, 256, 1, None),  # decode, 8-group (int64 scale word) K steps
+        (2, 72, 192, 1, None),  # rows not a multiple of the tile (16), 2-group K steps
+        (3, 48, 96, 1, GemvTile(block_n=8, block_k=64)),  # three tokens in a 4-token program, 1-group steps
+        (4, 96, 512, 2, None),  # K split in 2: the last split to finish sums the partials
+        (5, 64, 384, 3, None),  # two token blocks (4 + 1), K split in 3
+        (2, 40, 640, None, GemvTile(block_n=8, block_k=128, num_warps=2)),  # the planned split (132 SMs off CUDA)
+    ],
+)
+def test_gemv_matches_reference(tokens, rows, cols, splits, tile):
+    """The GEMV (``mxfp8_gemv.linear_kernel``): every token of a program against each weight tile
+    converted once, K split with the same tickets as the MMA core."""
+    w, s = weight(rows, cols, seed=rows + cols + 1)
+    x = activations(tokens, cols, seed=tokens + 1)
+    tickets = torch.zeros(ticket_count(rows), dtype=torch.int32)
+    got = mxfp8_linear(x, w, s, tickets, splits=splits, path="gemv", gemv_tile=tile)
+    assert got.dtype == torch.bfloat16
+    assert_close(got, reference(x, w, s))
+    assert torch.equal(tickets, torch.zeros_like(tickets)), "tickets not back at zero"
+    assert torch.equal(mxfp8_linear(x, w, s, tickets, splits=splits, path="gemv", gemv_tile=tile), got), "a second call differs"
+
+
+def test_token_count_picks_the_path():
+    """The GEMV up to GEMV_MAX_TOKENS tokens, the MMA core up to GEMM_MAX_TOKENS, dequantize + matmul beyond."""
+    assert set(linear.PATHS) == {"gemv", "gemm", "dequantize"} and 1 <= linear.GEMV_MAX_TOKENS < linear.GEMM_MAX_TOKENS
+    assert linear_path(1) == linear_path(linear.GEMV_MAX_TOKENS) == "gemv"
+    assert linear_path(linear.GEMV_MAX_TOKENS + 1) == linear_path(linear.GEMM_MAX_TOKENS) == "gemm"
+    assert linear_path(linear.GEMM_MAX_TOKENS + 1) == "dequantize"
+    with pytest.raises(ValueError, match="path must be one of"):
+        mxfp8_linear(activations(1, 64, seed=0), *weight(32, 64, seed=0), path="mma")
+
+
+@pytest.mark.parametrize("path", ["gemv", "gemm"])
+def test_fp16_activations_and_leading_dims(path):
     w, s = weight(64, 128, seed=1)
     x = activations(6, 128, seed=2, dtype=torch.float16).reshape(2, 3, 128)
-    got = mxfp8_linear(x, w, s)
+    got = mxfp8_linear(x, w, s, path=path)
     assert got.shape == (2, 3, 64) and got.dtype == torch.float16
     assert_close(got.reshape(6, 64), reference(x.reshape(6, 128), w, s))
 
 
-def test_rows_of_any_magnitude_and_subnormal_weights():
+@pytest.mark.parametrize("path", ["gemv", "gemm"])
+def test_rows_of_any_magnitude_and_subnormal_weights(path):
     """Activation rows past fp16's range and far below it, weights of mostly subnormal e4m3
-    elements with scales far from 1: the bf16 dot needs no prescale, every row stays exact."""
+    elements with scales far from 1: the bf16 dot (and the GEMV's fp32 FMAs) need no prescale,
+    every row stays exact."""
     gen = torch.Generator().manual_seed(3)
     w = (torch.randn(64, 128, generator=gen) * 2.0**-7).to(torch.float8_e4m3fn)
     assert ((w.view(torch.uint8) & 0x78) == 0).float().mean() > 0.5
     s = torch.full((64, 4), 127 - 30, dtype=torch.uint8)
     x = activations(4, 128, seed=4) * torch.tensor([2.0**40, 1.0, 2.0**-60, 0.0])[:, None].to(torch.bfloat16)
-    got = mxfp8_linear(x, w, s)
+    got = mxfp8_linear(x, w, s, path=path)
     want = reference(x, w, s)
     assert torch.equal(got[3].float(), torch.zeros(64))
     for row in (0, 1, 2):
@@ -153,6 +193,7 @@ import triton
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from msa_kernels import mxfp8_gemv
 from msa_kernels.mxfp8_gemm import dequantize_kernel
 from msa_kernels.triton_mxfp8_linear import BLOCK_K, BLOCK_M, BLOCK_N, NUM_WARPS, linear_kernel
 
@@ -172,13 +213,20 @@ assert "mma.sync" in ptx and ".bf16.bf16" in ptx and "wgmma" not in ptx, "not bf
 assert "cp.async" in ptx, "weight loads not pipelined"
 assert "atom.global.gpu.acq_rel.add" in ptx, "split ticket not acquire-release"
 compile_for_sm90(dequantize_kernel, dict(BLOCK_N=32, GROUPS=8), 1, warps=4)
+TYPES.update(w_ptr="*i32", s_ptr="*i64")
+tile = mxfp8_gemv.LINEAR_GEMV_TILE
+consts = dict(BLOCK_T=mxfp8_gemv.LINEAR_BLOCK_T, BLOCK_N=tile.block_n, GROUPS=tile.block_k // 32, ASM=True)
+ptx = compile_for_sm90(mxfp8_gemv.linear_kernel, consts, 1, warps=tile.num_warps)
+assert "cvt.rn.f16x2.e4m3x2" in ptx and "mma" not in ptx, "GEMV: not the paired e4m3 conversion without MMA"
+assert "atom.global.gpu.acq_rel.add" in ptx, "GEMV split ticket not acquire-release"
 print("compiled")
 """
 
 
 def test_kernels_compile_for_hopper():
     """The interpreter does not run Triton's compiler: compile for sm_90 (no GPU needed) and
-    check the bf16 mma.sync, the pipelined weight loads and the acquire-release split ticket."""
+    check the bf16 mma.sync, the pipelined weight loads and the acquire-release split ticket; the
+    GEMV's paired e4m3 conversion (inline PTX, which the interpreter never runs) and its ticket."""
     import os
     import subprocess
     import sys

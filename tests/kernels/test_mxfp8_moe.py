@@ -5,7 +5,9 @@ bf16 inputs. The three GEMM paths accumulate in fp32 from exact operands (the fp
 fp16 weights and power-of-two prescaled fp16 activations are exact, see ``msa_kernels.mxfp8_gemm``),
 then round intermediate results: the bf16 and widen paths three times to bf16 (the activation,
 each slot's weighted expert output, the token sum; each a relative error of at most 2**-9), the
-fp16 path the activation once to fp16 (its prescaled row: 2**-12) and the other two to bf16.
+fp16 path the activation once to fp16 (its prescaled row: 2**-12) and the other two to bf16. The
+GEMV path (``msa_kernels.mxfp8_gemv``) rounds twice to bf16: the activation and the token's sum
+over its slots (kept in fp32 until then).
 Measured relative Frobenius error 2.5e-3..3.1e-3 (widen path) and 2.5e-3..2.8e-3 (fp16 path),
 largest element error 3.3e-3 and 4.3e-3 of the output's largest magnitude. Asserted: relative Frobenius error <= 6e-3 and every
 element within 1e-2 of the output's largest magnitude, all finite: room for the rounding, while
@@ -23,10 +25,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from msa_kernels import mxfp8_gemv
+from msa_kernels.mxfp8_gemv import GemvTile, MoeGemvConfig, moe_config
 from msa_kernels.mxfp8_moe_reference import dequantize, reference_fused_experts
 from msa_kernels.triton_mxfp8_moe import (
     CORE_DOT,
     CORE_PATH_MAX_TOKENS,
+    GEMV_MAX_TOKENS,
     PATHS,
     TileConfig,
     align_tokens,
@@ -98,14 +103,17 @@ def assert_rows_close(got, want):
     ],
 )
 def test_matches_reference(tokens, experts, top_k, hidden, inter, config, path):
+    if path == "gemv" and tokens > GEMV_MAX_TOKENS:
+        pytest.skip("the GEMV path serves decode batches; its own cases below route a few tokens")
     args = case(tokens, experts, top_k, hidden, inter, seed=tokens * 7 + experts)
     got = mxfp8_fused_experts(*args, ALPHA, LIMIT, config=config, path=path)
     assert_close(got, reference_fused_experts(*args, ALPHA, LIMIT))
 
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("path", [path for path in PATHS if path != "gemv"])
 def test_experts_with_many_tokens_span_several_blocks(path):
-    """67 tokens over 3 of 8 experts: every hit expert fills several 16-row blocks (one partly)."""
+    """67 tokens over 3 of 8 experts: every hit expert fills several 16-row blocks (one partly;
+    the GEMM paths' alignment: the GEMV path has no blocks)."""
     args = case(67, 8, 2, 64, 64, seed=11, concentrated=True)
     got = mxfp8_fused_experts(*args, ALPHA, LIMIT, config=SMALL, path=path)
     assert_close(got, reference_fused_experts(*args, ALPHA, LIMIT))
@@ -190,10 +198,14 @@ def test_scale_bytes_decode_to_powers_of_two_and_zero(path):
 
 
 def test_token_count_picks_the_path():
-    """The served core path up to CORE_PATH_MAX_TOKENS tokens, widen beyond; an unknown path is refused."""
-    assert CORE_DOT in ("fp16", "bf16") and set(PATHS) == {"fp16", "bf16", "widen"}
-    assert gemm_path(1) == gemm_path(CORE_PATH_MAX_TOKENS) == CORE_DOT
+    """The GEMV up to GEMV_MAX_TOKENS tokens, the served core path up to CORE_PATH_MAX_TOKENS,
+    widen beyond; an unknown path is refused."""
+    assert CORE_DOT in ("fp16", "bf16") and set(PATHS) == {"gemv", "fp16", "bf16", "widen"}
+    assert 1 <= GEMV_MAX_TOKENS < CORE_PATH_MAX_TOKENS
+    assert gemm_path(1) == gemm_path(GEMV_MAX_TOKENS) == "gemv"
+    assert gemm_path(GEMV_MAX_TOKENS + 1) == gemm_path(CORE_PATH_MAX_TOKENS) == CORE_DOT
     assert gemm_path(CORE_PATH_MAX_TOKENS + 1) == "widen"
+    assert isinstance(pick_config(1, "gemv"), MoeGemvConfig) and isinstance(pick_config(1, CORE_DOT), TileConfig)
     with pytest.raises(ValueError, match="path must be one of"):
         mxfp8_fused_experts(*case(1, 4, 2, 64, 64, seed=0), ALPHA, LIMIT, path="fp8")
 
@@ -246,6 +258,66 @@ def test_refusals_name_the_argument():
         mxfp8_fused_experts(x, w13, s13, w2, s2, weights, ids[:, :1], ALPHA, LIMIT)
     with pytest.raises(ValueError, match="alpha and limit"):
         mxfp8_fused_experts(x, w13, s13, w2, s2, weights, ids, ALPHA, None)
+
+
+# ---------------------------------------------------------------- the GEMV path's own cases
+
+GEMV_SMALL = MoeGemvConfig(gate_up=GemvTile(block_n=8, block_k=64), down=GemvTile(block_n=16, block_k=128))
+
+
+def routed_with_repeats(tokens, experts, top_k, seed):
+    """Random ids with repeats across tokens and within a token (token 0's last slot repeats its
+    first: the kernels treat every slot on its own)."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, experts, (tokens, top_k), generator=gen, dtype=torch.int32)
+    ids[0, -1] = ids[0, 0]
+    return ids
+
+
+@pytest.mark.parametrize(
+    "tokens, experts, top_k, hidden, inter, config",
+    [
+        (1, 8, 4, 96, 96, None),  # decode; hidden and intermediate not multiples of the tiles (16, 8)
+        (2, 4, 4, 128, 160, GEMV_SMALL),  # 8 slots on 4 experts: shared ones; 2-group K steps
+        (5, 8, 3, 160, 64, GEMV_SMALL),  # top-3: the down kernel's fourth slot is padding; 1-group steps (160 = 5 x 32)
+        (2, 16, 2, 256, 96, None),  # 8-group (int64) scale words in gate/up, 1-group in down
+    ],
+)
+def test_gemv_matches_reference_with_repeated_experts(tokens, experts, top_k, hidden, inter, config):
+    x, w13, s13, w2, s2, weights, _ = case(tokens, experts, top_k, hidden, inter, seed=40 + tokens)
+    ids = routed_with_repeats(tokens, experts, top_k, seed=tokens)
+    args = (x, w13, s13, w2, s2, weights, ids)
+    got = mxfp8_fused_experts(*args, ALPHA, LIMIT, config=config, path="gemv")
+    assert_close(got, reference_fused_experts(*args, ALPHA, LIMIT))
+    assert torch.equal(mxfp8_fused_experts(*args, ALPHA, LIMIT, config=config, path="gemv"), got), "two runs differ"
+
+
+def test_gemv_skips_slots_of_experts_held_elsewhere():
+    """Expert parallelism on the GEMV path: slots routed outside the rank's experts read nothing and
+    add nothing (their activation rows stay unwritten: poisoned NaN here), a token with none held
+    gets zeros."""
+    x, w13, s13, w2, s2, weights, _ = case(3, 8, 4, 64, 64, seed=41)
+    ids = torch.tensor([[0, 5, 9, 1], [8, 9, 10, 11], [3, 3, 12, 2]], dtype=torch.int32)
+    held = slice(0, 8)
+    args = (x, w13[held], s13[held], w2[held], s2[held], weights, ids)
+    got = mxfp8_fused_experts(*args, ALPHA, LIMIT, config=GEMV_SMALL, path="gemv")
+    assert torch.equal(got[1].float(), torch.zeros(64))
+    assert_rows_close(got[[0, 2]], reference_fused_experts(*args, ALPHA, LIMIT)[[0, 2]])
+
+
+def test_gemv_config_narrows_gate_up_tiles_for_narrow_slices():
+    """Few pairs over few intermediate columns (TP8: 384 per rank) leave SMs idle: the gate/up
+    tile halves down to MIN_BLOCK_N rows until the programs reach MIN_PROGRAMS_PER_SM per SM; at
+    TP1 (3072 columns) the table's tile stands, and the down tile never changes."""
+    table = pick_config(1, "gemv")
+    assert moe_config(1, 4, 3072, 132) == table
+    narrow = moe_config(1, 4, 384, 132)
+    assert narrow.down == table.down and narrow.gate_up.block_n == mxfp8_gemv.MIN_BLOCK_N
+    for tokens in (1, 2, 8):
+        block_n = moe_config(tokens, 4, 384, 132).gate_up.block_n
+        programs = tokens * 4 * -(-384 // block_n)
+        assert block_n == mxfp8_gemv.MIN_BLOCK_N or programs >= mxfp8_gemv.MIN_PROGRAMS_PER_SM * 132
+        assert block_n == table.gate_up.block_n or tokens * 4 * -(-384 // (2 * block_n)) < mxfp8_gemv.MIN_PROGRAMS_PER_SM * 132
 
 
 # ---------------------------------------------------------------- compiled form (no GPU needed)
@@ -303,3 +375,74 @@ def test_core_paths_compile_for_hopper():
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_HOPPER], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-3000:]
+
+
+_GEMV_FOR_HOPPER = """
+import collections, os, re, subprocess, sys, tempfile
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from msa_kernels import mxfp8_gemv as gemv
+
+TYPES = {"x_ptr": "*bf16", "act_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*i64", "weights_ptr": "*fp32",
+         "out_ptr": "*bf16", "y_ptr": "*bf16", "partial_ptr": "*fp32", "alpha": "fp32", "limit": "fp32"}
+NVDISASM = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+
+
+def loop_instructions(kernel, consts, warps):
+    \"\"\"(ptx, SASS instructions of each loop body) of ``kernel`` compiled for sm_90 as a launch at
+    M3's shapes is specialized (16-byte aligned pointers, strides and sizes multiples of 16).\"\"\"
+    signature = {n: "constexpr" if n in consts else TYPES.get(n, "*i32" if n.endswith("_ptr") else "i32") for n in kernel.arg_names}
+    aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
+               if n not in consts and (signature[n].startswith("*") or n.startswith(("stride", "K", "inter", "hidden")))}
+    compiled = triton.compile(ASTSource(kernel, signature, consts, aligned), target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": warps, "num_stages": 1})
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(compiled.asm["cubin"])
+        cubin.flush()
+        sass = subprocess.run([NVDISASM, "-c", cubin.name], capture_output=True, text=True, check=True).stdout
+    labels, body = {}, []
+    for line in sass.splitlines():
+        label = re.match(r"^\\s*(\\.L_x_\\d+):", line)
+        if label:
+            labels[label.group(1)] = len(body)
+        if re.search(r"/\\*[0-9a-f]{4}\\*/", line):
+            body.append(line)
+    loops = []
+    for i, line in enumerate(body):
+        target = re.search(r"BRA\\s+.*?(\\.L_x_\\d+)", line)
+        if target and labels.get(target.group(1), i) < i:
+            loops.append(i + 1 - labels[target.group(1)])
+    return compiled.asm["ptx"], loops
+
+
+GEMV = gemv.MOE_GEMV_TABLE[0][1]
+# weight elements per thread and K step: rows x 256 columns over 32 * num_warps threads
+for kernel, consts, tile, rows in (
+    (gemv.moe_gate_up_kernel, dict(TOP_K=4, SWIGLU_OAI=True, ASM=True), GEMV.gate_up, 2 * GEMV.gate_up.block_n),
+    (gemv.moe_down_kernel, dict(TOP_K=4, SLOTS=4, ASM=True), GEMV.down, 4 * GEMV.down.block_n),
+):
+    ptx, loops = loop_instructions(kernel, dict(consts, BLOCK_N=tile.block_n, GROUPS=tile.block_k // 32), tile.num_warps)
+    assert "cvt.rn.f16x2.e4m3x2" in ptx and "mma" not in ptx, kernel.__name__
+    assert "ld.global.L1::evict_first.L2::cache_hint.v4.b32" in ptx, f"{kernel.__name__}: weights not 16-byte evict-first loads"
+    per_element = loops[0] / (rows * tile.block_k / (32 * tile.num_warps))
+    print(f"{kernel.__name__}: {per_element:.2f} instructions per weight element")
+    assert len(loops) == 1 and per_element <= 6, (kernel.__name__, loops, per_element)
+print("compiled")
+"""
+
+
+def test_gemv_kernels_compile_for_hopper_within_the_instruction_budget():
+    """The GEMV path is worth having only if its K loop stays far under what an SM can issue per
+    weight byte at full HBM bandwidth (about 9 instructions per element and lane on an H100):
+    compile both MoE GEMV kernels for sm_90 with the table's tiles (no GPU needed) and count the
+    SASS of their loops (4.4 and 5.2 per element with Triton 3.8; at most 6 asserted); check the inline
+    e4m3 -> fp16 pair conversion, no MMA and 16-byte evict-first weight loads."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton.backends.nvidia")
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    done = subprocess.run([sys.executable, "-c", _GEMV_FOR_HOPPER], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "compiled" in done.stdout, done.stdout[-2000:] + done.stderr[-3000:]
