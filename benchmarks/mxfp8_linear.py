@@ -16,7 +16,7 @@ alone would sit in L2), so every call reads its weight from HBM as in a real dec
 per call: microseconds of BF16, of ours on the path it takes and on each other path (a column per
 path), the weight bytes per second, and BF16 / ours. The last table sums one TP8 layer's qkv + o +
 shared expert. ``--sweep-gemv`` times the GEMV at ``--sweep-gemv-tokens`` (default 1) over
-:data:`SWEEP_GEMV` tiles per shape (the best goes to ``LINEAR_GEMV_TILE`` in
+:data:`SWEEP_GEMV` tiles per shape (the winners set ``linear_gemv_tile`` in
 ``msa_kernels/mxfp8_gemv.py``).
 
     scripts/gpu/run.sh exec python benchmarks/mxfp8_linear.py --out "$OUT" [--tokens 1 8 64 128 256 512 8192] [--shapes ...] [--sweep-gemv]
@@ -127,7 +127,7 @@ def measure(name: str, tokens: int, copies, tickets, reps: int, sweep_gemv: bool
     if sweep_gemv:
         row["gemv_sweep"] = []
         for tile in SWEEP_GEMV:
-            entry = {"tile": vars(tile), "table": tile == mxfp8_gemv.LINEAR_GEMV_TILE}
+            entry = {"tile": vars(tile), "table": tile == mxfp8_gemv.linear_gemv_tile(cols)}
             try:
                 entry["us"] = TUNE.graph_us(ours("gemv", tile), copies, reps)
             except Exception as error:  # a tile Triton cannot compile, or more tiles than tickets
@@ -169,7 +169,7 @@ def markdown(result: dict) -> str:
             lines.append(f"| {tokens} | {sums['bf16_us']:.1f} | {sums['mxfp8_us']:.1f} | {sums['bf16_us'] / sums['mxfp8_us']:.2f}x |")
     sweeps = [r for r in result["rows"] if "gemv_sweep" in r]
     if sweeps:
-        lines += ["", "GEMV tile sweep (block_n, block_k, warps -> us; * LINEAR_GEMV_TILE):", ""]
+        lines += ["", "GEMV tile sweep (block_n, block_k, warps -> us; * the tile linear_gemv_tile picks):", ""]
         for r in sweeps:
             timed = [f"{tuple(s['tile'].values())}{'*' if s['table'] else ''}: {s['us']:.1f}" for s in r["gemv_sweep"] if "us" in s]
             lines.append(f"- {r['shape']} T={r['tokens']} (BF16 {r['bf16_us']:.1f}): " + "; ".join(timed))

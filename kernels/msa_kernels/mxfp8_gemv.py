@@ -100,8 +100,17 @@ class MoeGemvConfig:
 MOE_GEMV_TABLE: tuple[tuple[int, MoeGemvConfig], ...] = (
     (1 << 62, MoeGemvConfig(gate_up=GemvTile(block_n=16), down=GemvTile(block_n=8))),
 )
-#: Tiles of the dense linear's GEMV (``benchmarks/mxfp8_linear.py --sweep-gemv`` times others)
+#: Tiles of the dense linear's GEMV, by input width: measured at T=1 on the H100 at 40dba2e
+#: (``benchmarks/mxfp8_linear.py --sweep-gemv``), 8-row tiles win where K is short (M3's o / down
+#: projections at TP8: K 1024 4.9 vs 5.9 us, K 384 3.5 vs 4.8, K 1536 6.6 vs 7.1), 16-row tiles
+#: where K is the hidden size (q/k/v and gate/up at K 6144: 6.7 vs 7.2, 11.0 vs 11.8)
 LINEAR_GEMV_TILE = GemvTile(block_n=16)
+LINEAR_GEMV_TILE_SHORT_K = GemvTile(block_n=8)
+LINEAR_SHORT_K = 2048
+
+
+def linear_gemv_tile(in_features: int) -> GemvTile:
+    return LINEAR_GEMV_TILE_SHORT_K if in_features <= LINEAR_SHORT_K else LINEAR_GEMV_TILE
 #: most tokens one linear program multiplies with its weight tile (registers: one fp32 accumulator
 #: per token, row and group; FMAs per weight element grow with it)
 LINEAR_BLOCK_T = 4

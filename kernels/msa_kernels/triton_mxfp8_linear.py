@@ -116,7 +116,7 @@ def mxfp8_linear(
     :func:`ticket_count` of them, kept by the caller across calls (the kernels leave them at zero;
     allocated per call when None). ``splits`` overrides the K split (tests), ``path`` (one of
     :data:`PATHS`) the choice by token count (:func:`linear_path`; benchmarks), ``gemv_tile``
-    ``mxfp8_gemv.LINEAR_GEMV_TILE`` (benchmark sweeps).
+    ``mxfp8_gemv.linear_gemv_tile`` (benchmark sweeps).
     """
     if x.dtype not in (torch.bfloat16, torch.float16) or x.shape[-1] != weight.shape[-1] or x.stride(-1) != 1:
         raise ValueError(f"x must be [..., {weight.shape[-1]}] bf16/fp16 with unit stride along K, got {tuple(x.shape)} {x.dtype}")
@@ -137,7 +137,7 @@ def mxfp8_linear(
     if tokens == 0:
         return y.reshape(*lead, rows)
     gemv = path == "gemv"
-    tile = gemv_tile or mxfp8_gemv.LINEAR_GEMV_TILE
+    tile = gemv_tile or mxfp8_gemv.linear_gemv_tile(cols)
     block_m, block_n = (mxfp8_gemv.linear_block_t(tokens), tile.block_n) if gemv else (BLOCK_M, BLOCK_N)
     words, groups = scale_words(scales, tile.block_k if gemv else BLOCK_K)
     steps = cols // (GROUP * groups)

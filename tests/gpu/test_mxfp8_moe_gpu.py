@@ -18,6 +18,7 @@ Skipped without CUDA. Run on the lent GPU with ``scripts/gpu/run.sh tests``.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -182,7 +183,26 @@ def test_served_mxfp8_checkpoint_within_bf16_noise(tmp_path, server_log_dir):
                 failures.append(f"{impl} {name}: a served token is {max(gaps)} below the fp32 argmax (noise {delta[impl]})")
         if delta["mxfp8"] > FUSED_NOISE_RATIO * delta["fused"] + FUSED_NOISE_SLACK:
             failures.append(f"mxfp8 {name}: noise {delta['mxfp8']} vs the BF16 fused MoE's {delta['fused']}")
+    write_served_record(served, prompts, served_logprobs, output_ids)
     assert NEW_TOKENS > 0 and not failures, failures
+
+
+def write_served_record(served: dict, prompts: dict, served_logprobs, output_ids) -> None:
+    """``$OUT/mxfp8_served_tiny.json`` for ``benchmarks/quantized_gpu.py --tiny-json``: whether the
+    MXFP8 server's greedy tokens equal the dequantized twin's (both bf16, so equality is reported,
+    not required) and the largest prompt-logprob difference between the two servers."""
+    if not os.environ.get("OUT"):
+        return
+    identical = all(output_ids(served["mxfp8"][name]) == output_ids(served["fused"][name]) for name in prompts)
+    diffs = []
+    for name, prompt in prompts.items():
+        ours, twin = served_logprobs(served["mxfp8"][name], prompt), served_logprobs(served["fused"][name], prompt)
+        diffs += [abs(ours[p] - twin[p]) for p in ours.keys() & twin.keys()]
+    record = {"greedy_identical_to_dequantized": identical, "logprob_max_diff": max(diffs),
+              "prompts": {name: len(prompt) for name, prompt in prompts.items()}, "dtype": "bfloat16"}
+    print(f"[gpu mxfp8 served] vs dequantized twin: {record}")
+    with open(os.path.join(os.environ["OUT"], "mxfp8_served_tiny.json"), "w", encoding="utf-8") as handle:
+        json.dump(record, handle, indent=2)
 
 
 # ---------------------------------------------------------------- the GEMV path (msa_kernels.mxfp8_gemv)

@@ -214,7 +214,7 @@ assert "cp.async" in ptx, "weight loads not pipelined"
 assert "atom.global.gpu.acq_rel.add" in ptx, "split ticket not acquire-release"
 compile_for_sm90(dequantize_kernel, dict(BLOCK_N=32, GROUPS=8), 1, warps=4)
 TYPES.update(w_ptr="*i32", s_ptr="*i64")
-tile = mxfp8_gemv.LINEAR_GEMV_TILE
+tile = mxfp8_gemv.linear_gemv_tile(6144)
 consts = dict(BLOCK_T=mxfp8_gemv.LINEAR_BLOCK_T, BLOCK_N=tile.block_n, GROUPS=tile.block_k // 32, ASM=True)
 ptx = compile_for_sm90(mxfp8_gemv.linear_kernel, consts, 1, warps=tile.num_warps)
 assert "cvt.rn.f16x2.e4m3x2" in ptx and "mma" not in ptx, "GEMV: not the paired e4m3 conversion without MMA"
