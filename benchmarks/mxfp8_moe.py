@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import importlib.util
 import json
 import os
@@ -208,7 +209,7 @@ def measure(tokens: int, weights: Weights, baseline: Bf16Baseline, reps: int, sw
         "relative_error": errors,
         "bf16_tiles": baseline.tiles(tokens) or "sglang default",
         "mxfp8_path": served,
-        "mxfp8_tiles": vars(pick_config(tokens, served)),
+        "mxfp8_tiles": dataclasses.asdict(pick_config(tokens, served)),
         "bf16_us": TUNE.graph_us(baseline, sets, reps),
         "mxfp8_us": TUNE.graph_us(ours(None), sets, reps),
     }

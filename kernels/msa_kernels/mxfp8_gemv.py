@@ -27,9 +27,9 @@ full bandwidth (about 9 instructions per element and lane on an H100):
 Counted in the SASS of an sm_90 compile (``tests/kernels/test_mxfp8_moe.py`` checks the MoE's):
 4.4 instructions per weight element in the gate/up loop, 5.2 in the down loop (masked loads),
 5.2 / 7.3 / 10.9 in the dense linear's at 1 / 2 / 4 tokens per program (every token costs its
-FMAs, so the linear's GEMV is for the fewest tokens). Not timed
-yet: ``benchmarks/mxfp8_moe.py --sweep-gemv`` and ``benchmarks/mxfp8_linear.py --sweep-gemv`` time
-the tile candidates, from which :data:`MOE_GEMV_TABLE` and :data:`LINEAR_GEMV_TILE` are to be set.
+FMAs, so the linear's GEMV is for the fewest tokens). ``benchmarks/mxfp8_moe.py --sweep-gemv``
+and ``benchmarks/mxfp8_linear.py --sweep-gemv`` time the tile candidates; :data:`MOE_GEMV_TABLE`
+and :func:`linear_gemv_tile` hold the H100 winners.
 
 Kernels (each result equals an fp32 GEMM of the exact dequantized weights up to fp32 summation
 order, then one rounding):
@@ -93,12 +93,12 @@ class MoeGemvConfig:
     down: GemvTile
 
 
-#: Tiles of the MoE GEMV path: (largest token count, config), first match wins. Not timed yet
-#: (chosen from the sm_90 compile: 32 gate/up rows and 4 x 8 down rows per program keep 64 weight
-#: elements per thread in flight per step, 768 programs of each kernel at one token);
-#: ``benchmarks/mxfp8_moe.py --sweep-gemv`` times the alternatives.
+#: Tiles of the MoE GEMV path: (largest token count, config), first match wins. From the H100 sweep
+#: at 4b5f448 (``benchmarks/mxfp8_moe.py --sweep-gemv``, M3's TP1 experts): at one token 16
+#: gate/up rows with 16 down rows per program 89.6 us, against 97.9 with 8 down rows and 96.2-109.8
+#: for the other gate/up tiles; at 8 tokens every candidate within 588-628 us.
 MOE_GEMV_TABLE: tuple[tuple[int, MoeGemvConfig], ...] = (
-    (1 << 62, MoeGemvConfig(gate_up=GemvTile(block_n=16), down=GemvTile(block_n=8))),
+    (1 << 62, MoeGemvConfig(gate_up=GemvTile(block_n=16), down=GemvTile(block_n=16))),
 )
 #: Tiles of the dense linear's GEMV, by input width: measured at T=1 on the H100 at 40dba2e
 #: (``benchmarks/mxfp8_linear.py --sweep-gemv``), 8-row tiles win where K is short (M3's o / down

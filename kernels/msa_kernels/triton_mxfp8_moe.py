@@ -114,10 +114,11 @@ CORE_TILE_TABLE: tuple[tuple[int, TileConfig], ...] = (
 TABLES = {"fp16": CORE_TILE_TABLE, "bf16": CORE_TILE_TABLE, "widen": TILE_TABLE}
 PATHS = ("gemv", *TABLES)
 #: Largest token count the GEMV path serves (module docstring): there each pair's expert rows are
-#: streamed once per token, which pays while few tokens share an expert. A first guess (issue 17:
-#: up to 8 decode tokens), not timed yet: ``benchmarks/mxfp8_moe.py`` times the GEMV path beside
-#: the others at 1, 2, 4, 8 and 16 tokens.
-GEMV_MAX_TOKENS = 8
+#: streamed once per token, which pays while few tokens share an expert. Measured on the H100 at
+#: 4b5f448 (``benchmarks/mxfp8_moe.py``, M3's TP1 experts): GEMV 97.9 / 175.9 / 325.2 / 594.8 /
+#: 1093.8 us at 1 / 2 / 4 / 8 / 16 tokens against the fp16 core's 118.6 / 211.7 / 383.8 / 660.2 /
+#: 1157.5; at 64 tokens the core wins (2571 vs 3958).
+GEMV_MAX_TOKENS = 16
 #: Largest token count a core path serves: up to here the weights are read about once per expert
 #: and the step is bound by those bytes, where the core's lighter instruction stream matters;
 #: beyond it the widen path's larger token tiles reuse each weight tile more. Measured on the
