@@ -129,16 +129,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_server(impl: str, model_dir: str, out_dir: str, tp: int, ep: int, extra_args: tuple[str, ...] = (), label: str = ""):
-    """Start one server (``extra_args`` after the common flags; ``label`` names its log) and
-    wait until it answers ``/health_generate``."""
+def start_server(impl: str, model_dir: str, out_dir: str, tp: int, ep: int, extra_args: tuple[str, ...] = (), label: str = "",
+                 env: dict[str, str] | None = None):
+    """Start one server (``extra_args`` after the common flags; ``label`` names its log; ``env``
+    added to the implementation's environment) and wait until it answers ``/health_generate``."""
     port = free_port()
     log_path = os.path.join(out_dir, f"server-{label or impl}-tp{tp}-ep{ep}.log")
     log = open(log_path, "w", encoding="utf-8")
     started = time.perf_counter()
     process = subprocess.Popen(
         [sys.executable, "-m", "sglang.launch_server", *server_args(model_dir, port, tp, ep), *extra_args],
-        stdout=log, stderr=subprocess.STDOUT, env=server_env(impl, out_dir), start_new_session=True,
+        stdout=log, stderr=subprocess.STDOUT, env={**server_env(impl, out_dir), **(env or {})}, start_new_session=True,
     )
     base_url = f"http://127.0.0.1:{port}"
     while time.perf_counter() - started < READY_TIMEOUT_S:

@@ -41,7 +41,10 @@ matrix; a short chunk after a long prefix splits each index tile's blocks over s
 and merges their candidates) -> sparse attention, query-major per token for short extends or
 KV-block-major for long ones (pairs sorted by block, one K/V load per tile of 8 tokens x 16
 heads, per-block partials, log-sum-exp merge). ``decode_select`` / ``prefill_select`` return
-the selection alone.
+the selection alone; ``decode_attention`` / ``prefill_attention`` run the attention half on a
+selection, optionally through another page table of the same shape over other K/V pages (sparse
+offload's block cache or staging buffer) and, for decode, over a range of the plan's requests.
+``triton_offload`` moves K/V pages between a page-locked host store and device caches.
 Measured speed and what bounds it: ``benchmarks/KERNEL_NOTES.md``.
 
 Per-layer helpers of the model's GPU path (import them from their modules; this package's import

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -342,14 +343,63 @@ def run_decode(
     if k_cache.shape[1] != plan.num_kv_heads:
         raise ValueError(f"k_cache has {k_cache.shape[1]} kv heads, the plan was made for {plan.num_kv_heads}")
     selected = decode_select(plan, iq, ik_cache, ik_scale)
+    out = decode_attention(plan, q, k_cache, v_cache, selected, out, sm_scale, k_scale, v_scale)
+    return out, selected
+
+
+def _check_page_table_like(plan_table: torch.Tensor, page_table: torch.Tensor, k_cache: torch.Tensor, block_size: int) -> None:
+    if page_table.shape != plan_table.shape or page_table.dtype != torch.int32 or page_table.stride(-1) != 1:
+        raise ValueError(
+            f"page_table must be int32 {tuple(plan_table.shape)} with unit stride along blocks (the plan's shape), "
+            f"got {page_table.dtype} {tuple(page_table.shape)}"
+        )
+    if k_cache.shape[0] % block_size:
+        raise ValueError(f"cache slots ({k_cache.shape[0]}) must be whole pages of {block_size}")
+
+
+def decode_attention(
+    plan: DecodePlan,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    selected: torch.Tensor,
+    out: torch.Tensor | None = None,
+    sm_scale: float | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    page_table: torch.Tensor | None = None,
+    requests: tuple[int, int] | None = None,
+) -> torch.Tensor:
+    """The attention half of :func:`run_decode`: sparse GQA over the blocks ``selected`` chose.
+
+    ``page_table`` (default ``plan.page_table``): another int32 table of the plan's shape that
+    maps every block to its page *of k_cache / v_cache* (sparse offload passes its block cache's
+    entries, ``k_cache`` then being the cache pages as ``[entries * block, heads, dim]`` rows);
+    only the blocks a request selected are read through it. ``requests = (first, last)``: attend
+    requests ``first .. last - 1`` only (one launch over those tiles; their results are those of
+    the whole batch, bit for bit). Returns ``out`` (allocated when None).
+    """
+    p = plan.params
+    table = plan.page_table if page_table is None else page_table
+    _check_page_table_like(plan.page_table, table, k_cache, p.block_size)
+    _check_kv_scales(k_cache, v_cache, k_scale, v_scale)
     if out is None:
         out = torch.empty(plan.num_tokens, q.shape[1], v_cache.shape[-1], dtype=q.dtype, device=q.device)
+    tiles = plan.tiles
+    if requests is not None:
+        first, last = requests
+        if not 0 <= first < last <= tiles.count:
+            raise ValueError(f"requests {requests} outside the plan's {tiles.count}")
+        if plan.tree is not None:
+            raise ValueError("a subset of a draft-tree verify batch: trees attend the whole batch")
+        tiles = Tiles(req=tiles.req[first:last], tok0=tiles.tok0[first:last], pos0=tiles.pos0[first:last],
+                      ntok=tiles.ntok[first:last], max_tokens=tiles.max_tokens)
     _attention(
-        plan.tiles, plan.page_table, q, k_cache, v_cache, selected, out,
+        tiles, table, q, k_cache, v_cache, selected, out,
         splits=plan.attn_splits, sm_scale=_scale(sm_scale, q.shape[-1]), block_size=p.block_size,
         tickets=plan.tickets, k_scale=k_scale, v_scale=v_scale, tree=plan.tree,
     )
-    return out, selected
+    return out
 
 
 def prefill_select(
@@ -427,6 +477,32 @@ def run_prefill(
     _check_inputs(q, k_cache, v_cache, iq, ik_cache, plan.num_tokens, p.block_size)
     _check_kv_scales(k_cache, v_cache, k_scale, v_scale)
     selected = prefill_select(plan, iq, ik_cache, ik_scale)
+    out = prefill_attention(plan, q, k_cache, v_cache, selected, out, sm_scale, k_scale, v_scale)
+    return out, selected
+
+
+def prefill_attention(
+    plan: PrefillPlan,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    selected: torch.Tensor,
+    out: torch.Tensor | None = None,
+    sm_scale: float | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    page_table: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The attention half of :func:`run_prefill` (block-major or query-major, as planned).
+
+    ``page_table``: as in :func:`decode_attention` (sparse offload passes a staging buffer's page
+    of every block, ``k_cache`` / ``v_cache`` being that buffer). Returns ``out``.
+    """
+    p = plan.params
+    if page_table is not None:
+        _check_page_table_like(plan.page_table, page_table, k_cache, p.block_size)
+        plan = dataclasses.replace(plan, page_table=page_table)
+    _check_kv_scales(k_cache, v_cache, k_scale, v_scale)
     if out is None:
         out = torch.empty(plan.num_tokens, q.shape[1], v_cache.shape[-1], dtype=q.dtype, device=q.device)
     scale = _scale(sm_scale, q.shape[-1])
@@ -437,4 +513,4 @@ def run_prefill(
             plan.attn_tiles, plan.page_table, q, k_cache, v_cache, selected, out, splits=1, sm_scale=scale,
             block_size=p.block_size, k_scale=k_scale, v_scale=v_scale,
         )
-    return out, selected
+    return out

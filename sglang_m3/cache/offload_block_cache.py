@@ -12,20 +12,28 @@ with that table in place of the pool's, unchanged.
 
 Counters (device tensors, read only when someone asks): distinct wanted pages found resident
 (hits), fetched (misses) and the bytes those fetches copied host -> device.
+
+Copies: with ``kernel_copies`` (CUDA: the host store is pinned) a fetch is one Triton launch that
+reads the host store through its device address (:func:`msa_kernels.triton_offload.gather_pages`,
+only the plan's misses move) and the pool writes new tokens with
+:func:`msa_kernels.triton_offload.store_rows`; otherwise (the CPU platform, where host and
+"device" are the same memory) torch indexing copies the plan's full static length.
 """
 
 from __future__ import annotations
 
 import torch
+from msa_kernels.triton_offload import gather_pages, store_rows
 
 from sglang_m3.cache.offload_fetch_plan import NEVER_USED, FetchPlan, plan_fetch
 
 
 class SparseBlockCache:
     def __init__(self, num_entries: int, num_pages: int, block_size: int, head_num: int, head_dim: int,
-                 v_head_dim: int, dtype: torch.dtype, device):
+                 v_head_dim: int, dtype: torch.dtype, device, kernel_copies: bool = False):
         if num_entries < 1:
             raise ValueError(f"a block cache needs at least one entry, got {num_entries}")
+        self.kernel_copies = kernel_copies
         self.num_entries = num_entries
         self.num_pages = num_pages
         self.block_size = block_size
@@ -48,9 +56,10 @@ class SparseBlockCache:
     def fetch(self, wanted: torch.Tensor, host_k: torch.Tensor, host_v: torch.Tensor) -> FetchPlan:
         """Make every page of ``wanted`` (page ids, -1 padded) resident: one batched gather-copy.
 
-        ``host_k [slots, heads, head_dim]`` / ``host_v``: the layer's host store. The copy moves the
-        plan's full (static) length; rows that fetch nothing copy a host page into the scratch entry
-        (a GPU gather kernel would stop at ``plan.misses`` instead).
+        ``host_k [slots, heads, head_dim]`` / ``host_v``: the layer's host store. With
+        ``kernel_copies`` one gather kernel copies the plan's misses (its other rows exit early);
+        otherwise torch moves the plan's full (static) length, rows that fetch nothing copying a
+        host page into the scratch entry. Device work only (graph safe) except the CPU check below.
         """
         plan = plan_fetch(wanted, self.page_entry, self.entry_age)
         if wanted.device.type == "cpu" and int(plan.hits + plan.misses) > self.num_entries:
@@ -63,20 +72,30 @@ class SparseBlockCache:
         self.entry_page[plan.fill_entries] = plan.fill_pages
         self.entry_age[plan.used_entries] = self.clock
         self.clock += 1
-        source = plan.fill_pages.clamp(max=self.num_pages - 1)
-        self.k_pages[plan.fill_entries] = self._as_pages(host_k)[source]
-        self.v_pages[plan.fill_entries] = self._as_pages(host_v)[source]
+        if self.kernel_copies:
+            gather_pages(self.as_pages(host_k), self.as_pages(host_v), self.k_pages, self.v_pages,
+                         plan.fill_pages, plan.fill_entries, skip_entry=self.scratch)
+        else:
+            source = plan.fill_pages.clamp(max=self.num_pages - 1)
+            self.k_pages[plan.fill_entries] = self.as_pages(host_k)[source]
+            self.v_pages[plan.fill_entries] = self.as_pages(host_v)[source]
         self.hits += plan.hits
         self.misses += plan.misses
         return plan
 
-    def _as_pages(self, host: torch.Tensor) -> torch.Tensor:
+    def as_pages(self, host: torch.Tensor) -> torch.Tensor:
+        """The token-major store ``[slots, heads, dim]`` as ``[num_pages, block, heads, dim]``."""
         return host[: self.num_pages * self.block_size].view(self.num_pages, self.block_size, *host.shape[1:])
 
     def entry_table(self, page_table: torch.Tensor) -> torch.Tensor:
         """``page_table`` (any shape of page ids) with every page replaced by its entry (scratch where absent)."""
         entries = self.page_entry[page_table.long()]
         return torch.where(entries >= 0, entries, self.scratch)
+
+    def write_rows(self, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor, host_k: torch.Tensor, host_v: torch.Tensor) -> None:
+        """Store K/V at slots ``loc`` of the host store and mirror them into resident entries (one
+        launch, ``kernel_copies`` only; values already in the storage dtype)."""
+        store_rows(loc, k, v, host_k, host_v, self.k_pages, self.v_pages, self.page_entry, self.block_size)
 
     def write_through(self, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Mirror K/V just stored at slots ``loc`` of the host store into the entries holding their pages."""

@@ -11,6 +11,13 @@ Every write to an offloaded layer lands in the host store and, where its page is
 layer's :class:`SparseBlockCache` entry too (write-through), so the block that decode is filling is
 served fresh whether or not it is resident. Slot moves and bulk loads that bypass ``set_kv_buffer``
 invalidate the pages they touch.
+
+On CUDA (``kernel_copies``) the host store is page-locked host memory allocated the way SGLang's
+HiCache allocates its host pools (anonymous mmap + ``cudaHostRegister``: exact size, where
+torch's pinned allocator would round every buffer up to a power of two), and the device touches
+it only through Triton kernels that address it directly (:mod:`msa_kernels.triton_offload`): a
+write of new tokens is one launch that stores them into the host store and their resident cache
+entries, a fetch one gather launch; no host sync, no copy engine, so both are CUDA-graph safe.
 """
 
 from __future__ import annotations
@@ -33,6 +40,15 @@ class M3SparseOffloadKVPool(M3IndexedKVPool):
     """``M3IndexedKVPool`` whose sparse layers' K/V buffers are the host store, plus their block caches."""
 
     offload_shape: OffloadShape | None = None  # set per server by :func:`offload_pool_class`
+    #: K/V move through the Triton kernels of ``msa_kernels.triton_offload`` (None: on CUDA only;
+    #: the CPU interpreter tests set True to run the CUDA path's kernels)
+    kernel_copies: bool | None = None
+
+    @property
+    def uses_kernels(self) -> bool:
+        if self.kernel_copies is not None:
+            return self.kernel_copies
+        return torch.device(self.device).type == "cuda"
 
     def _offloaded_local_layers(self) -> set[int]:
         return {layer_id - self.start_layer for layer_id in self.local_sparse_layer_ids()}
@@ -44,8 +60,7 @@ class M3SparseOffloadKVPool(M3IndexedKVPool):
         offloaded = self._offloaded_local_layers()
         pin = torch.device(self.device).type == "cuda"
         host = {
-            local: (torch.zeros(k_shape, dtype=self.store_dtype, pin_memory=pin),
-                    torch.zeros(v_shape, dtype=self.store_dtype, pin_memory=pin))
+            local: (host_store_tensor(k_shape, self.store_dtype, pin), host_store_tensor(v_shape, self.store_dtype, pin))
             for local in offloaded
         }
         with self.memory_saver_adapter.region(GPU_MEMORY_TYPE_KV_CACHE):
@@ -66,15 +81,18 @@ class M3SparseOffloadKVPool(M3IndexedKVPool):
             raise ValueError(f"the KV pool's {rows} slots are not whole MSA blocks of {shape.block_size}")
         self.block_caches = {
             layer_id: SparseBlockCache(shape.cache_blocks, rows // shape.block_size, shape.block_size, self.head_num,
-                                       self.head_dim, self.v_head_dim, self.store_dtype, self.device)
+                                       self.head_dim, self.v_head_dim, self.store_dtype, self.device,
+                                       kernel_copies=self.uses_kernels)
             for layer_id in self.local_sparse_layer_ids()
         }
         host_bytes = sum(self.k_buffer[layer_id - self.start_layer].nbytes + self.v_buffer[layer_id - self.start_layer].nbytes
                          for layer_id in self.block_caches)
         cache_bytes = sum(cache.k_pages.nbytes + cache.v_pages.nbytes for cache in self.block_caches.values())
-        logger.info("M3 sparse offload: %d sparse layers' K/V in a host store of %d slots (%.3f GB), block caches of "
+        self.staged_bytes = 0  # host -> device bytes of extend batches' staging copies (host count)
+        logger.info("M3 sparse offload: %d sparse layers' K/V in a host store of %d slots (%.3f GB%s), block caches of "
                     "%d blocks per layer (%.3f GB on %s), %d request(s) per fetch round", len(self.block_caches), rows,
-                    host_bytes / 1e9, shape.cache_blocks, cache_bytes / 1e9, self.device, shape.requests_per_round)
+                    host_bytes / 1e9, ", page-locked, read and written by device kernels" if self.uses_kernels else "",
+                    shape.cache_blocks, cache_bytes / 1e9, self.device, shape.requests_per_round)
 
     def _clear_buffers(self):
         super()._clear_buffers()
@@ -90,25 +108,74 @@ class M3SparseOffloadKVPool(M3IndexedKVPool):
 
     def cached_kv(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The layer's block cache as ``[rows, heads, dim]`` K and V in the dtype attention reads."""
-        k, v = self.block_caches[layer_id].flat()
+        return self.as_attention_dtype(*self.block_caches[layer_id].flat())
+
+    def as_attention_dtype(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows in the storage dtype (e.g. uint8 of an fp8 cache) viewed as the dtype attention reads."""
         if self.store_dtype != self.dtype:
             return k.view(self.dtype), v.view(self.dtype)
         return k, v
+
+    def host_kv(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's host store, ``[slots, heads, dim]`` K and V in the storage dtype."""
+        local = layer_id - self.start_layer
+        return self.k_buffer[local], self.v_buffer[local]
 
     def set_kv_buffer(self, layer, loc_info, cache_k, cache_v, k_scale=None, v_scale=None,
                       layer_id_override=None, dcp_kv_mask=None):
         super().set_kv_buffer(layer, loc_info, cache_k, cache_v, k_scale, v_scale, layer_id_override, dcp_kv_mask)
         layer_id = layer_id_override if layer_id_override is not None else layer.layer_id
         cache = self.block_caches.get(layer_id)
-        if cache is not None:
+        if cache is not None and not self.uses_kernels:  # kernels: _store_kv_layer wrote through already
             loc = unwrap_write_loc(loc_info)[0]
             local = layer_id - self.start_layer
             # the stored rows, so the cache holds exactly what SGLang's conversion wrote to the host
             cache.write_through(loc, self.k_buffer[local][loc], self.v_buffer[local][loc])
 
+    def _store_kv_layer(self, layer_idx, loc, cache_k, cache_v):
+        # SGLang's per-layer write, after its dtype conversion (values as stored): an offloaded layer
+        # on the kernel path stores into the host store and the resident cache entries in one launch.
+        cache = self.block_caches.get(layer_idx + self.start_layer) if self.uses_kernels else None
+        if cache is None:
+            return super()._store_kv_layer(layer_idx, loc, cache_k, cache_v)
+        cache.write_rows(loc, cache_k, cache_v, self.k_buffer[layer_idx], self.v_buffer[layer_idx])
+
     def store_fused(self, layer_id, loc, k, v, index_k) -> bool:
         # the fused Triton store writes device buffers; offloaded layers go through set_kv_buffer
         return False if layer_id in self.block_caches else super().store_fused(layer_id, loc, k, v, index_k)
+
+    def _host_store_on_cuda(self) -> bool:
+        """The host store sits beside a CUDA device (the kernel path on a GPU, not the interpreter)."""
+        return self.uses_kernels and torch.device(self.device).type == "cuda"
+
+    def _slot_move_pointer_buffers(self):
+        # SGLang's slot-move kernel (and its warm-up at start-up under speculative decoding) takes raw
+        # data pointers; a registered host buffer's device address may differ from its host one, so
+        # on CUDA that kernel moves the device layers only and _move_kv_cache_impl the host rows.
+        buffers = super()._slot_move_pointer_buffers()
+        if not self._host_store_on_cuda():
+            return buffers
+        return [buffer for buffer in buffers if buffer.is_cuda]
+
+    def _move_kv_cache_impl(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor):
+        if not self._host_store_on_cuda():
+            return super()._move_kv_cache_impl(tgt_loc, src_loc)
+        offloaded = self._offloaded_local_layers()
+        if self.use_native_move_kv_cache:
+            from sglang.srt.mem_cache.memory_pool import move_kv_cache_native
+
+            device_layers = [local for local in range(self.layer_num) if local not in offloaded]
+            move_kv_cache_native([self.k_buffer[i] for i in device_layers], [self.v_buffer[i] for i in device_layers],
+                                 tgt_loc, src_loc)
+        else:
+            super()._move_kv_cache_impl(tgt_loc, src_loc)
+        # host rows, after every kernel queued so far has written them (rare: slot moves serve draft
+        # trees, which sparse offload refuses)
+        torch.cuda.current_stream().synchronize()
+        tgt, src = tgt_loc.long().cpu(), src_loc.long().cpu()
+        for local in offloaded:
+            self.k_buffer[local][tgt] = self.k_buffer[local][src]
+            self.v_buffer[local][tgt] = self.v_buffer[local][src]
 
     def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor):
         super().move_kv_cache(tgt_loc, src_loc)
@@ -127,7 +194,24 @@ class M3SparseOffloadKVPool(M3IndexedKVPool):
             "hits": sum(int(c.hits) for c in caches),
             "misses": sum(int(c.misses) for c in caches),
             "h2d_bytes": sum(int(c.misses) * c.page_bytes for c in caches),
+            "staged_bytes": self.staged_bytes,
         }
+
+
+def host_store_tensor(shape, dtype: torch.dtype, page_locked: bool) -> torch.Tensor:
+    """A zeroed host tensor of the store; ``page_locked``: registered with CUDA (device-addressable).
+
+    SGLang's HiCache allocator (anonymous mmap, pre-faulted, then ``cudaHostRegister`` with default
+    flags, which maps it into the device's address space) gives exactly the bytes asked for; torch's
+    ``pin_memory`` is the fallback where that helper is missing.
+    """
+    if not page_locked:
+        return torch.zeros(shape, dtype=dtype)
+    try:
+        from sglang.srt.mem_cache.pool_host.common import HostTensorAllocator, alloc_with_host_register
+    except ImportError:  # another SGLang layout: torch's pinned allocator (rounds sizes up to powers of two)
+        return torch.zeros(shape, dtype=dtype, pin_memory=True)
+    return alloc_with_host_register(tuple(shape), dtype, "cpu", True, HostTensorAllocator())
 
 
 def offload_pool_class(spec: M3TextSpec, model_dtype: torch.dtype, shape: OffloadShape) -> type[M3SparseOffloadKVPool]:

@@ -1,8 +1,9 @@
 """The sparse-offload switch and the server settings it cannot run with.
 
 Sparse offload keeps the main K/V of every sparse layer in a host store and serves decode /
-verify from a per-layer device block cache (:mod:`sglang_m3.cache.offload_pool`,
-:mod:`sglang_m3.msa.offload_backend`). Like the project's other serving switches it is an
+verify from a per-layer device block cache (:mod:`sglang_m3.cache.offload_pool`;
+:mod:`sglang_m3.msa.offload_backend` on the CPU platform, :mod:`sglang_m3.msa.offload_triton_backend`
+on CUDA). Like the project's other serving switches it is an
 environment variable (SGLang's server arguments cannot be extended by a plugin), which a recipe
 sets from ``spec.hostOffload`` (``mode: sparse-offload``, ``cacheBlocks``; the renderer owns the name):
 ``SGLANG_M3_SPARSE_OFFLOAD_BLOCKS=N`` turns it on with N cache entries (one MSA block each) per
@@ -82,13 +83,24 @@ def max_query_tokens(server_args) -> int:
     return max(1, int(getattr(server_args, "speculative_num_draft_tokens", None) or 1))
 
 
+#: Devices sparse offload serves on: the CPU platform's torch path, CUDA's Triton path.
+OFFLOAD_DEVICES = ("cpu", "cuda")
+
+
+def _is_rocm() -> bool:
+    import torch
+
+    return getattr(torch.version, "hip", None) is not None
+
+
 def check_sparse_offload(shape: OffloadShape, server_args, device: str, page_size: int) -> None:
     """Refuse, naming the setting, what sparse offload cannot serve (yet)."""
     blocks = f"{SPARSE_OFFLOAD_BLOCKS_ENV}={shape.cache_blocks}"
-    if str(device).split(":")[0] != "cpu":
+    kind = str(device).split(":")[0]
+    if kind not in OFFLOAD_DEVICES or (kind == "cuda" and _is_rocm()):
         raise ValueError(
-            f"{blocks}: sparse offload runs on the CPU platform's torch path only so far (the CUDA "
-            f"path, pinned host store and fetch kernels, is not written); unset {SPARSE_OFFLOAD_BLOCKS_ENV} on {device}")
+            f"{blocks}: sparse offload runs on the CPU platform (torch path) and on NVIDIA CUDA (the MSA Triton path "
+            f"reading a page-locked host store, not verified on ROCm); unset {SPARSE_OFFLOAD_BLOCKS_ENV} on {device}")
     if page_size != shape.block_size:
         raise ValueError(
             f"{blocks} needs --page-size {shape.block_size} (the MSA block size): the host store is "
@@ -101,7 +113,8 @@ def check_sparse_offload(shape: OffloadShape, server_args, device: str, page_siz
     if (getattr(server_args, "pp_size", None) or 1) > 1:
         raise ValueError(f"{blocks} cannot run with --pp-size > 1 yet: stages would size different host stores")
     if (getattr(server_args, "speculative_eagle_topk", None) or 1) > 1:
-        raise ValueError(f"{blocks} serves speculative chains only: run with --speculative-eagle-topk 1")
+        raise ValueError(f"{blocks} serves speculative chains only (a draft tree's attention reads each draft "
+                         "from its pool slot, which lives in the host store): run with --speculative-eagle-topk 1")
     if shape.requests_per_round < 1:
         raise ValueError(
             f"{blocks} is smaller than one request's selection: {shape.max_query_tokens} query token(s) x "

@@ -68,12 +68,19 @@ def wrap_with_msa_backend(original, runner, full_attn_backend):
 
 
 def _sparse_backend(runner, spec):
-    """The offload backend where the pool offloads (``sglang_m3.cache.offload_pool``), else the device one."""
+    """The offload backend where the pool offloads (``sglang_m3.cache.offload_pool``): the Triton one
+    when its K/V move through device kernels (CUDA), the torch one otherwise; else the device one."""
     from sglang_m3.cache.offload_pool import M3SparseOffloadKVPool
-    from sglang_m3.msa.offload_backend import MSAOffloadTorchBackend
     from sglang_m3.msa.triton_backend import msa_backend_for
 
-    if isinstance(runner.token_to_kv_pool, M3SparseOffloadKVPool):
+    pool = runner.token_to_kv_pool
+    if isinstance(pool, M3SparseOffloadKVPool):
+        if pool.uses_kernels:
+            from sglang_m3.msa.offload_triton_backend import MSAOffloadTritonBackend
+
+            return MSAOffloadTritonBackend(runner, spec)
+        from sglang_m3.msa.offload_backend import MSAOffloadTorchBackend
+
         return MSAOffloadTorchBackend(runner, spec)
     return msa_backend_for(runner, spec)
 

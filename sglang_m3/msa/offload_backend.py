@@ -16,18 +16,12 @@ attention has run; a CUDA graph of a given batch size replays a fixed number of 
 Extend batches (prefill, chunked prefill) attend the host store directly: on the CPU platform it
 is the same memory. K/V writes go through the pool (host store + write-through to the cache).
 
-On CUDA (not written; the server refuses offload there) the same structure maps onto the Triton
-path: ``decode_select`` on the device index keys gives ``selected``; ``page_table[req, selected]``
-gives ``wanted`` (static length ``requests_per_round x pages_per_request``); :func:`plan_fetch` is
-already device-only torch (sort, gathers, scatters, no ``.item()``), so it can be captured; the copy
-becomes one gather kernel per layer reading the pinned host store through its UVA pointer and
-stopping at ``plan.misses`` (issued on a side stream so it can overlap the previous round's
-attention when that round's entries are protected too); attention is the existing
-``sparse_attention_kernel`` with ``k_cache``/``v_cache`` = the cache pages and ``page_table`` =
-:meth:`SparseBlockCache.entry_table` of the plan's page table; the host write of each new token
-(``set_kv_buffer``) must become a device-side store into pinned memory (no sync) next to the
-write-through. Prefill on the GPU also needs its K/V: per chunk, through the cache or a staging
-buffer, since the host store cannot be read by the prefill kernels directly at full speed.
+On CUDA the same structure runs on the Triton path: :mod:`sglang_m3.msa.offload_triton_backend`
+(``decode_select`` on the device index keys, ``page_table[req, selected]`` as the round's wanted
+pages, the same :func:`plan_fetch`, one gather kernel per round reading the pinned host store
+through its device address, the sparse attention kernel over the cache pages with the page table
+remapped to entries; writes are one kernel into the host store and the resident entries; extend
+batches read their pages through a staging buffer).
 
 This path computes exactly what :class:`MSATorchBackend` computes: the same selection functions
 on the same index keys, and the reference sparse attention over a key sequence whose selected
@@ -126,7 +120,12 @@ class MSAOffloadTorchBackend(MSATorchBackend):
 
 
 class OffloadCounterLog:
-    """Logs the block caches' totals every ``every`` decode / verify steps (reading the counters syncs)."""
+    """Logs the block caches' totals every ``every`` decode / verify steps (reading the counters syncs).
+
+    The torch path calls :meth:`step` after a step's fetches; the Triton path, whose steps may be
+    graph replays (no Python runs inside them), calls :meth:`before_step` out of the graph before
+    each one: reading the counters then waits for every step queued so far.
+    """
 
     def __init__(self, pool: M3SparseOffloadKVPool, every: int):
         self.pool = pool
@@ -135,10 +134,18 @@ class OffloadCounterLog:
 
     def step(self) -> None:
         self.steps += 1
-        if self.every and self.steps % self.every == 0:
+        self._maybe_log()
+
+    def before_step(self) -> None:
+        self._maybe_log()
+        self.steps += 1
+
+    def _maybe_log(self) -> None:
+        if self.every and self.steps and self.steps % self.every == 0:
             totals = self.pool.offload_counters()
             looked_up = totals["hits"] + totals["misses"]
             logger.info(
                 "M3 sparse offload after %d decode/verify steps: block-cache hits %d, misses %d (hit rate %.3f), "
-                "host->device %d bytes (%.0f per step)", self.steps, totals["hits"], totals["misses"],
-                totals["hits"] / looked_up if looked_up else 0.0, totals["h2d_bytes"], totals["h2d_bytes"] / self.steps)
+                "host->device %d bytes (%.0f per step); extend staging %d bytes", self.steps, totals["hits"],
+                totals["misses"], totals["hits"] / looked_up if looked_up else 0.0, totals["h2d_bytes"],
+                totals["h2d_bytes"] / self.steps, totals.get("staged_bytes", 0))

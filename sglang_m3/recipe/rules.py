@@ -430,10 +430,10 @@ def _check_sparse_offload(recipe: Recipe, profile: HardwareProfile) -> Iterator[
                      "sparse-offload needs the device block cache size; set cacheBlocks (blocks per "
                      "sparse layer, at least KV heads per rank x top-k blocks x query tokens per step)",
                      "offload.cache-blocks")
-    if profile.is_gpu:
+    if profile.vendor == "amd":
         yield _error("spec.hostOffload.mode",
-                     "sparse-offload is served on the CPU platform only so far: its CUDA path (pinned "
-                     "host store, fetch kernels) is not written; the server refuses it on GPUs",
+                     "sparse-offload is served on the CPU platform and on NVIDIA GPUs (the MSA Triton path "
+                     "reading a page-locked host store is not verified on ROCm); the server refuses it there",
                      "offload.sparse-gpu")
     if recipe.spec.parallelism.pp > 1:
         yield _error("spec.parallelism.pp", "sparse-offload runs with pp 1 only (the server refuses --pp-size > 1)",

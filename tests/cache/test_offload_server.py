@@ -12,10 +12,11 @@ it, and requests that do not fit together wait instead of failing.
 
 from __future__ import annotations
 
-import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from offload_helpers import counters as log_counters
+from offload_helpers import output_logprobs
 from server_harness import expect_start_refused, launch_cpu_server
 from transformers_oracle import random_prompt
 
@@ -42,10 +43,6 @@ def offload_server(tiny_m3_checkpoint, server_log_dir):
         yield server
 
 
-def output_logprobs(result) -> list[float]:
-    return [entry[0] for entry in result["meta_info"]["output_token_logprobs"]]
-
-
 def assert_same_answer(offloaded, on_device, label):
     assert output_ids(offloaded) == output_ids(on_device), f"greedy tokens of {label} differ with offload"
     diff = max(abs(a - b) for a, b in zip(output_logprobs(offloaded), output_logprobs(on_device)))
@@ -54,10 +51,7 @@ def assert_same_answer(offloaded, on_device, label):
 
 def counters(server) -> dict[str, int]:
     """The last block-cache totals the server logged (zeros before its first decode step)."""
-    lines = re.findall(r"M3 sparse offload after (\d+) decode/verify steps: block-cache hits (\d+), misses (\d+).*"
-                       r"host->device (\d+) bytes", open(server.log_path, encoding="utf-8").read())
-    steps, hits, misses, h2d = map(int, lines[-1]) if lines else (0, 0, 0, 0)
-    return {"steps": steps, "hits": hits, "misses": misses, "h2d_bytes": h2d}
+    return log_counters(open(server.log_path, encoding="utf-8").read())
 
 
 def test_long_prompt_through_a_small_block_cache_answers_as_on_the_device(offload_server, tiny_m3_server, tiny_m3_checkpoint):

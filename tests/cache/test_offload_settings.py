@@ -5,6 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from sglang_m3.cache.offload_settings import (
     SPARSE_OFFLOAD_BLOCKS_ENV,
@@ -44,12 +45,22 @@ def test_rounds_follow_one_requests_worst_case_selection():
     assert max_query_tokens(args(speculative_algorithm="EAGLE3", speculative_num_draft_tokens=4)) == 4
 
 
-def test_m3_geometry_on_the_cpu_platform_is_accepted():
-    check_sparse_offload(M3_SHAPE, args(), "cpu", 128)
+@pytest.mark.parametrize("device", ["cpu", "cuda", "cuda:0"])
+def test_m3_geometry_on_the_cpu_platform_and_cuda_is_accepted(device, monkeypatch):
+    monkeypatch.setattr(torch.version, "hip", None)
+    check_sparse_offload(M3_SHAPE, args(), device, 128)
+
+
+def test_rocm_and_other_devices_are_refused_by_name(monkeypatch):
+    monkeypatch.setattr(torch.version, "hip", "6.3")
+    for device in ("cuda", "xpu", "npu"):
+        with pytest.raises(ValueError, match=f"^{SPARSE_OFFLOAD_BLOCKS_ENV}=256: sparse offload runs on the CPU platform "
+                                             f".* and on NVIDIA CUDA .*unset {SPARSE_OFFLOAD_BLOCKS_ENV} on {device}"):
+            check_sparse_offload(M3_SHAPE, args(), device, 128)
 
 
 @pytest.mark.parametrize("device, page, server, message", [
-    ("cuda:0", 128, {}, "runs on the CPU platform's torch path only"),
+    ("cuda:0", 128, {"speculative_eagle_topk": 2}, "a draft tree's attention reads each draft"),
     ("cpu", 1, {}, "needs --page-size 128 \\(the MSA block size\\)"),
     ("cpu", 128, {"enable_hierarchical_cache": True}, "cannot be combined with --enable-hierarchical-cache"),
     ("cpu", 128, {"enable_hisparse": True}, "replaces --enable-hisparse"),

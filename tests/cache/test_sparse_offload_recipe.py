@@ -25,6 +25,8 @@ CPU = dict(spec__model={"path": "sglang-m3:tiny", "variant": "bf16"}, spec__hard
            spec__serving={"maxTotalTokens": 8192, "maxRunningRequests": 4})
 H200_TP8 = dict(spec__model={"path": "MiniMaxAI/MiniMax-M3", "variant": "bf16"}, spec__hardware={"profile": "h200"},
                 spec__parallelism={"tp": 8}, spec__contextLength=131072, spec__kvCache={"pageSize": 128})
+MI300X_TP8 = dict(spec__model={"path": "MiniMaxAI/MiniMax-M3", "variant": "mxfp8"}, spec__hardware={"profile": "mi300x"},
+                  spec__parallelism={"tp": 8, "ep": 8}, spec__contextLength=131072, spec__kvCache={"pageSize": 128})
 SPARSE_OFFLOAD = {"mode": "sparse-offload", "sizeGbPerRank": 1, "cacheBlocks": 16}
 
 
@@ -45,10 +47,14 @@ def test_sparse_offload_is_accepted_on_the_cpu_profile_and_renders_its_environme
     ({"mode": "sparse-offload", "cacheBlocks": 16}, CPU, ("offload.size", "spec.hostOffload.sizeGbPerRank")),
     ({"mode": "hierarchical-cache", "sizeGbPerRank": 1, "cacheBlocks": 16}, CPU,
      ("offload.mode-field", "spec.hostOffload.cacheBlocks")),
-    (SPARSE_OFFLOAD, H200_TP8, ("offload.sparse-gpu", "spec.hostOffload.mode")),
+    (SPARSE_OFFLOAD, MI300X_TP8, ("offload.sparse-gpu", "spec.hostOffload.mode")),
 ])
 def test_incomplete_or_unservable_sparse_offload_is_an_error(offload, profile, expected):
     assert expected in errors(**profile, spec__hostOffload=offload)
+
+
+def test_sparse_offload_is_accepted_on_nvidia_gpus():
+    assert not {rule for rule, _ in errors(**H200_TP8, spec__hostOffload=SPARSE_OFFLOAD)} & {"offload.sparse-gpu"}
 
 
 def test_fit_counts_the_host_store_and_the_block_caches_as_the_pool_allocates_them():

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from forward_batch_doubles import forward_batch_for
+from offload_helpers import PagedRequests
 
 from sglang_m3.cache.index_kv_pool import indexed_pool_class
 from sglang_m3.cache.offload_pool import offload_pool_class
@@ -38,25 +39,6 @@ def layer(layer_id):
                            scaling=D**-0.5, k_scale=None, v_scale=None)
 
 
-class PagedRequests:
-    """``req_to_token`` handing out shuffled whole pages, as SGLang's paged allocator does
-    (``slot % BLOCK == position % BLOCK``); request 1 starts with request 0's first pages."""
-
-    def __init__(self, shared_pages: int, generator):
-        self.free = (torch.randperm(SIZE // BLOCK - 1, generator=generator) + 1).tolist()  # page 0: padding
-        self.req_to_token = torch.zeros(3, 256, dtype=torch.int64)
-        self.lens = [0, 0, 0]
-        self.shared_pages = shared_pages
-
-    def grow(self, req: int, tokens: int) -> None:
-        for position in range(self.lens[req], self.lens[req] + tokens):
-            if position % BLOCK == 0:
-                shared = req == 1 and position < self.shared_pages * BLOCK
-                page = int(self.req_to_token[0, position]) // BLOCK if shared else self.free.pop()
-                self.req_to_token[req, position : position + BLOCK] = torch.arange(BLOCK) + page * BLOCK
-        self.lens[req] += tokens
-
-
 def run_both(backends, mode, paged, reqs, query_lens, generator):
     """One forward of every sparse layer through both backends; returns their outputs."""
     fb = forward_batch_for(mode, paged.req_to_token, torch.tensor(reqs), [paged.lens[r] for r in reqs], query_lens)
@@ -78,7 +60,7 @@ def test_decode_through_a_small_block_cache_equals_the_device_pool(cache_blocks,
     shape = OffloadShape(cache_blocks=cache_blocks, block_size=BLOCK, topk=TOPK, kv_heads=HKV, max_query_tokens=q_len)
     pools = {"device": make_pool(indexed_pool_class(SPEC, torch.float32)),
              "offload": make_pool(offload_pool_class(SPEC, torch.float32, shape))}
-    paged = PagedRequests(shared_pages=5, generator=generator)
+    paged = PagedRequests(SIZE, BLOCK, 256, shared_pages=5, generator=generator)
     runner = lambda pool: SimpleNamespace(req_to_token_pool=SimpleNamespace(req_to_token=paged.req_to_token), token_to_kv_pool=pool)
     backends = {"device": MSATorchBackend(runner(pools["device"]), SPEC),
                 "offload": MSAOffloadTorchBackend(runner(pools["offload"]), SPEC)}
