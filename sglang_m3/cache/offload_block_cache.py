@@ -67,7 +67,7 @@ class SparseBlockCache:
                 f"a fetch wants {int(plan.hits + plan.misses)} distinct pages, the block cache holds "
                 f"{self.num_entries}: the backend's rounds must keep within the cache")
         evicted = self.entry_page[plan.fill_entries]
-        self.page_entry[evicted] = -1
+        self.page_entry.index_fill_(0, evicted, -1)  # no host-staged value: graph capture safe
         self.page_entry[plan.fill_pages] = plan.fill_entries
         self.entry_page[plan.fill_entries] = plan.fill_pages
         self.entry_age[plan.used_entries] = self.clock

@@ -56,7 +56,9 @@ def plan_fetch(wanted: torch.Tensor, page_entry: torch.Tensor, entry_age: torch.
     hit = distinct & (resident >= 0)
     miss = distinct & (resident < 0)
     in_use = torch.zeros(scratch + 1, dtype=torch.bool, device=wanted.device)
-    in_use[torch.where(hit, resident, scratch)] = True
+    # index_fill_, not ``in_use[...] = True``: a Python value assigned through an index is staged
+    # from host memory, which CUDA graph capture refuses
+    in_use.index_fill_(0, torch.where(hit, resident, scratch), True)
     victims = torch.where(in_use[:scratch], _PROTECTED, entry_age[:scratch]).argsort(stable=True)
     rank = (torch.cumsum(miss, 0) - 1).clamp(0, scratch - 1)
     fill_entries = torch.where(miss, victims[rank], scratch)

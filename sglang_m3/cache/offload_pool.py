@@ -211,7 +211,13 @@ def host_store_tensor(shape, dtype: torch.dtype, page_locked: bool) -> torch.Ten
         from sglang.srt.mem_cache.pool_host.common import HostTensorAllocator, alloc_with_host_register
     except ImportError:  # another SGLang layout: torch's pinned allocator (rounds sizes up to powers of two)
         return torch.zeros(shape, dtype=dtype, pin_memory=True)
-    return alloc_with_host_register(tuple(shape), dtype, "cpu", True, HostTensorAllocator())
+    try:
+        return alloc_with_host_register(tuple(shape), dtype, "cpu", True, HostTensorAllocator())
+    except (RuntimeError, TypeError) as error:
+        # Seen on the H100 harness: cudaHostRegister answered 712 (already registered) for a fresh
+        # buffer, and SGLang's error message then failed to format (TypeError).
+        logger.warning("sparse offload: cudaHostRegister of the host store failed (%s); using torch's pinned allocator", error)
+        return torch.zeros(shape, dtype=dtype, pin_memory=True)
 
 
 def offload_pool_class(spec: M3TextSpec, model_dtype: torch.dtype, shape: OffloadShape) -> type[M3SparseOffloadKVPool]:
