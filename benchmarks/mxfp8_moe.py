@@ -47,8 +47,6 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-# This folder holds benchmarks/msa_kernels.py, which would shadow the kernels package: drop it.
-sys.path = [p for p in sys.path if os.path.abspath(p or ".") != HERE]
 sys.path[:0] = [os.path.join(ROOT, "kernels"), ROOT]
 
 import torch  # noqa: E402
