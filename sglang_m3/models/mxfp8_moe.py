@@ -2,9 +2,11 @@
 
 Hopper has no MX-scaled FP8 GEMM, so without this block the experts would be dequantized at load
 to bf16 (854 GB for the full model). Here they keep the checkpoint's bytes (about half) and run
-through the W8A16 Triton kernels of ``msa_kernels.triton_mxfp8_moe``: each weight tile widened to
-bf16 in registers, bf16 activations, fp32 accumulation. Decode reads the chosen experts' weights
-once per step, so halving those bytes is what makes it faster than the BF16 path.
+through the W8A16 Triton kernels of ``msa_kernels.triton_mxfp8_moe`` (bf16 activations, fp32
+accumulation; the path by token count: a GEMV without MMA for decode batches, an MMA core with
+e4m3 widened in registers beyond; that module's docstring has the measured crossovers). Decode
+reads the chosen experts' weights once per step, so halving those bytes is what makes it faster
+than the BF16 path.
 
 The router is the torch blocks' one (:mod:`sglang_m3.models.moe_routing`, routed scaling factor
 folded into the weights, as in :class:`sglang_m3.models.fused_moe.M3FusedMoeBlock`); the shared
