@@ -63,23 +63,29 @@ def test_m3_shapes_match_reference(shape, tokens):
     assert torch.equal(mxfp8_linear(x, w, s, tickets), got), "two runs differ"
 
 
-def test_split_k_captured_in_a_cuda_graph_and_replayed():
+def assert_split_k_graph_replays(tokens: int, weight_seed: int, replay_seeds):
+    """Capture one qkv_tp8 call at ``tokens`` tokens (the path its count takes), replay it on new
+    inputs: each replay matches the reference and leaves the split tickets at zero."""
     from msa_kernels.triton_mxfp8_linear import mxfp8_linear, ticket_count
 
-    w, s = weight(*SHAPES["qkv_tp8"], seed=1)
+    w, s = weight(*SHAPES["qkv_tp8"], seed=weight_seed)
     tickets = torch.zeros(ticket_count(w.shape[0]), dtype=torch.int32, device="cuda")
-    x = torch.randn(2, w.shape[1], device="cuda").to(torch.bfloat16)
+    x = torch.randn(tokens, w.shape[1], device="cuda").to(torch.bfloat16)
     mxfp8_linear(x, w, s, tickets)  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = mxfp8_linear(x, w, s, tickets)
-    for seed in (2, 3):
+    for seed in replay_seeds:
         x.copy_(torch.randn(x.shape, generator=torch.Generator(device="cuda").manual_seed(seed), device="cuda").to(torch.bfloat16))
         graph.replay()
         torch.cuda.synchronize()
         assert_close(out, reference(x, w, s))
         assert torch.count_nonzero(tickets).item() == 0
+
+
+def test_split_k_captured_in_a_cuda_graph_and_replayed():
+    assert_split_k_graph_replays(2, weight_seed=1, replay_seeds=(2, 3))
 
 
 # ---------------------------------------------------------------- the GEMV (msa_kernels.mxfp8_gemv)
@@ -102,20 +108,7 @@ def test_gemv_m3_shapes_match_reference(shape, tokens):
 
 @pytest.mark.parametrize("tokens", [1, 4])
 def test_gemv_split_k_captured_in_a_cuda_graph_and_replayed(tokens):
-    from msa_kernels.triton_mxfp8_linear import linear_path, mxfp8_linear, ticket_count
+    from msa_kernels.triton_mxfp8_linear import linear_path
 
     assert linear_path(tokens) == "gemv"
-    w, s = weight(*SHAPES["qkv_tp8"], seed=4)
-    tickets = torch.zeros(ticket_count(w.shape[0]), dtype=torch.int32, device="cuda")
-    x = torch.randn(tokens, w.shape[1], device="cuda").to(torch.bfloat16)
-    mxfp8_linear(x, w, s, tickets)  # compile outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = mxfp8_linear(x, w, s, tickets)
-    for seed in (5, 6):
-        x.copy_(torch.randn(x.shape, generator=torch.Generator(device="cuda").manual_seed(seed), device="cuda").to(torch.bfloat16))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert_close(out, reference(x, w, s))
-        assert torch.count_nonzero(tickets).item() == 0
+    assert_split_k_graph_replays(tokens, weight_seed=4, replay_seeds=(5, 6))

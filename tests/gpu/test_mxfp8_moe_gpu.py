@@ -108,24 +108,29 @@ def test_core_paths_rows_of_any_magnitude(experts, path):
         assert_close(got[row : row + 1], want[row : row + 1])
 
 
-@pytest.mark.parametrize("tokens", [1, 16, 64])
-def test_captured_in_a_cuda_graph_and_replayed_on_new_routing(experts, tokens):
+def assert_graph_replays_new_routing(experts, tokens: int, capture_seed: int, replay_seed: int, path=None):
+    """Capture one call at ``tokens`` tokens, then replay it on two new routings against the reference."""
     from msa_kernels.triton_mxfp8_moe import mxfp8_fused_experts
 
-    x, ids, weights = routing(tokens, seed=100 + tokens)
-    mxfp8_fused_experts(x, *experts, weights, ids, ALPHA, LIMIT)  # compile outside the capture
+    x, ids, weights = routing(tokens, seed=capture_seed)
+    mxfp8_fused_experts(x, *experts, weights, ids, ALPHA, LIMIT, path=path)  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = mxfp8_fused_experts(x, *experts, weights, ids, ALPHA, LIMIT)
+        out = mxfp8_fused_experts(x, *experts, weights, ids, ALPHA, LIMIT, path=path)
     for seed in (1, 2):
-        new_x, new_ids, new_weights = routing(tokens, seed=200 + 10 * tokens + seed)
+        new_x, new_ids, new_weights = routing(tokens, seed=replay_seed + seed)
         x.copy_(new_x)
         ids.copy_(new_ids)
         weights.copy_(new_weights)
         graph.replay()
         torch.cuda.synchronize()
         assert_close(out, reference(new_x, new_ids, new_weights, experts))
+
+
+@pytest.mark.parametrize("tokens", [1, 16, 64])
+def test_captured_in_a_cuda_graph_and_replayed_on_new_routing(experts, tokens):
+    assert_graph_replays_new_routing(experts, tokens, 100 + tokens, 200 + 10 * tokens)
 
 
 def test_expert_parallel_half_matches_reference(experts):
@@ -229,22 +234,7 @@ def test_gemv_is_the_decode_path():
 
 @pytest.mark.parametrize("tokens", [1, 4, 8])
 def test_gemv_captured_in_a_cuda_graph_and_replayed_on_new_routing(experts, tokens):
-    from msa_kernels.triton_mxfp8_moe import mxfp8_fused_experts
-
-    x, ids, weights = routing(tokens, seed=400 + tokens)
-    mxfp8_fused_experts(x, *experts, weights, ids, ALPHA, LIMIT, path="gemv")  # compile outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = mxfp8_fused_experts(x, *experts, weights, ids, ALPHA, LIMIT, path="gemv")
-    for seed in (1, 2):
-        new_x, new_ids, new_weights = routing(tokens, seed=500 + 10 * tokens + seed)
-        x.copy_(new_x)
-        ids.copy_(new_ids)
-        weights.copy_(new_weights)
-        graph.replay()
-        torch.cuda.synchronize()
-        assert_close(out, reference(new_x, new_ids, new_weights, experts))
+    assert_graph_replays_new_routing(experts, tokens, 400 + tokens, 500 + 10 * tokens, path="gemv")
 
 
 def test_gemv_rows_of_any_magnitude(experts):
