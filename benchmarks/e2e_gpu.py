@@ -34,6 +34,9 @@ from midsize_m3 import midsize_text_config, write_midsize_checkpoint  # noqa: E4
 from serving_client import random_prompt, run_group, stream_generate  # noqa: E402
 from trace_summary import kernel_summary, load_events  # noqa: E402
 
+sys.path.append(os.path.join(os.path.dirname(__file__), "..", "tests"))
+from server_harness import free_port  # noqa: E402  (the tests' port choice, race-free on two GPUs)
+
 IMPLS = ("ours", "upstream")
 TTFT_PROMPTS = (8192, 32768, 131072)
 THROUGHPUT_PROMPT, THROUGHPUT_OUTPUT, THROUGHPUT_CONCURRENCY = 2048, 256, (1, 16, 64)
@@ -55,6 +58,9 @@ def server_args(model_dir: str, port: int, tp: int, ep: int) -> list[str]:
         # Prefill graphs up to 2,048 tokens (SGLang's default is 8,192): longer chunks run eagerly
         # either way at these sizes, and upstream's capture of the larger sizes took 137 s.
         "--cuda-graph-max-bs-prefill", "2048",
+        # SGLang's custom all-reduce is a compiled sgl_kernel op the harness's stand-in lacks (a
+        # stock GPU node has it): both servers all-reduce through NCCL on more than one GPU.
+        *(("--disable-custom-all-reduce",) if tp > 1 else ()),
     ]
 
 
@@ -119,14 +125,6 @@ class PeakGpuMemory:
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join()
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start_server(impl: str, model_dir: str, out_dir: str, tp: int, ep: int, extra_args: tuple[str, ...] = (), label: str = "",

@@ -401,12 +401,14 @@ def markdown(result: dict) -> str:
 
 def write(result: dict, out_dir: str) -> str:
     from e2e_gpu_report import gpu_key
+    from offload_gpu_plot import plot
 
     path = os.path.join(out_dir, f"offload_gpu_{gpu_key(result['gpu'])}.json")
     with open(path, "w", encoding="utf-8") as handle:
         json.dump(summarize(result), handle, indent=2)
     with open(path[:-5] + ".md", "w", encoding="utf-8") as handle:
         handle.write(markdown(result))
+    plot(result, path[:-5] + ".png")
     return path
 
 

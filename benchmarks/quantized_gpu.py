@@ -10,11 +10,13 @@ and start-up time.
 
 The MoE layer's own decode time (``moe_layer_decode_us_c1``) comes from ``benchmarks/mxfp8_moe.py``
 run in the same device call (``--moe-layer-json``: its T=1 row, both paths on identical inputs),
-and the tiny-model exactness fields from the served GPU test's record (``--tiny-json``, written by
-``tests/gpu/test_mxfp8_moe_gpu.py`` under ``$OUT``); a field whose source was not given is null.
+and the tiny-model exactness fields from the served GPU tests' records (``--tiny-json``, once per
+record ``tests/gpu/test_mxfp8_moe_gpu.py`` wrote under ``$OUT``: bf16 and fp32); a field whose
+source was not given is null.
 
     scripts/gpu/run.sh exec python benchmarks/quantized_gpu.py --out $OUT \
-        [--moe-layer-json $OUT/mxfp8_moe_h100.json] [--tiny-json $OUT/mxfp8_served_tiny.json]
+        [--moe-layer-json $OUT/mxfp8_moe_h100.json] \
+        [--tiny-json $OUT/mxfp8_served_tiny.json --tiny-json $OUT/mxfp8_served_tiny_fp32.json]
 """
 
 from __future__ import annotations
@@ -90,11 +92,18 @@ def moe_layer_row(path: str | None) -> dict | None:
     return {"bf16": row["bf16_us"], "mxfp8": row["mxfp8_us"]} if row else None
 
 
-def tiny_record(path: str | None) -> dict:
-    if not path:
+def tiny_record(paths: list[str] | None) -> dict:
+    """The tiny-model exactness fields: those of the fp32 record when given (W8A32 against the fp32
+    twin, where greedy tokens must be identical), else of the one given; every record also under
+    ``tiny_by_dtype``, so the bf16 record's logprob drift stays reported beside the fp32 result."""
+    if not paths:
         return {"greedy_identical_to_dequantized": None, "logprob_max_diff": None}
-    with open(path, encoding="utf-8") as handle:
-        return json.load(handle)
+    records = {}
+    for path in paths:
+        with open(path, encoding="utf-8") as handle:
+            record = json.load(handle)
+        records[record["dtype"]] = record
+    return {**records.get("float32", next(iter(records.values()))), "tiny_by_dtype": records}
 
 
 def main(argv=None) -> int:
@@ -102,7 +111,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", required=True, help="folder for the result JSON and the server logs")
     parser.add_argument("--variant", choices=VARIANTS, action="append", help="servers to run (default: both)")
     parser.add_argument("--moe-layer-json", help="benchmarks/mxfp8_moe.py's result of the same call")
-    parser.add_argument("--tiny-json", help="the served tiny-model comparison the GPU test wrote")
+    parser.add_argument("--tiny-json", action="append", help="a served tiny-model record the GPU tests wrote (repeat for bf16 and fp32)")
     parser.add_argument("--quick", action="store_true", help="64 output tokens per timed request")
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)

@@ -3,4 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# Imports write their bytecode cache (scripts/setup.sh says why); the tests' servers need it.
+unset PYTHONDONTWRITEBYTECODE
 exec .venv/bin/python -m pytest "$@"

@@ -1,8 +1,8 @@
 """Shared fixtures: tiny M3 checkpoints and real SGLang servers on the CPU platform.
 
-Servers are session-scoped and started on first use, because each start costs about a minute
-on a 2-core machine. Tests that need their own server flags use ``launch_cpu_server`` from
-``server_harness`` directly.
+Servers are session-scoped and started on first use, because each start costs minutes on a
+2-core machine (``server_harness`` forks them from a warm interpreter to spare SGLang's imports).
+Tests that need their own server flags use ``launch_cpu_server`` from ``server_harness`` directly.
 """
 
 from __future__ import annotations
@@ -22,7 +22,35 @@ if not torch.cuda.is_available():
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from server_harness import TINY_PREFILL_CHUNK, launch_cpu_server  # noqa: E402
+from server_harness import (  # noqa: E402
+    TINY_PREFILL_CHUNK,
+    cpu_recipe_environment,
+    launch_cpu_server,
+    server_environment,
+    start_zygote,
+)
+
+
+def pytest_collection_modifyitems(items):
+    """Tests that start no server run first (the order is otherwise kept): they fail fast, and their
+    time overlaps the server zygote's imports."""
+    items.sort(key=lambda item: item.get_closest_marker("server") is not None)
+
+
+def pytest_collection_finish(session):
+    """Servers fork from a warm interpreter (``server_zygote``), one per import-time environment:
+    start those the collected tests need now, so that their imports run beside the tests that
+    need no server. Modules that start servers without ``TRITON_INTERPRET`` import
+    ``launch_without_interpreter``; those that serve recipes import ``serve_tiny_recipe``."""
+    server_modules = {getattr(item, "module", None) for item in session.items if item.get_closest_marker("server")} - {None}
+    if server_modules:
+        start_zygote(server_environment())
+    if any(hasattr(module, "launch_without_interpreter") for module in server_modules):
+        from tests.speculative.no_interpreter import environment_without_interpreter
+
+        start_zygote(environment_without_interpreter())
+    if any(hasattr(module, "serve_tiny_recipe") for module in server_modules):
+        start_zygote(cpu_recipe_environment())
 
 
 @pytest.fixture(scope="session")

@@ -80,6 +80,8 @@ def test_fields_are_filled_from_what_ran_and_runs_merge(tmp_path):
     assert merged["context_512k_served"] is True and merged["greedy_identical"] is True
     path = offload_gpu.write(merged, str(tmp_path))
     assert os.path.basename(path) == "offload_gpu_h100.json"
+    with open(path[:-5] + ".png", "rb") as figure:
+        assert figure.read(8) == b"\x89PNG\r\n\x1a\n"
     report = open(path[:-5] + ".md", encoding="utf-8").read()
     assert "| max_concurrent_128k (offload / no offload) | 6 / 2 (3.00x) | >= 3x |" in report
     assert "| tpot_ms_128k_c8 (offload / GPU only) | 6.00 / 5.00 (1.20x) | <= 1.5x |" in report and "one rank" in report

@@ -119,7 +119,7 @@ def test_sglang_discovery_keeps_the_plugin_under_another_platform(standin_site):
     env = {key: value for key, value in os.environ.items()
            if key not in ("SGLANG_EXTERNAL_MODEL_PACKAGE", "SGLANG_PLUGINS")}  # both would mask a lost plugin
     run = subprocess.run([sys.executable, "-c", DISCOVERY_SCRIPT], capture_output=True, text=True,
-                         env={**env, **env_with(standin_site)}, timeout=300)
+                         env={**env, **env_with(standin_site)}, timeout=1800)
     assert run.returncode == 0, run.stderr[-4000:]
     found = json.loads(run.stdout.strip().splitlines()[-1])
 
@@ -140,8 +140,10 @@ def test_sglang_discovery_keeps_the_plugin_under_another_platform(standin_site):
 
 @pytest.mark.server
 def test_server_under_another_platform_serves_the_project_classes(standin_site, tiny_m3_checkpoint, server_log_dir):
-    with launch_cpu_server(tiny_m3_checkpoint, server_log_dir, env=env_with(standin_site)) as server:
-        reply = requests.post(f"{server.base_url}/generate", timeout=120, json={
+    # Cold: plugin discovery in fresh interpreters (the launcher and the processes SGLang spawns) is
+    # what this checks, and a forked server would inherit it.
+    with launch_cpu_server(tiny_m3_checkpoint, server_log_dir, env=env_with(standin_site), cold=True) as server:
+        reply = requests.post(f"{server.base_url}/generate", timeout=900, json={
             "text": "Hello", "sampling_params": {"max_new_tokens": 4, "temperature": 0},
         })
         assert reply.status_code == 200, reply.text

@@ -12,7 +12,7 @@ import time
 
 import openai
 import pytest
-from server_harness import free_port
+from server_harness import IMPORTING_TIMEOUT_S, free_port
 
 from sglang_m3.tiny.checkpoint import BUILD_FORMAT
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.server
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_serve(args, cache_dir, timeout_s=600):
+def run_serve(args, cache_dir, timeout_s=IMPORTING_TIMEOUT_S):
     """Start ``sglang-m3 serve ARGS``; return (process, base_url) once it printed its usage."""
     env = {**os.environ, "SGLANG_M3_CACHE": cache_dir, "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(

@@ -1,5 +1,5 @@
 """The W8A16 MXFP8 GEMM core shared by the MoE experts and the dense linears: few-token GEMMs
-whose e4m3 weights go to the tensor cores as they are.
+whose e4m3 weights go to the tensor cores as they are (and its W8A32 form for fp32 models).
 
 Decode is bound by reading the weights, and a Hopper SM has only a few instructions per weight
 byte to spare at full HBM bandwidth (about 9 per element and lane on an H100). Widening each
@@ -32,9 +32,11 @@ a 16-token tile does not pad the weight side. Callers launch it with fewer than 
 program, so the dots compile to ``mma.sync``: a wgmma here is waited for in every group before
 its partial sums can be scaled, which measured slower than widening every weight to bf16. The
 same loop can run its dots in bf16 instead (``DOT_DTYPE``), for callers to which a prescale
-launch costs more than one more instruction per weight element (the dense linears).
-:func:`dequantize` is the conversion alone, for the GEMMs that are bound by FLOPs rather than
-bytes.
+launch costs more than one more instruction per weight element (the dense linears), or in fp32
+for fp32 activations (an fp32 model: IEEE fp32 dots through :func:`exact_dot`, no TF32, so the
+result is the fp32 GEMM of the dequantized weights up to summation order; Triton runs such dots on
+the FMA pipe, which only an exactness run pays for). :func:`dequantize` is the conversion alone,
+for the GEMMs that are bound by FLOPs rather than bytes.
 """
 
 from __future__ import annotations
@@ -72,6 +74,17 @@ def group_factors(words, g: tl.constexpr):
 
 
 @triton.jit
+def exact_dot(a, b, acc):
+    """``tl.dot(a, b, acc)``; fp32 operands in IEEE fp32 (Triton's default is TF32, which rounds them
+    to 10 mantissa bits: the W8A32 paths must equal an fp32 GEMM up to summation order), 16-bit
+    operands as ``tl.dot`` runs them by default."""
+    if a.dtype == tl.float32:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc)
+
+
+@triton.jit
 def mx_gemm_rows(
     w_ptr, words_ptr, rows, row_ok, stride_wn, stride_sn,
     x_ptr, x_rows, x_ok, stride_xm, K,
@@ -84,8 +97,9 @@ def mx_gemm_rows(
     stride ``stride_xm``); rows outside ``row_ok`` / ``x_ok`` read as zeros. ``K`` is a multiple of
     ``32 * GROUPS``. ``DOT_DTYPE`` fp16 (prescaled activations, one conversion per weight pair) or
     bf16 (activations as they are, exact too: every e4m3 value is a bf16 value; the weights'
-    conversion then costs one more instruction per element, an ``f16 -> bf16`` step); fp32 under
-    the Triton interpreter, which mis-evaluates bf16 (every operand is exact in fp32 as well).
+    conversion then costs one more instruction per element, an ``f16 -> bf16`` step); fp32 for
+    fp32 activations (IEEE dots, :func:`exact_dot`) and under the Triton interpreter, which
+    mis-evaluates bf16 (every operand is exact in fp32 as well).
     """
     ks = tl.arange(0, 32)
     w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_wn + ks[None, :]
@@ -99,7 +113,7 @@ def mx_gemm_rows(
         for g in tl.static_range(GROUPS):
             xt = tl.trans(tl.load(x_ptrs + g * 32, mask=x_ok[:, None], other=0.0)).to(DOT_DTYPE)
             w = tl.load(w_ptrs + g * 32, mask=row_ok[:, None], other=0.0)
-            acc += tl.dot(w.to(DOT_DTYPE), xt) * group_factors(words, g)[:, None]
+            acc += exact_dot(w.to(DOT_DTYPE), xt, None) * group_factors(words, g)[:, None]
         w_ptrs += STEP
         x_ptrs += STEP
         words = next_words

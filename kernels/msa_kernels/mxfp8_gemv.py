@@ -1,5 +1,5 @@
-"""W8A16 MXFP8 GEMVs for decode-sized batches: the MoE experts and the dense linears without
-``tl.dot``.
+"""W8A16 (and W8A32) MXFP8 GEMVs for decode-sized batches: the MoE experts and the dense linears
+without ``tl.dot``.
 
 At one to a few tokens a step reads each chosen weight once and does two FLOPs per weight byte:
 the time is the bytes over HBM bandwidth (M3's four experts at TP1, 226 MB of e4m3 plus 7 MB of
@@ -32,18 +32,19 @@ and ``benchmarks/mxfp8_linear.py --sweep-gemv`` time the tile candidates; :data:
 and :func:`linear_gemv_tile` hold the H100 winners.
 
 Kernels (each result equals an fp32 GEMM of the exact dequantized weights up to fp32 summation
-order, then one rounding):
+order, then one rounding to the output's dtype):
 
 - :func:`moe_gate_up_kernel`: one program per (token, slot) pair and ``BLOCK_N`` intermediate
   columns; it streams that expert's gate rows and the matching up rows (``w13[e, c]`` and
-  ``w13[e, inter + c]``) as one ``2 * BLOCK_N``-row tile and stores ``act(gate, up)`` (bf16) of
-  the pair. Pairs routed to an expert not held here (expert parallelism) return at once.
+  ``w13[e, inter + c]``) as one ``2 * BLOCK_N``-row tile and stores ``act(gate, up)`` of the pair
+  (:func:`act_dtype`). Pairs routed to an expert not held here (expert parallelism) return at once.
 - :func:`moe_down_kernel`: one program per token and ``BLOCK_N`` hidden columns owns all of the
   token's top-k pairs: a ``[top_k, BLOCK_N]``-row tile of ``w2`` rows of the k experts against the
   k activation rows, each pair's sums times its routed weight, summed over the pairs in registers
-  and stored once as bf16. So the combine over top-k needs no float atomics and no extra launch,
-  and each weight row is read once per token (pairs of different tokens that share an expert read
-  it again, from L2 at these token counts). Not-held pairs are masked (no bytes read).
+  and stored once in the activations' dtype. So the combine over top-k needs no float atomics and
+  no extra launch, and each weight row is read once per token (pairs of different tokens that
+  share an expert read it again, from L2 at these token counts). Not-held pairs are masked (no
+  bytes read).
 - :func:`linear_kernel`: the dense linear ``y = x @ dequant(w).T`` for up to ``BLOCK_T`` tokens per
   program (each weight tile converted once, multiplied with every token's row), K split like
   ``triton_mxfp8_linear``'s GEMM when the row tiles alone are too few programs (the last split of a
@@ -55,6 +56,12 @@ parallel slices) would leave SMs idle. Grids depend on the token count only and 
 the host, so the calls can be captured in CUDA graphs. Under the Triton interpreter (CPU tests)
 the inline PTX cannot run: the words' bytes go through Triton's own fp8 conversion instead
 (``ASM=False``), with the same data flow around it.
+
+Activations are bf16 or fp16 (W8A16: the output in their dtype, the MoE's activation between the
+GEMVs bf16) or fp32 (W8A32, an fp32 model: every intermediate and the output fp32, so the result
+is the fp32 GEMM of the dequantized weights up to summation order). fp32 activations take Triton's
+own e4m3 -> fp32 conversion (``ASM=False``) on CUDA too (:func:`uses_asm`): exact like the paired
+conversion, and off the path whose instruction budget the tiles were tuned for.
 """
 
 from __future__ import annotations
@@ -68,10 +75,6 @@ import triton.language as tl
 
 from msa_kernels.mxfp8_gemm import scale_words, store_split
 from msa_kernels.triton_cast import round_cast
-
-#: dtype of the MoE activation between the two GEMVs (the down GEMV reads it from L2 once per
-#: hidden tile: bf16 halves those bytes; its rounding is the bf16 core path's)
-ACT_DTYPE = torch.bfloat16
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,20 @@ LINEAR_BLOCK_T = 4
 MIN_PROGRAMS_PER_SM = 4
 #: narrowest gate/up tile (rows per program) :func:`moe_config` goes down to
 MIN_BLOCK_N = 4
+
+
+def act_dtype(x_dtype: torch.dtype) -> torch.dtype:
+    """dtype of the MoE activation between the two GEMVs for activations ``x_dtype``: bf16 for 16-bit
+    ones (the down GEMV reads it from L2 once per hidden tile: bf16 halves those bytes; its
+    rounding is the bf16 core path's), fp32 for fp32 ones (W8A32 rounds nothing in between)."""
+    return torch.float32 if x_dtype == torch.float32 else torch.bfloat16
+
+
+def uses_asm(x: torch.Tensor) -> bool:
+    """Whether the GEMVs convert e4m3 with the inline-PTX pairs (:func:`e4m3_words_to_f32`): on CUDA
+    for 16-bit activations (the decode fast path); fp32 activations and the interpreter take
+    Triton's own e4m3 -> fp32 conversion."""
+    return x.is_cuda and x.dtype != torch.float32
 
 
 @lru_cache(maxsize=None)
@@ -300,7 +317,7 @@ def moe_down_kernel(
 ):
     """``out[t, c] = sum_j weights[t, j] * (act[t * TOP_K + j] . w2[e_j, c])`` over token
     ``program_id(0)``'s held pairs ``j`` (``SLOTS``: ``TOP_K`` rounded up to a power of two) for
-    ``BLOCK_N`` hidden columns ``c``, summed in fp32 and rounded once to bf16."""
+    ``BLOCK_N`` hidden columns ``c``, summed in fp32 and rounded once to ``out``'s dtype."""
     token = tl.program_id(0)
     slots = tl.arange(0, SLOTS)
     pairs = token * TOP_K + tl.minimum(slots, TOP_K - 1)
@@ -315,7 +332,7 @@ def moe_down_kernel(
     x_ptrs = _x_pointers(act_ptr, pairs, stride_am, GROUPS)
     sums = _stream(w_ptrs, s_ptrs, x_ptrs, K, held[:, None], held[:, None, None], SLOTS, SLOTS, SLOTS, BLOCK_N, GROUPS, ASM)
     out = tl.sum(tl.sum(sums, axis=2) * routed[:, None], axis=0)
-    tl.store(out_ptr + token.to(tl.int64) * stride_om + cols, round_cast(out, tl.bfloat16), mask=cols < hidden)
+    tl.store(out_ptr + token.to(tl.int64) * stride_om + cols, round_cast(out, out_ptr.dtype.element_ty), mask=cols < hidden)
 
 
 def moe_gemv(
@@ -332,18 +349,18 @@ def moe_gemv(
     config: MoeGemvConfig | None = None,
 ) -> torch.Tensor:
     """``triton_mxfp8_moe.mxfp8_fused_experts`` on the GEMV path (two launches), same arguments
-    and result (bf16 ``[T, H]``), which that function has checked; ``topk_ids`` contiguous,
-    ``topk_weights`` fp32 contiguous. ``config`` overrides :func:`moe_config`."""
+    and result (``[T, H]`` in ``x``'s dtype), which that function has checked; ``topk_ids``
+    contiguous, ``topk_weights`` fp32 contiguous. ``config`` overrides :func:`moe_config`."""
     tokens, hidden = x.shape
     experts, inter = w13.shape[0], w13.shape[1] // 2
     top_k = topk_ids.shape[1]
-    out = torch.empty((tokens, hidden), dtype=torch.bfloat16, device=x.device)
+    out = torch.empty((tokens, hidden), dtype=x.dtype, device=x.device)
     if tokens == 0:
         return out
     # (the interpreter tests run the table's tiles: narrower ones would only cost them time)
     config = config or moe_config(tokens, top_k, inter, sm_count(x.device) if x.is_cuda else 0)
-    asm = x.is_cuda
-    act = torch.empty((tokens * top_k, inter), dtype=ACT_DTYPE, device=x.device)
+    asm = uses_asm(x)
+    act = torch.empty((tokens * top_k, inter), dtype=act_dtype(x.dtype), device=x.device)
     words13 = w13.view(torch.int32)
     w13_scales, groups = scale_words(w13_scale, config.gate_up.block_k)
     tile = config.gate_up

@@ -1,5 +1,5 @@
 """Dense linears with MXFP8 weights and bf16 activations (W8A16) in Triton, for Hopper:
-``y = x @ dequant(w).T``.
+``y = x @ dequant(w).T``; fp16 and fp32 activations too (fp32: W8A32, for fp32 models).
 
 The weight is the checkpoint's: e4m3 ``[N, K]`` with uint8 e8m0 scales ``[N, K/32]``, scale byte
 ``b`` meaning ``2 ** (b - 127)`` for 32 consecutive elements along K. :func:`mxfp8_linear` runs one
@@ -24,7 +24,11 @@ of three ways by the token count (:data:`PATHS`):
   which cuBLAS does best, and the dequantization is a small share.
 
 Both are exact up to fp32 summation order and the output rounding (every e4m3 value times its
-power-of-two scale is a bf16 value).
+power-of-two scale is a bf16 value). fp32 activations stay fp32 throughout: the GEMV converts e4m3
+with Triton's own e4m3 -> fp32 conversion (``mxfp8_gemv.uses_asm``), the core's dots run in IEEE
+fp32 (``mxfp8_gemm.exact_dot``, no TF32) and the output is fp32, so the result is the fp32 GEMM of
+the dequantized weight up to summation order (the dequantize path's ``torch.matmul`` runs in the
+process's fp32 matmul precision, as a plain fp32 linear does: SGLang leaves TF32 off unless asked).
 """
 
 from __future__ import annotations
@@ -37,6 +41,9 @@ from msa_kernels import mxfp8_gemv
 from msa_kernels.mxfp8_gemm import GROUP, dequantize, mx_gemm_rows, scale_words, store_split
 from msa_kernels.mxfp8_gemv import sm_count
 
+#: activation dtypes and the core's dot dtype for each on CUDA (under the interpreter, which
+#: mis-evaluates bf16, the dots run in fp32: every operand is exact in fp32 as well)
+DOT_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 #: largest token count served by the W8A16 kernels; more go through dequantize + matmul
 GEMM_MAX_TOKENS = 128
 #: largest token count served by the GEMV (``mxfp8_gemv.linear_kernel``), the MMA core beyond: a
@@ -111,15 +118,15 @@ def mxfp8_linear(
 ) -> torch.Tensor:
     """``x @ dequant(weight, scales).T`` in ``x``'s dtype, shape ``[*x.shape[:-1], N]``.
 
-    ``x [..., K]`` bf16 or fp16 with unit stride along K; ``weight [N, K]`` float8_e4m3fn and
-    ``scales [N, K/32]`` uint8, both contiguous. ``tickets``: int32 zeros, at least
-    :func:`ticket_count` of them, kept by the caller across calls (the kernels leave them at zero;
-    allocated per call when None). ``splits`` overrides the K split (tests), ``path`` (one of
+    ``x [..., K]`` bf16, fp16 or fp32 (:data:`DOT_DTYPES`) with unit stride along K; ``weight
+    [N, K]`` float8_e4m3fn and ``scales [N, K/32]`` uint8, both contiguous. ``tickets``: int32
+    zeros, at least :func:`ticket_count` of them, kept by the caller across calls (the kernels
+    leave them at zero; allocated per call when None). ``splits`` overrides the K split (tests), ``path`` (one of
     :data:`PATHS`) the choice by token count (:func:`linear_path`; benchmarks), ``gemv_tile``
     ``mxfp8_gemv.linear_gemv_tile`` (benchmark sweeps).
     """
-    if x.dtype not in (torch.bfloat16, torch.float16) or x.shape[-1] != weight.shape[-1] or x.stride(-1) != 1:
-        raise ValueError(f"x must be [..., {weight.shape[-1]}] bf16/fp16 with unit stride along K, got {tuple(x.shape)} {x.dtype}")
+    if x.dtype not in DOT_DTYPES or x.shape[-1] != weight.shape[-1] or x.stride(-1) != 1:
+        raise ValueError(f"x must be [..., {weight.shape[-1]}] bf16/fp16/fp32 with unit stride along K, got {tuple(x.shape)} {x.dtype}")
     if weight.dtype != torch.float8_e4m3fn or scales.dtype != torch.uint8 or weight.dim() != 2:
         raise ValueError(f"weight must be float8_e4m3fn [N, K] with uint8 scales, got {weight.dtype} {scales.dtype}")
     rows, cols = weight.shape
@@ -161,10 +168,10 @@ def mxfp8_linear(
             x2, w_words, words, y, partials, tickets,
             tokens, rows, cols, per_split, splits,
             x2.stride(0), w_words.stride(0), words.stride(0), y.stride(0),
-            BLOCK_T=block_m, BLOCK_N=block_n, GROUPS=groups, ASM=x.is_cuda, num_warps=tile.num_warps,
+            BLOCK_T=block_m, BLOCK_N=block_n, GROUPS=groups, ASM=mxfp8_gemv.uses_asm(x), num_warps=tile.num_warps,
         )
         return y.reshape(*lead, rows)
-    dot_dtype = (tl.bfloat16 if x.dtype == torch.bfloat16 else tl.float16) if x.is_cuda else tl.float32
+    dot_dtype = DOT_DTYPES[x.dtype] if x.is_cuda else tl.float32
     linear_kernel[(m_tiles, splits, n_tiles)](
         x2, weight, words, y, partials, tickets,
         tokens, rows, cols, per_split, splits,

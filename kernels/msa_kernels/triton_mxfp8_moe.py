@@ -1,4 +1,5 @@
-"""MoE experts with MXFP8 weights and bf16 activations (W8A16) in Triton, for Hopper.
+"""MoE experts with MXFP8 weights and bf16 activations (W8A16) in Triton, for Hopper; fp32
+activations (W8A32) for fp32 models.
 
 Hopper has no MX-scaled FP8 GEMM (that is Blackwell's ``tcgen05``), but decode is bound by
 reading the expert weights, not by FLOPs: keeping them as e4m3 (1 byte) plus one e8m0 byte per 32
@@ -22,13 +23,15 @@ captured in a CUDA graph (the GEMV path, below, is two such launches):
    row prescaled to fp16 (``mxfp8_gemm.prescale_row``).
 2. gate/up GEMM with the activation in its epilogue: each program owns ``BLOCK_N`` intermediate
    columns of one block, accumulates the gate and the up rows side by side and stores
-   ``act(gate, up)`` by block row (bf16; fp32 on the fp16 path, whose next launch prescales each
-   activation row to fp16 as step 1 did the tokens: ``mxfp8_gemm.prescale_rows``).
+   ``act(gate, up)`` by block row (in the activations' dtype; fp32 on the fp16 path, whose next
+   launch prescales each activation row to fp16 as step 1 did the tokens:
+   ``mxfp8_gemm.prescale_rows``).
 3. down GEMM: block rows of the activation times ``w2``, times each pair's routed weight, stored
-   per (token, slot).
-4. the sum over the top-k slots per token in fp32, rounded once to bf16.
+   per (token, slot) in the activations' dtype.
+4. the sum over the top-k slots per token in fp32, rounded once to the activations' dtype.
 
-The experts run one of four ways (:data:`PATHS`), chosen by the token count (:func:`gemm_path`):
+The experts run one of four ways (:data:`PATHS`), chosen by the token count (:func:`gemm_path`;
+fp32 activations below):
 
 - ``gemv`` (decode batches up to :data:`GEMV_MAX_TOKENS` tokens): ``mxfp8_gemv``'s two kernels
   instead of steps 1-4, no alignment and no ``tl.dot``: one program per (token, slot) pair streams
@@ -52,6 +55,14 @@ interpreter, which mis-evaluates bf16 arithmetic, bf16 dots run in fp32 (every o
 fp32 as well). Expert parallelism:
 ``first_expert`` maps global expert ids onto the local stack; pairs routed to experts outside it
 contribute nothing (their rank's sum is zero there).
+
+fp32 activations (an fp32 model, W8A32) run the same kernels with every intermediate (the
+activation, each slot's output) and the result in fp32, and fp32 dots in IEEE precision
+(``mxfp8_gemm.exact_dot``; the GEMV converts e4m3 to fp32 on the FMA pipe anyway), so the result is
+the fp32 computation of the dequantized experts up to summation order: e4m3 -> fp32 is exact and
+the e8m0 factors are powers of two. They never take the ``fp16`` path, whose prescale rounds
+activation rows to fp16: the core serves them on the ``bf16`` path, whose dots take the
+activations in their own dtype (:func:`gemm_path`).
 """
 
 from __future__ import annotations
@@ -62,13 +73,17 @@ import torch
 import triton
 import triton.language as tl
 
-from msa_kernels.mxfp8_gemm import GROUP, PRESCALE_BLOCK, mx_gemm_rows, prescale_row, prescale_rows, scale_words, unscale
+from msa_kernels.mxfp8_gemm import (
+    GROUP, PRESCALE_BLOCK, exact_dot, mx_gemm_rows, prescale_row, prescale_rows, scale_words, unscale,
+)
 from msa_kernels.mxfp8_gemv import MOE_GEMV_TABLE, MoeGemvConfig, moe_gemv
 from msa_kernels.mxfp8_gemv import expert_activation as _activation
 from msa_kernels.triton_cast import round_cast
 
 WEIGHT_DTYPE = torch.float8_e4m3fn
 SCALE_DTYPE = torch.uint8
+#: activation dtypes: bf16 (W8A16) and fp32 (W8A32, fp32 models)
+ACT_DTYPES = (torch.bfloat16, torch.float32)
 
 
 @dataclass(frozen=True)
@@ -132,11 +147,15 @@ CORE_PATH_MAX_TOKENS = 64
 CORE_DOT = "fp16"
 
 
-def gemm_path(tokens: int) -> str:
-    """The path (:data:`PATHS`) :func:`mxfp8_fused_experts` takes (module docstring)."""
+def gemm_path(tokens: int, dtype: torch.dtype = torch.bfloat16) -> str:
+    """The path (:data:`PATHS`) :func:`mxfp8_fused_experts` takes for ``tokens`` rows of ``dtype``
+    (module docstring): the core's ``CORE_DOT`` for bf16, ``bf16`` (dots in the activations' own
+    dtype) for fp32, which the fp16 prescale would round."""
     if tokens <= GEMV_MAX_TOKENS:
         return "gemv"
-    return CORE_DOT if tokens <= CORE_PATH_MAX_TOKENS else "widen"
+    if tokens > CORE_PATH_MAX_TOKENS:
+        return "widen"
+    return "bf16" if dtype == torch.float32 else CORE_DOT
 
 
 def pick_config(tokens: int, path: str = "widen") -> TileConfig | MoeGemvConfig:
@@ -342,13 +361,13 @@ def gate_up_kernel(
             x = tl.load(x_ptrs, mask=live[:, None] & (ks[None, :] < K), other=0.0)
         xt = tl.trans(x.to(DOT_DTYPE))
         w_gate = _weight_tile(w_ptr, gate_scales, cols, col_ok, k0, K, stride_wn, BLOCK_N, BLOCK_K, EVEN_K, DOT_DTYPE)
-        gate = tl.dot(w_gate, xt, gate)
+        gate = exact_dot(w_gate, xt, gate)
         w_up = _weight_tile(w_ptr, up_scales, cols + inter, col_ok, k0, K, stride_wn, BLOCK_N, BLOCK_K, EVEN_K, DOT_DTYPE)
-        up = tl.dot(w_up, xt, up)
+        up = exact_dot(w_up, xt, up)
         gate_scales, up_scales = next_gate, next_up
     out = _activation(gate, up, alpha, limit, SWIGLU_OAI)
     a_ptrs = act_ptr + rows[None, :].to(tl.int64) * stride_am + cols[:, None]
-    tl.store(a_ptrs, round_cast(out, tl.bfloat16), mask=col_ok[:, None])
+    tl.store(a_ptrs, round_cast(out, act_ptr.dtype.element_ty), mask=col_ok[:, None])
 
 
 @triton.jit
@@ -381,11 +400,11 @@ def down_kernel(
         else:
             a = tl.load(a_ptrs, mask=ks[None, :] < K, other=0.0)
         w = _weight_tile(w_ptr, scales, cols, col_ok, k0, K, stride_wn, BLOCK_N, BLOCK_K, EVEN_K, DOT_DTYPE)
-        acc = tl.dot(w, tl.trans(a.to(DOT_DTYPE)), acc)
+        acc = exact_dot(w, tl.trans(a.to(DOT_DTYPE)), acc)
         scales = next_scales
     acc *= tl.load(weights_ptr + slots, mask=live, other=0.0)[None, :]
     y_ptrs = y_ptr + slots[None, :].to(tl.int64) * stride_ym + cols[:, None]
-    tl.store(y_ptrs, round_cast(acc, tl.bfloat16), mask=live[None, :] & col_ok[:, None])
+    tl.store(y_ptrs, round_cast(acc, y_ptr.dtype.element_ty), mask=live[None, :] & col_ok[:, None])
 
 
 
@@ -448,7 +467,7 @@ def down_core_kernel(
         acc *= unscale(tl.load(shift_ptr + rows))[None, :]
     acc *= tl.load(weights_ptr + slots, mask=live, other=0.0)[None, :]
     y_ptrs = y_ptr + slots[None, :].to(tl.int64) * stride_ym + cols[:, None]
-    tl.store(y_ptrs, round_cast(acc, tl.bfloat16), mask=live[None, :] & col_ok[:, None])
+    tl.store(y_ptrs, round_cast(acc, y_ptr.dtype.element_ty), mask=live[None, :] & col_ok[:, None])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -471,7 +490,7 @@ def sum_slots_kernel(
         local = tl.load(ids_ptr + slot).to(tl.int32) - first_expert
         held = (local >= 0) & (local < num_experts)
         acc += tl.load(y_ptr + slot * hidden + cols, mask=col_ok & held, other=0.0).to(tl.float32)
-    tl.store(out_ptr + token * hidden + cols, round_cast(acc, tl.bfloat16), mask=col_ok)
+    tl.store(out_ptr + token * hidden + cols, round_cast(acc, out_ptr.dtype.element_ty), mask=col_ok)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -505,18 +524,19 @@ def mxfp8_fused_experts(
     config: TileConfig | MoeGemvConfig | None = None,
     path: str | None = None,
 ) -> torch.Tensor:
-    """``sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t])`` as bf16 ``[T, H]``.
+    """``sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t])`` as ``[T, H]`` in ``x``'s dtype.
 
-    ``x [T, H]`` bf16 (unit stride along H); ``w13 [E, 2I, H]`` / ``w2 [E, H, I]`` e4m3 with uint8
-    scales ``[E, 2I, H/32]`` / ``[E, H, I/32]`` (contiguous); ``topk_weights [T, k]`` (fp32 used as
-    is), ``topk_ids [T, k]`` int32/int64 global ids, local ``id - first_expert`` in ``[0, E)`` or
-    skipped. Expert ``act``: swiglu-oai with ``alpha``/``limit``, plain gated silu when both are
-    None. ``path`` (one of :data:`PATHS`) overrides :func:`gemm_path` and ``config`` :func:`pick_config`
-    (a :class:`TileConfig` applies to the GEMM paths and a ``MoeGemvConfig`` to the GEMV path; the
+    ``x [T, H]`` bf16 or fp32 (:data:`ACT_DTYPES`, unit stride along H; fp32 never on the ``fp16``
+    path); ``w13 [E, 2I, H]`` / ``w2 [E, H, I]`` e4m3 with uint8 scales ``[E, 2I, H/32]`` /
+    ``[E, H, I/32]`` (contiguous); ``topk_weights [T, k]`` (fp32 used as is), ``topk_ids [T, k]``
+    int32/int64 global ids, local ``id - first_expert`` in ``[0, E)`` or skipped. Expert ``act``:
+    swiglu-oai with ``alpha``/``limit``, plain gated silu when both are None. ``path`` (one of
+    :data:`PATHS`) overrides :func:`gemm_path` and ``config`` :func:`pick_config` (a
+    :class:`TileConfig` applies to the GEMM paths and a ``MoeGemvConfig`` to the GEMV path; the
     other kind is ignored, so one config can be passed whatever the path).
     """
-    if x.dim() != 2 or x.dtype != torch.bfloat16 or (x.shape[1] > 1 and x.stride(1) != 1):
-        raise ValueError(f"x must be [tokens, hidden] bf16 with unit stride along hidden, got {tuple(x.shape)} {x.dtype}")
+    if x.dim() != 2 or x.dtype not in ACT_DTYPES or (x.shape[1] > 1 and x.stride(1) != 1):
+        raise ValueError(f"x must be [tokens, hidden] bf16/fp32 with unit stride along hidden, got {tuple(x.shape)} {x.dtype}")
     tokens, hidden = x.shape
     if w13.dim() != 3:
         raise ValueError(f"w13 must be [experts, 2 * intermediate, hidden], got {tuple(w13.shape)}")
@@ -531,15 +551,17 @@ def mxfp8_fused_experts(
         )
     if (alpha is None) != (limit is None):
         raise ValueError(f"alpha and limit go together (swiglu-oai) or are both None (silu), got {alpha}, {limit}")
-    path = path or gemm_path(tokens)
+    path = path or gemm_path(tokens, x.dtype)
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+    if path == "fp16" and x.dtype == torch.float32:
+        raise ValueError("fp32 activations cannot take the fp16 path (its prescale rounds them to fp16)")
     ids = topk_ids.contiguous()
     weights = topk_weights.to(torch.float32).contiguous()
     if path == "gemv":
         gemv_config = config if isinstance(config, MoeGemvConfig) else None
         return moe_gemv(x, w13, w13_scale, w2, w2_scale, weights, ids, alpha, limit, first_expert, gemv_config)
-    out = torch.empty((tokens, hidden), dtype=torch.bfloat16, device=x.device)
+    out = torch.empty((tokens, hidden), dtype=x.dtype, device=x.device)
     if tokens == 0:
         return out
     top_k = topk_ids.shape[1]
@@ -579,22 +601,29 @@ class Routing:
         return self.block_expert.shape[0]
 
 
+def dot_dtype(x: torch.Tensor) -> tl.dtype:
+    """The dots' operand dtype for activations ``x`` on the widen and bf16 paths: bf16 on CUDA for
+    bf16 ``x``; fp32 for fp32 ``x`` (IEEE, ``mxfp8_gemm.exact_dot``) and under the interpreter,
+    which mis-evaluates bf16."""
+    return tl.bfloat16 if x.is_cuda and x.dtype == torch.bfloat16 else tl.float32
+
+
 def _widen_gemms(x, w13, w13_scale, w2, w2_scale, routing: Routing, alpha, limit, config: TileConfig):
-    """Steps 2 and 3 on the widen path: ``y [T * k, H]`` bf16 per (token, slot)."""
+    """Steps 2 and 3 on the widen path: ``y [T * k, H]`` per (token, slot), in ``x``'s dtype."""
     tokens, hidden = x.shape
     inter = w13.shape[1] // 2
     launch = {"num_warps": config.num_warps, "num_stages": config.num_stages}
     tiles = {"BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "BLOCK_K": config.block_k, "GROUP_M": config.group_m,
-             "DOT_DTYPE": tl.bfloat16 if x.is_cuda else tl.float32}
+             "DOT_DTYPE": dot_dtype(x)}
     blocks, n_slots = routing.blocks, routing.n_slots
-    act = torch.empty((blocks * config.block_m, inter), dtype=torch.bfloat16, device=x.device)
+    act = torch.empty((blocks * config.block_m, inter), dtype=x.dtype, device=x.device)
     gate_up_kernel[(blocks * triton.cdiv(inter, config.block_n),)](
         x, w13, w13_scale, act, routing.sorted_slots, routing.block_expert,
         n_slots, blocks, inter, hidden, 0.0 if alpha is None else alpha, 0.0 if limit is None else limit,
         x.stride(0), w13.stride(0), w13.stride(1), w13_scale.stride(0), w13_scale.stride(1), act.stride(0),
         TOP_K=routing.top_k, SWIGLU_OAI=alpha is not None, EVEN_K=hidden % config.block_k == 0, **tiles, **launch,
     )
-    y = torch.empty((n_slots, hidden), dtype=torch.bfloat16, device=x.device)
+    y = torch.empty((n_slots, hidden), dtype=x.dtype, device=x.device)
     down_kernel[(blocks * triton.cdiv(hidden, config.block_n),)](
         act, w2, w2_scale, y, routing.weights, routing.sorted_slots, routing.block_expert,
         n_slots, blocks, hidden, inter,
@@ -605,18 +634,20 @@ def _widen_gemms(x, w13, w13_scale, w2, w2_scale, routing: Routing, alpha, limit
 
 
 def _core_gemms(activations, w13, w13_scale, w2, w2_scale, routing: Routing, alpha, limit, config: TileConfig):
-    """Steps 2 and 3 on a core path: ``y [T * k, H]`` bf16 per (token, slot). ``activations``:
-    ``(x16, shifts)`` prescaled for fp16 dots, ``(x, None)`` for bf16 dots."""
+    """Steps 2 and 3 on a core path: ``y [T * k, H]`` per (token, slot), in the activations' dtype
+    (bf16 from fp16 dots). ``activations``: ``(x16, shifts)`` prescaled for fp16 dots, ``(x, None)``
+    for dots in ``x``'s dtype (:func:`dot_dtype`)."""
     x, shifts = activations
     fp16 = shifts is not None
     tokens, hidden = x.shape
     inter = w13.shape[1] // 2
-    dot = tl.float16 if fp16 else tl.bfloat16 if x.is_cuda else tl.float32
+    out_dtype = torch.bfloat16 if fp16 else x.dtype
+    dot = tl.float16 if fp16 else dot_dtype(x)
     launch = {"num_warps": config.num_warps, "num_stages": config.num_stages}
     tiles = {"BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "GROUP_M": config.group_m, "DOT_DTYPE": dot}
     blocks, n_slots = routing.blocks, routing.n_slots
     w13_words, groups = scale_words(w13_scale, config.block_k)
-    act = torch.empty((blocks * config.block_m, inter), dtype=torch.float32 if fp16 else torch.bfloat16, device=x.device)
+    act = torch.empty((blocks * config.block_m, inter), dtype=torch.float32 if fp16 else out_dtype, device=x.device)
     gate_up_core_kernel[(blocks * triton.cdiv(inter, config.block_n // 2),)](
         x, shifts, w13, w13_words, act, routing.sorted_slots, routing.block_expert,
         n_slots, blocks, inter, hidden, 0.0 if alpha is None else alpha, 0.0 if limit is None else limit,
@@ -625,7 +656,7 @@ def _core_gemms(activations, w13, w13_scale, w2, w2_scale, routing: Routing, alp
     )
     act, act_shifts = prescale_rows(act) if fp16 else (act, None)
     w2_words, groups = scale_words(w2_scale, config.block_k)
-    y = torch.empty((n_slots, hidden), dtype=torch.bfloat16, device=x.device)
+    y = torch.empty((n_slots, hidden), dtype=out_dtype, device=x.device)
     down_core_kernel[(blocks * triton.cdiv(hidden, config.block_n),)](
         act, act_shifts, w2, w2_words, y, routing.weights, routing.sorted_slots, routing.block_expert,
         n_slots, blocks, hidden, inter,

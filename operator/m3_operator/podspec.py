@@ -3,7 +3,8 @@
 The choices here are the deployment lessons collected in M3_FACTS s.6: probes with budgets
 long enough for M3 weight loading, a memory-backed /dev/shm for NCCL, a preStop pause and a
 grace period longer than SGLang's drain, and GPU resources, node selector and tolerations
-taken from the hardware catalog rather than written into each recipe.
+taken from the hardware catalog rather than written into each recipe. A recipe that offloads KV
+to host memory also requests that memory, so the pod lands on a node that has it.
 """
 
 from __future__ import annotations
@@ -39,6 +40,21 @@ def shm_size(profile: HardwareProfile, options: DeploymentOptions) -> str:
 
 def gpus_per_node(recipe: Recipe, profile: HardwareProfile) -> int:
     return recipe.spec.hardware.gpus_per_node or profile.gpus_per_node
+
+
+def host_offload_memory(recipe: Recipe) -> str | None:
+    """Host memory the ranks of one pod pin for KV offload (``hostOffload.sizeGbPerRank`` per
+    rank), as a memory request: the scheduler then places the pod only on a node with that much
+    unreserved, and under memory pressure the kubelet evicts pods that exceed their requests
+    before this one. No limit: the server's own host memory (checkpoint reads, tokenizer,
+    Python) comes on top, and a limit at the pinned size would get it OOM-killed. ``G`` is
+    10**9 bytes, the unit of sizeGbPerRank."""
+    offload = recipe.spec.host_offload
+    if offload is None or offload.size_gb_per_rank is None:
+        return None
+    parallel = recipe.spec.parallelism
+    ranks_per_pod = parallel.tp * parallel.pp * parallel.dp // recipe.spec.hardware.nodes
+    return f"{ranks_per_pod * offload.size_gb_per_rank}G"
 
 
 def ready_marker(content_hash: str) -> str:
@@ -94,6 +110,9 @@ def pod_template(
         count = str(gpus_per_node(recipe, profile))
         container["resources"] = {"limits": {profile.resource_name: count},
                                   "requests": {profile.resource_name: count}}
+    host_memory = host_offload_memory(recipe)
+    if host_memory is not None:
+        container.setdefault("resources", {}).setdefault("requests", {})["memory"] = host_memory
     if cache_hash is not None:
         container["volumeMounts"].append({"name": CACHE_VOLUME, "mountPath": CACHE_MOUNT})
 

@@ -14,7 +14,7 @@ invalidate the pages they touch.
 
 On CUDA (``kernel_copies``) the host store is page-locked host memory allocated the way SGLang's
 HiCache allocates its host pools (anonymous mmap + ``cudaHostRegister``: exact size, where
-torch's pinned allocator would round every buffer up to a power of two), and the device touches
+torch's pinned allocator would round every buffer up to a power of two; :mod:`.page_locked`), and the device touches
 it only through Triton kernels that address it directly (:mod:`msa_kernels.triton_offload`): a
 write of new tokens is one launch that stores them into the host store and their resident cache
 entries, a fetch one gather launch; no host sync, no copy engine, so both are CUDA-graph safe.
@@ -31,6 +31,7 @@ from sglang.srt.mem_cache.memory_pool import unwrap_write_loc
 from sglang_m3.cache.index_kv_pool import M3IndexedKVPool, indexed_pool_class
 from sglang_m3.cache.offload_block_cache import SparseBlockCache
 from sglang_m3.cache.offload_settings import OffloadShape
+from sglang_m3.cache.page_locked import HostRegisterError, page_locked_tensor
 from sglang_m3.config import M3TextSpec
 
 logger = logging.getLogger(__name__)
@@ -201,22 +202,15 @@ class M3SparseOffloadKVPool(M3IndexedKVPool):
 def host_store_tensor(shape, dtype: torch.dtype, page_locked: bool) -> torch.Tensor:
     """A zeroed host tensor of the store; ``page_locked``: registered with CUDA (device-addressable).
 
-    SGLang's HiCache allocator (anonymous mmap, pre-faulted, then ``cudaHostRegister`` with default
-    flags, which maps it into the device's address space) gives exactly the bytes asked for; torch's
-    ``pin_memory`` is the fallback where that helper is missing.
+    :func:`page_locked_tensor` gives exactly the bytes asked for; torch's pinned allocator (which
+    rounds sizes up to powers of two) is the fallback where the driver refuses the registration.
     """
     if not page_locked:
         return torch.zeros(shape, dtype=dtype)
     try:
-        from sglang.srt.mem_cache.pool_host.common import HostTensorAllocator, alloc_with_host_register
-    except ImportError:  # another SGLang layout: torch's pinned allocator (rounds sizes up to powers of two)
-        return torch.zeros(shape, dtype=dtype, pin_memory=True)
-    try:
-        return alloc_with_host_register(tuple(shape), dtype, "cpu", True, HostTensorAllocator())
-    except (RuntimeError, TypeError) as error:
-        # Seen on the H100 harness: cudaHostRegister answered 712 (already registered) for a fresh
-        # buffer, and SGLang's error message then failed to format (TypeError).
-        logger.warning("sparse offload: cudaHostRegister of the host store failed (%s); using torch's pinned allocator", error)
+        return page_locked_tensor(tuple(shape), dtype)
+    except HostRegisterError as error:
+        logger.warning("sparse offload: %s; using torch's pinned allocator", error)
         return torch.zeros(shape, dtype=dtype, pin_memory=True)
 
 

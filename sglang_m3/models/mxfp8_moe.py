@@ -6,7 +6,10 @@ through the W8A16 Triton kernels of ``msa_kernels.triton_mxfp8_moe`` (bf16 activ
 accumulation; the path by token count: a GEMV without MMA for decode batches, an MMA core with
 e4m3 widened in registers beyond; that module's docstring has the measured crossovers). Decode
 reads the chosen experts' weights once per step, so halving those bytes is what makes it faster
-than the BF16 path.
+than the BF16 path. An fp32 model runs the same kernels with fp32 activations, intermediates and
+output (W8A32: the dequantized fp32 experts' result up to summation order), for exactness runs
+against the dequantized twin; ``make_moe_block`` picks this block for fp32 models only when
+``SGLANG_M3_MOE_IMPL=mxfp8`` asks for it.
 
 The router is the torch blocks' one (:mod:`sglang_m3.models.moe_routing`, routed scaling factor
 folded into the weights, as in :class:`sglang_m3.models.fused_moe.M3FusedMoeBlock`); the shared

@@ -2,8 +2,9 @@
 
 Without this, every linear of an MXFP8 checkpoint other than the routed experts is dequantized
 to BF16 at load (twice its bytes, about 1.3 GB per GPU for M3 at TP8). On CUDA, the quantization
-hook (``sglang_m3.quant.serving``) hands SGLang :class:`M3Mxfp8LinearConfig` for bf16/fp16
-models, and every linear M3 builds with a quantization config asks it for its method:
+hook (``sglang_m3.quant.serving``) hands SGLang :class:`M3Mxfp8LinearConfig` for bf16/fp16 models
+(and fp32 ones: W8A32, fp32 activations throughout, for exactness runs), and every linear M3 builds
+with a quantization config asks it for its method:
 
 - MXFP8 (:class:`Mxfp8LinearMethod`, the W8A16 kernels of ``msa_kernels.triton_mxfp8_linear``)
   when the checkpoint stores all of the linear's parts quantized: attention q/k/v and o, the dense
@@ -26,7 +27,7 @@ decided here once, at build.
 from __future__ import annotations
 
 import torch
-from msa_kernels.triton_mxfp8_linear import mxfp8_linear, ticket_count
+from msa_kernels.triton_mxfp8_linear import DOT_DTYPES, mxfp8_linear, ticket_count
 from sglang.srt.layers.linear import LinearBase
 from sglang.srt.layers.quantization.base_config import LinearMethodBase, QuantizationConfig
 from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
@@ -75,6 +76,9 @@ def holds_mxfp8(checkpoint: MXFP8Config, module: str) -> bool:
 class M3Mxfp8LinearConfig(QuantizationConfig):
     """SGLang's quantization config for an MXFP8 M3 checkpoint on CUDA (module docstring)."""
 
+    #: model dtypes it serves: the activation dtypes ``mxfp8_linear`` takes
+    ACT_DTYPES = tuple(DOT_DTYPES)
+
     def __init__(self, checkpoint: MXFP8Config):
         super().__init__()
         self.checkpoint = checkpoint
@@ -83,7 +87,7 @@ class M3Mxfp8LinearConfig(QuantizationConfig):
         return "m3_mxfp8_w8a16"
 
     def get_supported_act_dtypes(self) -> list[torch.dtype]:
-        return [torch.bfloat16, torch.float16]
+        return list(self.ACT_DTYPES)
 
     @classmethod
     def get_min_capability(cls) -> int:

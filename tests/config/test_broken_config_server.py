@@ -3,7 +3,7 @@
 A copy of the tiny checkpoint (tensors symlinked) gets a config.json in the shipped layout with one
 corpus field wrong; a second copy keeps the valid shipped layout and is broken only through
 ``--json-model-override-args``, which proves the overrides reach the config reader. Three
-server starts, each refused within seconds of building the model.
+server starts, each refused while the model is built, before any weight is loaded.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from server_harness import expect_start_refused
 
 pytestmark = pytest.mark.server
 
-#: a refused start ends once the model is built: ~30-60 s on 2 idle cores, ~110 s seen on busy ones
-REFUSAL_DEADLINE_S = 300.0
+#: SGLang's line once a model's weights are in: a refused config never gets there
+WEIGHTS_LOADED = "Load weight end"
 
 
 def _by_name(name: str):
@@ -27,7 +27,7 @@ def _by_name(name: str):
 
 def _assert_refused(refused, expected: tuple[str, ...]) -> None:
     assert refused.returncode != 0, refused.log[-4000:]
-    assert refused.seconds < REFUSAL_DEADLINE_S
+    assert WEIGHTS_LOADED not in refused.log, "refused only after loading the weights"
     assert "M3ConfigError" in refused.log, refused.log[-4000:]
     for text in expected:
         assert text in refused.log, f"{text!r} not in the server log:\n{refused.log[-4000:]}"
@@ -45,7 +45,7 @@ def _refused_from_file(entry_name, shipped_top, tiny_m3_checkpoint, server_log_d
     entry = _by_name(entry_name)
     top = broken_config(_server_top(shipped_top, tiny_m3_checkpoint), entry)
     model = write_checkpoint_copy(tiny_m3_checkpoint, str(tmp_path / "broken"), top)
-    return entry, expect_start_refused(model, server_log_dir, timeout_s=REFUSAL_DEADLINE_S)
+    return entry, expect_start_refused(model, server_log_dir)
 
 
 def test_broken_config_json_refused_at_start(shipped_top, tiny_m3_checkpoint, server_log_dir, tmp_path):
@@ -57,7 +57,6 @@ def test_broken_config_json_refused_at_start(shipped_top, tiny_m3_checkpoint, se
 
 def test_short_moe_layer_freq_refused_naming_it(shipped_top, tiny_m3_checkpoint, server_log_dir, tmp_path):
     entry, refused = _refused_from_file("moe_layer_freq too short", shipped_top, tiny_m3_checkpoint, server_log_dir, tmp_path)
-    assert refused.returncode != 0 and refused.seconds < REFUSAL_DEADLINE_S  # refused, quickly, never served
     _assert_refused(refused, entry.expected)
 
 
@@ -70,5 +69,5 @@ def test_broken_override_refused_at_start(shipped_top, tiny_m3_checkpoint, serve
     # runs. The whole text_config with one field changed is the override that SGLang accepts.
     text = {**shipped_top["text_config"], "scoring_func": "softmax"}
     override = json.dumps({"text_config": text})
-    refused = expect_start_refused(model, server_log_dir, "--json-model-override-args", override, timeout_s=REFUSAL_DEADLINE_S)
+    refused = expect_start_refused(model, server_log_dir, "--json-model-override-args", override)
     _assert_refused(refused, entry.expected)

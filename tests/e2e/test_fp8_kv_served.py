@@ -45,7 +45,7 @@ def _prompt_logprobs(server, prompt):
 
 
 def test_server_runs_with_the_fp8_kv_cache(fp8_kv_server):
-    info = requests.get(f"{fp8_kv_server.base_url}/server_info", timeout=30).json()
+    info = requests.get(f"{fp8_kv_server.base_url}/server_info", timeout=300).json()
     assert info["kv_cache_dtype"] == "fp8_e4m3"
 
 

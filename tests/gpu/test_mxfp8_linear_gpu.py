@@ -6,6 +6,8 @@ weight (TF32 off), on the GEMM path (1, 16, 100 tokens) and dequantize + matmul 
 tolerance of the interpreter tests (``tests/kernels/test_mxfp8_linear.py``). Then what only a GPU
 shows: the split-K call captured in a CUDA graph and replayed on new activations with its tickets
 back at zero, and two runs bit-identical (the last split sums the partials in split order).
+fp32 activations (W8A32) at every shape on each path, and in a split-K graph, within
+summation-order noise of the fp32 reference (``mxfp8_moe_reference.assert_fp32_close``).
 Skipped without CUDA. Run on the lent GPU with ``scripts/gpu/run.sh tests``.
 """
 
@@ -63,24 +65,27 @@ def test_m3_shapes_match_reference(shape, tokens):
     assert torch.equal(mxfp8_linear(x, w, s, tickets), got), "two runs differ"
 
 
-def assert_split_k_graph_replays(tokens: int, weight_seed: int, replay_seeds):
-    """Capture one qkv_tp8 call at ``tokens`` tokens (the path its count takes), replay it on new
-    inputs: each replay matches the reference and leaves the split tickets at zero."""
+def assert_split_k_graph_replays(tokens: int, weight_seed: int, replay_seeds, dtype=torch.bfloat16):
+    """Capture one qkv_tp8 call at ``tokens`` tokens of ``dtype`` (the path its count takes), replay
+    it on new inputs: each replay matches the reference (bf16: :func:`assert_close`; fp32:
+    ``assert_fp32_close``) and leaves the split tickets at zero."""
+    from msa_kernels.mxfp8_moe_reference import assert_fp32_close
     from msa_kernels.triton_mxfp8_linear import mxfp8_linear, ticket_count
 
+    check = assert_close if dtype == torch.bfloat16 else assert_fp32_close
     w, s = weight(*SHAPES["qkv_tp8"], seed=weight_seed)
     tickets = torch.zeros(ticket_count(w.shape[0]), dtype=torch.int32, device="cuda")
-    x = torch.randn(tokens, w.shape[1], device="cuda").to(torch.bfloat16)
+    x = torch.randn(tokens, w.shape[1], device="cuda").to(dtype)
     mxfp8_linear(x, w, s, tickets)  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = mxfp8_linear(x, w, s, tickets)
     for seed in replay_seeds:
-        x.copy_(torch.randn(x.shape, generator=torch.Generator(device="cuda").manual_seed(seed), device="cuda").to(torch.bfloat16))
+        x.copy_(torch.randn(x.shape, generator=torch.Generator(device="cuda").manual_seed(seed), device="cuda").to(dtype))
         graph.replay()
         torch.cuda.synchronize()
-        assert_close(out, reference(x, w, s))
+        check(out, reference(x, w, s))
         assert torch.count_nonzero(tickets).item() == 0
 
 
@@ -112,3 +117,32 @@ def test_gemv_split_k_captured_in_a_cuda_graph_and_replayed(tokens):
 
     assert linear_path(tokens) == "gemv"
     assert_split_k_graph_replays(tokens, weight_seed=4, replay_seeds=(5, 6))
+
+
+# ---------------------------------------------------------------- fp32 activations (W8A32)
+
+
+@pytest.mark.parametrize("tokens, path", [(1, "gemv"), (4, "gemv"), (16, "gemm"), (100, "gemm"), (300, "dequantize")])
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_fp32_m3_shapes_match_fp32_reference(shape, tokens, path):
+    """fp32 tokens at every shape on the path their count takes (the GEMV with Triton's e4m3 -> fp32
+    conversion, the core's fp32 IEEE dots, dequantize + fp32 matmul): within summation-order noise
+    of the fp32 reference; tickets back at zero, two runs identical."""
+    from msa_kernels.mxfp8_moe_reference import assert_fp32_close
+    from msa_kernels.triton_mxfp8_linear import linear_path, mxfp8_linear, ticket_count
+
+    assert linear_path(tokens) == path
+    w, s = weight(*SHAPES[shape], seed=20 + tokens)
+    x = torch.randn(tokens, SHAPES[shape][1], device="cuda")
+    tickets = torch.zeros(ticket_count(SHAPES[shape][0]), dtype=torch.int32, device="cuda")
+    got = mxfp8_linear(x, w, s, tickets)
+    worst, rel = assert_fp32_close(got, reference(x, w, s))
+    print(f"[mxfp8 linear gpu fp32] {shape} T={tokens} {path}: relative error {rel:.2e}, max {worst:.2e} of scale")
+    assert torch.count_nonzero(tickets).item() == 0, "split tickets not back at zero"
+    assert torch.equal(mxfp8_linear(x, w, s, tickets), got), "two runs differ"
+
+
+@pytest.mark.parametrize("tokens", [1, 16])
+def test_fp32_split_k_captured_in_a_cuda_graph_and_replayed(tokens):
+    """fp32 decode (the GEMV) and a verify-sized batch (the core), split K, as graphs replay them."""
+    assert_split_k_graph_replays(tokens, weight_seed=7, replay_seeds=(8, 9), dtype=torch.float32)

@@ -22,6 +22,7 @@ Skipped without CUDA. Run on the lent GPU with ``scripts/gpu/run.sh tests -k off
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
@@ -46,6 +47,7 @@ from transformers_oracle import random_prompt  # noqa: E402
 from msa_kernels.triton_offload import gather_pages, store_rows  # noqa: E402
 from sglang_m3.cache.offload_block_cache import SparseBlockCache  # noqa: E402
 from sglang_m3.cache.offload_pool import host_store_tensor  # noqa: E402
+from sglang_m3.cache.page_locked import discard_last_cuda_error, page_locked_tensor  # noqa: E402
 from sglang_m3.cache.offload_settings import SPARSE_OFFLOAD_BLOCKS_ENV, SPARSE_OFFLOAD_LOG_STEPS_ENV  # noqa: E402
 
 BLOCK, CACHE_BLOCKS = 16, 16
@@ -95,6 +97,29 @@ def test_kernels_read_and_write_the_page_locked_store(allocation):
     torch.cuda.synchronize()
     assert torch.equal(host_k[loc.cpu()], new_k.cpu()) and torch.equal(host_v[loc.cpu()], new_v.cpu())
     assert torch.equal(cache_k[0, 5].cpu(), new_k[0].cpu())  # page 31 resident: written through
+
+
+def test_a_freed_store_can_be_allocated_again():
+    """Each store is unregistered when freed: a new mmap at the same address registers cleanly."""
+    for _ in range(4):
+        store = page_locked_tensor((64 * BLOCK, 4, 128), torch.bfloat16)  # HostRegisterError if a stale range remains
+        store.fill_(1)
+        del store
+        gc.collect()
+    torch.cuda.synchronize()  # no error left behind for the next launch check
+
+
+def test_a_refused_registration_leaves_no_error_for_the_next_launch():
+    buffer = torch.zeros(1 << 20, dtype=torch.uint8)
+    cudart = torch.cuda.cudart()
+    assert int(cudart.cudaHostRegister(buffer.data_ptr(), buffer.numel(), 0)) == 0
+    try:
+        assert int(cudart.cudaHostRegister(buffer.data_ptr(), buffer.numel(), 0)) != 0  # already registered
+        discard_last_cuda_error()
+        torch.ones(4, device="cuda").add_(1)
+        torch.cuda.synchronize()
+    finally:
+        cudart.cudaHostUnregister(buffer.data_ptr())
 
 
 def test_a_captured_fetch_and_store_replay_with_new_pages():

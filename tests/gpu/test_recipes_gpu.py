@@ -2,15 +2,16 @@
 (issue 17 item 5).
 
 Each library recipe for H100 with the MXFP8 checkpoint is rendered by the real renderer and its
-argv becomes the server's, with the changes in ``GPU_CHANGES`` and the additions in ``ADDED`` (each
-with its reason); every other rendered flag goes to the server as rendered, and a rendered flag the
+argv and environment become the server's, with the changes in ``GPU_CHANGES`` and the additions in
+``ADDED`` (each with its reason); every other rendered flag goes to the server as rendered, and a rendered flag the
 tables do not know fails the test, so a new one is decided here rather than passed blindly. The
 mid-size real-width M3 stands in for the published checkpoint: the shipped VL wrapper with the real
 vision tower's settings, 1 dense + 3 MoE/MSA layers at real widths, the published MXFP8
 ``quantization_config`` (its ignore list from the project's model built on the meta device), the
 tiny tokenizer with M3's chat template, and random weights (``--load-format dummy``). The served
 checks: ``/server_info`` holds the rendered values, the routed experts and dense linears stay
-MXFP8 (the start-up log says so; dummy loading never reaches the loader's per-weight count), and an
+MXFP8 (the start-up log says so; dummy loading never reaches the loader's per-weight count), a
+rendered sparse-offload environment starts the offload path (its log line), and an
 ``openai`` chat completion with the recipe's parsers returns generated tokens.
 
 Skipped without CUDA. Run on the lent GPU with ``scripts/gpu/run.sh tests -k recipes_gpu``.
@@ -38,7 +39,11 @@ from gpu_server import launch_server_argv  # noqa: E402
 from midsize_m3 import add_mxfp8_quantization_config, write_midsize_vl_checkpoint  # noqa: E402
 from server_harness import free_port  # noqa: E402
 
-RECIPES = ("h100-mxfp8-tp8", "h100-mxfp8-tp8-fp8kv")
+#: every library recipe for H100 with the MXFP8 checkpoint
+RECIPES = sorted(
+    path.stem for path in LIBRARY.glob("*.yaml")
+    if (recipe := load_recipe(path)).spec.hardware.profile == "h100" and recipe.spec.model.variant == "mxfp8"
+)
 MIDSIZE, PORT = object(), object()  # filled in per test
 #: rendered flag -> (what the GPU server gets instead, why)
 GPU_CHANGES: dict[str, tuple[object, str]] = {
@@ -71,6 +76,8 @@ SERVED_FIELDS = {
 }
 #: start-up log lines of a model that keeps its routed experts and dense linears in MXFP8
 MXFP8_LOG_LINES = ("M3 MoE experts: mxfp8 path", "dense linears kept in MXFP8")
+#: rendered environment variable -> the start-up log line that shows the server acted on it
+ENV_LOG_LINES = {"SGLANG_M3_SPARSE_OFFLOAD_BLOCKS": "M3 sparse offload: MSA Triton path"}
 
 
 def gpu_argv(pairs, model: str, port: int) -> list[str]:
@@ -98,9 +105,12 @@ def test_rendered_h100_recipe_serves_the_midsize_mxfp8_model(name, midsize_mxfp8
     import openai
     import requests
 
-    pairs = flag_pairs(render_launch(load_recipe(LIBRARY / f"{name}.yaml")).argv)
+    launch = render_launch(load_recipe(LIBRARY / f"{name}.yaml"))
+    pairs = flag_pairs(launch.argv)
+    expected_log = MXFP8_LOG_LINES + tuple(line for key, line in ENV_LOG_LINES.items() if key in launch.env)
     port = free_port()
-    with launch_server_argv(gpu_argv(pairs, midsize_mxfp8, port), port, midsize_mxfp8, server_log_dir, name=f"recipe-{name}") as server:
+    argv = gpu_argv(pairs, midsize_mxfp8, port)
+    with launch_server_argv(argv, port, midsize_mxfp8, server_log_dir, env=launch.env, name=f"recipe-{name}") as server:
         info = requests.get(f"{server.base_url}/server_info", timeout=30).json()
         rendered = dict(pairs)
         for flag, field in SERVED_FIELDS.items():
@@ -108,7 +118,7 @@ def test_rendered_h100_recipe_serves_the_midsize_mxfp8_model(name, midsize_mxfp8
                 assert str(info[field]) == rendered[flag], (flag, info[field], rendered[flag])
         with open(server.log_path, encoding="utf-8", errors="replace") as handle:
             log = handle.read()
-        assert all(line in log for line in MXFP8_LOG_LINES), [line for line in MXFP8_LOG_LINES if line not in log]
+        assert all(line in log for line in expected_log), [line for line in expected_log if line not in log]
         client = openai.OpenAI(base_url=server.openai_url, api_key="none")
         reply = client.chat.completions.create(
             model=midsize_mxfp8, messages=[{"role": "user", "content": "What is the capital of France?"}],

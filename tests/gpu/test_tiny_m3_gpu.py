@@ -41,9 +41,10 @@ if not torch.cuda.is_available():
 
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "e2e"))
+from bf16_noise import reference_gaps, served_logprobs  # noqa: E402
 from gpu_server import launch_gpu_server, log_text  # noqa: E402
 from served_vs_reference import LOGPROB_TOLERANCE, NEW_TOKENS, generate, output_ids  # noqa: E402
-from transformers_oracle import greedy_tokens, load_reference_model, prompt_logprobs, random_prompt  # noqa: E402
+from transformers_oracle import greedy_tokens, prompt_logprobs, random_prompt  # noqa: E402
 
 PROMPTS = {"p61": random_prompt(4, 61), "p233": random_prompt(3, 233), "p310": random_prompt(1, 310), "p457": random_prompt(2, 457)}
 # bf16 (see the module docstring): measured prompt-logprob noise 0.69-1.48 nats on the H100.
@@ -52,13 +53,6 @@ FUSED_NOISE_RATIO, FUSED_NOISE_SLACK = 1.25, 0.05
 CHUNK = 112  # SGLang needs a multiple of the page size (16); prompts still end mid-block
 CONCURRENT = 16
 PAGE = 16
-
-
-def served_logprobs(result, prompt) -> dict[int, float]:
-    entries = result["meta_info"]["input_token_logprobs"]
-    start = len(prompt) - len(entries)
-    assert [t[1] for t in entries] == prompt[start:]
-    return {start + i: t[0] for i, t in enumerate(entries) if t[0] is not None}
 
 
 def check(server, model_dir, prompt, label, result=None, logprob_start=0):
@@ -127,16 +121,6 @@ def test_sixteen_concurrent_requests_match_transformers(served):
         except AssertionError as error:
             failures.append(str(error))
     assert not failures, failures
-
-
-@torch.no_grad()
-def reference_gaps(model_dir, prompt, served) -> list[float]:
-    """For each served token: fp32 max logprob minus the served token's, given the served prefix."""
-    sequence = torch.tensor([prompt + served])
-    logprobs = load_reference_model(model_dir)(input_ids=sequence).logits[0].float().log_softmax(-1)
-    rows = logprobs[len(prompt) - 1 : len(prompt) - 1 + len(served)]
-    picked = rows.gather(1, torch.tensor(served)[:, None])[:, 0]
-    return (rows.max(-1).values - picked).tolist()
 
 
 def test_bf16_fused_and_static_moe_within_bf16_noise(tiny_checkpoint_factory, server_log_dir):

@@ -192,5 +192,5 @@ def test_kernel_compiles_for_hopper():
 
     pytest.importorskip("triton.backends.nvidia")
     env = {**os.environ, "TRITON_INTERPRET": "0"}
-    done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_HOPPER], env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_HOPPER], env=env, capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-3000:]

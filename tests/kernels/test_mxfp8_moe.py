@@ -15,6 +15,11 @@ a wrong scale group, expert, slot, routed weight or prescale moves results by O(
 Every comparison runs on every path (``path=``); the token-count dispatch between them is tested
 on its own.
 
+fp32 activations (W8A32, fp32 models) run the GEMV, bf16-core and widen paths with fp32 throughout
+and are held to ``mxfp8_moe_reference.assert_fp32_close``: within summation-order noise of the
+fp32 reference (every element within 2**-16 of the largest output, relative Frobenius error
+<= 1e-5; the reference module states why), which any 16-bit rounding on the way would break.
+
 Each test draws fresh inputs (its own seed). Intermediate buffers are allocated poisoned (NaN,
 out-of-range indices) so a row or block the kernels forget to write cannot pass as zeros.
 ``tests/gpu/test_mxfp8_moe_gpu.py`` runs the same comparison compiled at M3's real shape.
@@ -27,7 +32,7 @@ import torch
 
 from msa_kernels import mxfp8_gemv
 from msa_kernels.mxfp8_gemv import GemvTile, MoeGemvConfig, moe_config
-from msa_kernels.mxfp8_moe_reference import dequantize, reference_fused_experts
+from msa_kernels.mxfp8_moe_reference import assert_fp32_close, dequantize, reference_fused_experts
 from msa_kernels.triton_mxfp8_moe import (
     CORE_DOT,
     CORE_PATH_MAX_TOKENS,
@@ -249,7 +254,7 @@ def test_alignment_is_a_stable_sort_into_expert_blocks(tokens, top_k, experts, b
 def test_refusals_name_the_argument():
     x, w13, s13, w2, s2, weights, ids = case(2, 4, 2, 64, 64, seed=1)
     with pytest.raises(ValueError, match="x must be"):
-        mxfp8_fused_experts(x.float(), w13, s13, w2, s2, weights, ids, ALPHA, LIMIT)
+        mxfp8_fused_experts(x.double(), w13, s13, w2, s2, weights, ids, ALPHA, LIMIT)
     with pytest.raises(ValueError, match="w13 must be"):
         mxfp8_fused_experts(x, w13.to(torch.bfloat16), s13, w2, s2, weights, ids, ALPHA, LIMIT)
     with pytest.raises(ValueError, match="w2_scale must be uint8"):
@@ -320,9 +325,43 @@ def test_gemv_config_narrows_gate_up_tiles_for_narrow_slices():
         assert block_n == table.gate_up.block_n or tokens * 4 * -(-384 // (2 * block_n)) < mxfp8_gemv.MIN_PROGRAMS_PER_SM * 132
 
 
+# ---------------------------------------------------------------- fp32 activations (W8A32)
+
+
+@pytest.mark.parametrize("path", ["gemv", "bf16", "widen"])
+@pytest.mark.parametrize(
+    "tokens, hidden, inter",
+    [
+        (3, 128, 64),  # 2-group K steps (SMALL's block_k 64; the GEMV's 4 and 2 groups)
+        (5, 96, 64),  # hidden not a multiple of BLOCK_K (widen: K tail masks; core and GEMV: 1-group steps)
+    ],
+)
+def test_fp32_activations_match_the_fp32_reference(tokens, hidden, inter, path):
+    """fp32 tokens (not bf16 values) through every path an fp32 model takes: an fp32 result within
+    summation-order noise of the fp32 reference, so no intermediate went through 16 bits."""
+    _, w13, s13, w2, s2, weights, ids = case(tokens, 8, 2, hidden, inter, seed=50 + tokens)
+    x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(51)) * 3 / (dequantize(w13, s13).std() * hidden**0.5)
+    args = (x, w13, s13, w2, s2, weights, ids)
+    got = mxfp8_fused_experts(*args, ALPHA, LIMIT, config=None if path == "gemv" else SMALL, path=path)
+    assert_fp32_close(got, reference_fused_experts(*args, ALPHA, LIMIT))
+
+
+def test_fp32_activations_never_take_the_fp16_path():
+    """fp32 tokens: the GEMV and widen bounds as for bf16, the core on the bf16 path (dots in the
+    activations' dtype), since the fp16 path's prescale rounds rows to fp16; asking for it is refused."""
+    for tokens in (1, GEMV_MAX_TOKENS, GEMV_MAX_TOKENS + 1, CORE_PATH_MAX_TOKENS, CORE_PATH_MAX_TOKENS + 1):
+        want = "bf16" if gemm_path(tokens) == CORE_DOT else gemm_path(tokens)
+        assert gemm_path(tokens, torch.float32) == want
+    assert gemm_path(GEMV_MAX_TOKENS + 1, torch.bfloat16) == CORE_DOT
+    x, *rest = case(2, 4, 2, 64, 64, seed=0)
+    with pytest.raises(ValueError, match="fp16 path"):
+        mxfp8_fused_experts(x.float(), *rest, ALPHA, LIMIT, path="fp16")
+
+
 # ---------------------------------------------------------------- compiled form (no GPU needed)
 
-_COMPILE_FOR_HOPPER = """
+#: the compile helper of the sm_90 scripts below
+_SM90_COMPILER = """
 import triton
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
@@ -343,16 +382,17 @@ def compile_for_sm90(kernel, consts, warps=4, stages=3):
     aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
                if n not in consts and (signature[n].startswith("*") or n.startswith(("stride", "K", "inter", "hidden")))}
     return triton.compile(ASTSource(kernel, signature, consts, aligned), target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": warps, "num_stages": stages}).asm["ptx"]
+                          options={"num_warps": warps, "num_stages": stages})
+"""
 
-
+_COMPILE_FOR_HOPPER = _SM90_COMPILER + """
 config = moe.pick_config(1, "fp16")
 tiles = dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, GROUPS=config.block_k // 32, GROUP_M=config.group_m)
 POINTERS["words_ptr"] = WORDS[config.block_k // 32]
 for dot, x_type, act_type, name in ((tl.float16, "*fp16", "*fp32", "f16"), (tl.bfloat16, "*bf16", "*bf16", "bf16")):
     POINTERS.update(x_ptr=x_type, a_ptr=x_type, act_ptr=act_type)
     for kernel, extra in ((moe.gate_up_core_kernel, dict(TOP_K=4, SWIGLU_OAI=True)), (moe.down_core_kernel, {})):
-        ptx = compile_for_sm90(kernel, {**tiles, **extra, "DOT_DTYPE": dot}, config.num_warps, config.num_stages)
+        ptx = compile_for_sm90(kernel, {**tiles, **extra, "DOT_DTYPE": dot}, config.num_warps, config.num_stages).asm["ptx"]
         assert "mma.sync" in ptx and f".{name}.{name}" in ptx and "wgmma" not in ptx, f"{kernel.__name__}: not {name} mma.sync"
         assert "cvt.rn.f16x2.e4m3x2" in ptx, f"{kernel.__name__}: e4m3 -> fp16 not one conversion per pair"
         assert "cp.async" in ptx, f"{kernel.__name__}: weight loads not pipelined"
@@ -363,18 +403,71 @@ print("compiled")
 """
 
 
-def test_core_paths_compile_for_hopper():
-    """The interpreter does not run Triton's compiler: compile the core paths' kernels for sm_90
-    with the decode tiles (no GPU needed) and check the instructions their design rests on (fp16 /
-    bf16 mma.sync, no wgmma; the paired e4m3 -> fp16 conversion; cp.async weight loads)."""
+def compiles_for_hopper(script: str) -> None:
+    """Runs ``script`` (Triton's compiler for sm_90, no GPU needed) outside the interpreter; it prints
+    "compiled" at its end."""
     import os
     import subprocess
     import sys
 
     pytest.importorskip("triton.backends.nvidia")
     env = {**os.environ, "TRITON_INTERPRET": "0"}
-    done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_HOPPER], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-3000:]
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0 and "compiled" in done.stdout, done.stdout[-2000:] + done.stderr[-3000:]
+
+
+def test_core_paths_compile_for_hopper():
+    """The interpreter does not run Triton's compiler: compile the core paths' kernels for sm_90
+    with the decode tiles (no GPU needed) and check the instructions their design rests on (fp16 /
+    bf16 mma.sync, no wgmma; the paired e4m3 -> fp16 conversion; cp.async weight loads)."""
+    compiles_for_hopper(_COMPILE_FOR_HOPPER)
+
+
+_FP32_FOR_HOPPER = _SM90_COMPILER + """
+from msa_kernels import mxfp8_gemv as gemv
+from msa_kernels import triton_mxfp8_linear as linear
+
+#: shared memory one H100 block may use (227 KB): a launch asking for more fails
+H100_SHARED = 232448
+POINTERS.update(x_ptr="*fp32", a_ptr="*fp32", act_ptr="*fp32", y_ptr="*fp32", s_ptr="*u8")
+for path, tokens, kernels in (
+    ("bf16", moe.CORE_PATH_MAX_TOKENS, (moe.gate_up_core_kernel, moe.down_core_kernel)),
+    ("widen", 8192, (moe.gate_up_kernel, moe.down_kernel)),
+):
+    config = moe.pick_config(tokens, path)
+    tiles = dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, GROUP_M=config.group_m, DOT_DTYPE=tl.float32)
+    if path == "bf16":
+        tiles["GROUPS"] = config.block_k // 32
+        POINTERS["words_ptr"] = WORDS[config.block_k // 32]
+    else:
+        tiles.update(BLOCK_K=config.block_k, EVEN_K=True)
+    for kernel in kernels:
+        extra = dict(TOP_K=4, SWIGLU_OAI=True) if "gate_up" in kernel.__name__ else {}
+        compiled = compile_for_sm90(kernel, {**tiles, **extra}, config.num_warps, config.num_stages)
+        ptx = compiled.asm["ptx"]
+        assert "mma" not in ptx and "tf32" not in ptx and "fma.rn.f32" in ptx, f"{kernel.__name__}: not IEEE fp32 FMA dots"
+        assert compiled.metadata.shared <= H100_SHARED, f"{kernel.__name__}: {compiled.metadata.shared} bytes of shared memory"
+POINTERS.update(partial_ptr="*fp32", words_ptr=WORDS[linear.BLOCK_K // 32])
+linear_tiles = dict(BLOCK_M=linear.BLOCK_M, BLOCK_N=linear.BLOCK_N, GROUPS=linear.BLOCK_K // 32, DOT_DTYPE=tl.float32)
+ptx = compile_for_sm90(linear.linear_kernel, linear_tiles, linear.NUM_WARPS, 3).asm["ptx"]
+assert "mma" not in ptx and "tf32" not in ptx and "fma.rn.f32" in ptx, "linear_kernel: not IEEE fp32 FMA dots"
+POINTERS.update(w_ptr="*i32", s_ptr="*i64", out_ptr="*fp32")
+tile = gemv.MOE_GEMV_TABLE[0][1]
+compile_for_sm90(gemv.moe_gate_up_kernel, dict(TOP_K=4, SWIGLU_OAI=True, ASM=False, BLOCK_N=tile.gate_up.block_n, GROUPS=8), 4, 1)
+compile_for_sm90(gemv.moe_down_kernel, dict(TOP_K=4, SLOTS=4, ASM=False, BLOCK_N=tile.down.block_n, GROUPS=8), 4, 1)
+tile = gemv.linear_gemv_tile(6144)
+consts = dict(BLOCK_T=gemv.LINEAR_BLOCK_T, BLOCK_N=tile.block_n, GROUPS=tile.block_k // 32, ASM=False)
+compile_for_sm90(gemv.linear_kernel, consts, tile.num_warps, 1)
+print("compiled")
+"""
+
+
+def test_fp32_kernels_compile_for_hopper():
+    """The kernels an fp32 model's MXFP8 layers run compile for sm_90 (the experts' GEMVs without the
+    inline PTX, the bf16 core and widen with fp32 dots at the served tiles; the dense linear's GEMV
+    and core): IEEE fp32 dots (FMAs: no MMA, no TF32), within an H100 block's shared memory (the
+    widen prefill tiles hold fp32 operand tiles)."""
+    compiles_for_hopper(_FP32_FOR_HOPPER)
 
 
 _GEMV_FOR_HOPPER = """
@@ -438,11 +531,4 @@ def test_gemv_kernels_compile_for_hopper_within_the_instruction_budget():
     compile both MoE GEMV kernels for sm_90 with the table's tiles (no GPU needed) and count the
     SASS of their loops (4.4 and 5.2 per element with Triton 3.8; at most 6 asserted); check the inline
     e4m3 -> fp16 pair conversion, no MMA and 16-byte evict-first weight loads."""
-    import os
-    import subprocess
-    import sys
-
-    pytest.importorskip("triton.backends.nvidia")
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    done = subprocess.run([sys.executable, "-c", _GEMV_FOR_HOPPER], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0 and "compiled" in done.stdout, done.stdout[-2000:] + done.stderr[-3000:]
+    compiles_for_hopper(_GEMV_FOR_HOPPER)

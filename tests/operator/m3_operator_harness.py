@@ -292,7 +292,7 @@ async def running_operator(api: ApiServer, config: OperatorConfig) -> AsyncItera
 
     thread = threading.Thread(target=main, name="m3-operator", daemon=True)
     thread.start()
-    assert await asyncio.to_thread(ready.wait, 10), "the operator did not start"
+    assert await asyncio.to_thread(ready.wait, WAIT_S), "the operator did not start"
     assert not failures, failures
     # Ready means started, not yet watching: wait for the watches the tests depend on.
     await eventually(lambda: _watching(api, "m3recipes") and _watching(api, "pods"),
@@ -301,7 +301,7 @@ async def running_operator(api: ApiServer, config: OperatorConfig) -> AsyncItera
         yield controllers[0]
     finally:
         stop.set()
-        await asyncio.to_thread(thread.join, 20)
+        await asyncio.to_thread(thread.join, WAIT_S)
         assert not thread.is_alive(), "the operator did not stop"
         assert not failures, failures
 
@@ -312,7 +312,13 @@ def _watching(api: ApiServer, plural: str) -> bool:
                for request in list(api))
 
 
-async def eventually(check: Callable[[], Any], timeout: float = 10.0, what: str = "",
+#: How long a test waits for the operator to start, stop, or converge. Only a bound on waiting (a
+#: check that holds returns at once): generous, because the 2-core CI machines can run ten times
+#: slower than a workstation.
+WAIT_S = 120.0
+
+
+async def eventually(check: Callable[[], Any], timeout: float = WAIT_S, what: str = "",
                      interval: float = 0.05) -> Any:
     """Poll ``check`` until it returns something truthy; fail with ``what`` after ``timeout``."""
     deadline = asyncio.get_running_loop().time() + timeout

@@ -149,6 +149,30 @@ def test_eagle3_renders_the_draft_model():
     assert limits == {"nvidia.com/gpu": "4"}
 
 
+def test_host_offload_requests_the_host_memory_its_ranks_pin():
+    """8 ranks x 64 GB of page-locked host store: requested (scheduling, eviction order), not
+    limited; the sparse-offload environment reaches the server; recipes without offload
+    request no memory."""
+    objects = by_kind(render(HERE / "cases" / "h100-sparse-offload.yaml"))
+    container = server_container(objects["Deployment"]["spec"]["template"])
+    assert container["resources"]["requests"] == {"nvidia.com/gpu": "8", "memory": "512G"}
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": "8"}
+    env = {item["name"]: item.get("value") for item in container["env"]}
+    assert env["SGLANG_M3_SPARSE_OFFLOAD_HOST_GB"] == "64"
+    assert env["SGLANG_M3_SPARSE_OFFLOAD_BLOCKS"] == "512"
+
+    two_nodes = load_case(HERE / "cases" / "h200-two-node-lws.yaml")
+    two_nodes["spec"]["hostOffload"] = {"mode": "hierarchical-cache", "sizeGbPerRank": 100}
+    plan = desired_state(two_nodes, CONFIG)
+    assert plan.valid, plan.problems
+    template = by_kind(plan)["LeaderWorkerSet"]["spec"]["leaderWorkerTemplate"]
+    for role in ("leaderTemplate", "workerTemplate"):  # tp 16 over 2 nodes: 8 ranks per pod
+        assert server_container(template[role])["resources"]["requests"]["memory"] == "800G"
+
+    plain = server_container(by_kind(render(HERE / "cases" / "h200-single-node.yaml"))["Deployment"]["spec"]["template"])
+    assert "memory" not in plain["resources"]["requests"]
+
+
 def test_model_cache_is_filled_once_and_mounted_by_every_server():
     plan = render(HERE / "cases" / "h200-model-cache.yaml")
     objects = by_kind(plan)

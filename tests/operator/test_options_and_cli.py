@@ -71,7 +71,7 @@ def test_config_from_environment():
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "m3_operator", *args], capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=600)
 
 
 def test_cli_render_prints_the_golden_objects():

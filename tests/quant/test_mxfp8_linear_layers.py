@@ -4,7 +4,8 @@ SGLang's own linear classes built with the project's quantization config hold e4
 e8m0 scales; loaded through SGLang's tensor-parallel loaders, every rank's slice dequantizes to
 exactly the slice the BF16 linear of the dequantized twin holds (dequantization is exact in bf16),
 and their outputs agree within one bf16 rounding (``tests/kernels/test_mxfp8_linear.py`` states
-the kernel's bound; asserted here: relative Frobenius error <= 4e-3). The whole tiny model built
+the kernel's bound; asserted here: relative Frobenius error <= 4e-3), and in fp32 (an fp32 model's
+W8A32 linears) within fp32 summation-order noise. The whole tiny model built
 with the config keeps exactly the linears the checkpoint stores in MXFP8 and the loader hands
 them their pairs as stored.
 """
@@ -16,6 +17,7 @@ import types
 import pytest
 import torch
 from fused_attn_cases import as_rank
+from msa_kernels.mxfp8_moe_reference import assert_fp32_close
 from safetensors import safe_open
 from torch import nn
 
@@ -159,7 +161,9 @@ def test_tiny_model_keeps_the_checkpoints_mxfp8_linears(tiny_mxfp8, bf16_default
     want = x.float() @ dequantize(down.weight.data, down.weight_scale_inv.data).T
     with as_rank():
         got = down(x)[0].float()
+        got32 = down(x.float())[0]
     assert ((got - want).norm() / want.norm()).item() <= 4e-3
+    assert_fp32_close(got32, want)  # an fp32 model's activations through the same layer: W8A32
 
 
 def _model_config(dtype, architecture="MiniMaxM3SparseForConditionalGeneration", path=None):
@@ -168,7 +172,7 @@ def _model_config(dtype, architecture="MiniMaxM3SparseForConditionalGeneration",
 
 
 def test_quantization_hook_picks_mxfp8_linears_on_cuda_only(tiny_mxfp8, tmp_path, monkeypatch):
-    """CUDA and a bf16/fp16 model: the project's config; the CPU or an fp32 model: none (dequantize
+    """CUDA and a bf16, fp16 or fp32 model (W8A32): the project's config; the CPU: none (dequantize
     at load); another architecture: SGLang's own."""
     import sglang.srt.platforms as platforms
 
@@ -184,6 +188,7 @@ def test_quantization_hook_picks_mxfp8_linears_on_cuda_only(tiny_mxfp8, tmp_path
     assert m3_mxfp8_quantization(original, _model_config(torch.bfloat16, "LlamaForCausalLM"), None) == "sglang's"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(platforms, "current_platform", types.SimpleNamespace(device_type="cuda"))
-    config = m3_mxfp8_quantization(original, _model_config(torch.bfloat16, path=path), None)
-    assert isinstance(config, M3Mxfp8LinearConfig) and config.checkpoint == spec.quantization
-    assert m3_mxfp8_quantization(original, _model_config(torch.float32, path=path), None) is None
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        config = m3_mxfp8_quantization(original, _model_config(dtype, path=path), None)
+        assert isinstance(config, M3Mxfp8LinearConfig) and config.checkpoint == spec.quantization
+        assert dtype in config.get_supported_act_dtypes()

@@ -12,20 +12,20 @@ from __future__ import annotations
 import contextlib
 import os
 
-from server_harness import _stop, _wait_ready, start_cpu_server
+from server_harness import _stop, _wait_ready, server_environment, start_cpu_server
 
 INTERPRETER_VARIABLE = "TRITON_INTERPRET"
+
+
+def environment_without_interpreter() -> dict[str, str]:
+    """The environment of the servers started here."""
+    return server_environment(without=(INTERPRETER_VARIABLE,))
 
 
 @contextlib.contextmanager
 def launch_without_interpreter(model_path: str, log_dir: str, *extra: str):
     """``launch_cpu_server`` with ``TRITON_INTERPRET`` removed from the server's environment."""
-    saved = os.environ.pop(INTERPRETER_VARIABLE, None)
-    try:
-        server = start_cpu_server(model_path, log_dir, *extra)
-    finally:
-        if saved is not None:
-            os.environ[INTERPRETER_VARIABLE] = saved
+    server = start_cpu_server(model_path, log_dir, *extra, without=(INTERPRETER_VARIABLE,))
     try:
         assert INTERPRETER_VARIABLE not in process_environment(server.process.pid)
         _wait_ready(server)

@@ -21,7 +21,7 @@ import types
 
 from . import _standin
 from ._standin import StandInMissing, missing, ran
-from .ops import moe_align_block_size, moe_sum_reduce, silu_and_mul, topk_sigmoid, weak_ref_tensor
+from .ops import moe_align_block_size, moe_sum_reduce, silu_and_mul, topk_sigmoid, transfer_kv_direct, weak_ref_tensor
 
 __version__ = "0.5.23.standin"
 __sgl_kernel_standin__ = True
@@ -102,6 +102,8 @@ class _SubmoduleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             module.is_arch_support_pdl = _is_arch_support_pdl
         if module.__name__ == "sgl_kernel.elementwise":
             module.silu_and_mul = silu_and_mul
+        if module.__name__ == "sgl_kernel.kvcacheio":
+            module.transfer_kv_direct = transfer_kv_direct
 
 
 if not any(isinstance(f, _SubmoduleFinder) for f in sys.meta_path):

@@ -166,3 +166,23 @@ def weak_ref_tensor(tensor):
     storage = tensor.untyped_storage()
     weak = make(storage.data_ptr(), tensor.device, storage.nbytes())
     return torch.empty(0, dtype=tensor.dtype, device=tensor.device).set_(weak, tensor.storage_offset(), tensor.shape, tensor.stride())
+
+
+# --- kvcacheio.transfer_kv_direct -----------------------------------------------------------------
+
+def transfer_kv_direct(src_layers, dst_layers, src_indices: torch.Tensor, dst_indices: torch.Tensor, page_size: int) -> None:
+    """Copy token rows ``src[src_indices]`` into ``dst[dst_indices]`` for each (src, dst) layer pair.
+
+    HiCache's ``--hicache-io-backend direct`` moves K/V between the device pool and the host pool
+    with this op (backup: device -> host, all layers; load: host -> device, one layer); the real
+    kernel groups the rows into ``page_size`` runs, which changes the copy count, not the result.
+    Indexed torch copies on the caller's stream (HiCache's transfer stream) give the same rows.
+    """
+    note_ran("kvcacheio.transfer_kv_direct")
+    if len(src_layers) != len(dst_layers):
+        raise ValueError(f"transfer_kv_direct: {len(src_layers)} source layers for {len(dst_layers)} destinations")
+    if src_indices.numel() != dst_indices.numel():
+        raise ValueError(f"transfer_kv_direct: {src_indices.numel()} source rows for {dst_indices.numel()} destinations")
+    for src, dst in zip(src_layers, dst_layers):
+        rows = src[src_indices.to(src.device)]
+        dst[dst_indices.to(dst.device)] = rows.to(dst.device, non_blocking=True)

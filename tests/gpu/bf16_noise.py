@@ -1,0 +1,32 @@
+"""How far a bf16 server's outputs stray from the fp32 transformers reference (the GPU tests' bf16 criterion).
+
+bf16 cannot be held to fp32's tokens or logprobs on the tiny model (sharp logits from random
+weights; ``test_tiny_m3_gpu.py`` gives the measurements). What can be held: every served token is
+a near-argmax of the fp32 reference along the served sequence, within twice the prompt-logprob
+noise ``delta`` of the same request, and one bf16 path's ``delta`` is not larger than another's
+by more than a small ratio.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers_oracle import load_reference_model
+
+
+def served_logprobs(result, prompt) -> dict[int, float]:
+    """{prompt position: served logprob} for the positions the server returned a value for."""
+    entries = result["meta_info"]["input_token_logprobs"]
+    start = len(prompt) - len(entries)
+    assert [t[1] for t in entries] == prompt[start:]
+    return {start + i: t[0] for i, t in enumerate(entries) if t[0] is not None}
+
+
+@torch.no_grad()
+def reference_gaps(model_dir, prompt, served) -> list[float]:
+    """For each served token: fp32 max logprob minus the served token's, given the served prefix."""
+    sequence = torch.tensor([prompt + served])
+    logprobs = load_reference_model(model_dir)(input_ids=sequence).logits[0].float().log_softmax(-1)
+    rows = logprobs[len(prompt) - 1 : len(prompt) - 1 + len(served)]
+    picked = rows.gather(1, torch.tensor(served)[:, None])[:, 0]
+    return (rows.max(-1).values - picked).tolist()
+
