@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Sets up .venv (scripts/setup.sh) and runs the whole test suite. Extra arguments go to pytest.
+# Two pytest-xdist workers (M3_TEST_WORKERS; 0 runs in one process): most tests keep one core busy
+# (the Triton interpreter, hypothesis, an HTTP client waiting on a server), so a second worker on the
+# other core nearly halves the run. tests/conftest.py keeps the server tests together in one worker.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # Imports write their bytecode cache (scripts/setup.sh says why); the tests' servers need it.
 unset PYTHONDONTWRITEBYTECODE
-exec .venv/bin/python -m pytest "$@"
+exec .venv/bin/python -m pytest -n "${M3_TEST_WORKERS:-2}" --dist loadgroup "$@"

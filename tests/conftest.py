@@ -31,18 +31,55 @@ from server_harness import (  # noqa: E402
 )
 
 
-def pytest_collection_modifyitems(items):
-    """Tests that start no server run first (the order is otherwise kept): they fail fast, and their
-    time overlaps the server zygote's imports."""
-    items.sort(key=lambda item: item.get_closest_marker("server") is not None)
+#: The ``xdist_group`` of every server test: one worker runs them all, one after another (a
+#: server is several busy processes; two at once on 2 cores only slow each other down).
+SERVER_GROUP = "servers"
+
+
+def _under_xdist(config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into node ids
+def pytest_collection_modifyitems(config, items):
+    """Alone, tests that start no server run first (the order is otherwise kept): they fail fast,
+    and their time overlaps the server zygotes' imports. Under ``pytest-xdist`` (``scripts/test.sh``
+    runs ``--dist loadgroup``) the server tests form one group that goes first, so that one worker
+    runs them while the other takes the remaining files, each file a unit (its module fixtures
+    are built once)."""
+    distributed = _under_xdist(config)
+    items.sort(key=lambda item: (item.get_closest_marker("server") is None) == distributed)
+    if distributed:
+        for item in items:
+            group = SERVER_GROUP if item.get_closest_marker("server") else item.nodeid.split("::")[0]
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 def pytest_collection_finish(session):
+    """Alone, start the zygotes the collected server tests need now (their imports then run beside
+    the tests that need no server). Under xdist every worker collects every test but only one runs
+    the server group: that worker starts them at its first server test (``pytest_runtest_setup``)."""
+    if not _under_xdist(session.config):
+        _start_server_zygotes(session.items)
+
+
+_zygotes_started = False
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("server"):
+        _start_server_zygotes(item.session.items)
+
+
+def _start_server_zygotes(items) -> None:
     """Servers fork from a warm interpreter (``server_zygote``), one per import-time environment:
-    start those the collected tests need now, so that their imports run beside the tests that
-    need no server. Modules that start servers without ``TRITON_INTERPRET`` import
-    ``launch_without_interpreter``; those that serve recipes import ``serve_tiny_recipe``."""
-    server_modules = {getattr(item, "module", None) for item in session.items if item.get_closest_marker("server")} - {None}
+    start those that ``items`` need, once. Modules that start servers without ``TRITON_INTERPRET``
+    import ``launch_without_interpreter``; those that serve recipes import ``serve_tiny_recipe``."""
+    global _zygotes_started
+    if _zygotes_started:
+        return
+    _zygotes_started = True
+    server_modules = {getattr(item, "module", None) for item in items if item.get_closest_marker("server")} - {None}
     if server_modules:
         start_zygote(server_environment())
     if any(hasattr(module, "launch_without_interpreter") for module in server_modules):
