@@ -110,24 +110,31 @@ def test_report_marks_a_server_cut_short(tmp_path):
 
 
 def test_each_workload_is_saved_as_soon_as_it_is_measured(monkeypatch):
-    """A device run cut by its time limit keeps every row measured before the cut."""
+    """A device run cut by its time limit keeps every row measured before the cut; concurrency 1
+    is the median of its lone requests."""
     import e2e_gpu
     from serving_client import RequestTiming
 
     class Group:
-        mean_tpot_ms, output_tok_s, mean_ttft_ms = 2.0, 500.0, 40.0
+        def __init__(self, tpot_ms):
+            self.mean_tpot_ms, self.output_tok_s, self.mean_ttft_ms = tpot_ms, 1e3 / tpot_ms, 40.0
 
+    lone_tpots = [3.1, 2.4, 2.9, 2.5, 2.6]  # median 2.6
+    assert len(lone_tpots) == e2e_gpu.SINGLE_STREAM_RUNS
     calls = {"single": 0, "group": 0}
 
     def single(*args, **kwargs):
         calls["single"] += 1
         return RequestTiming(0.1, 0.2, 1)
 
-    def group(*args, **kwargs):
+    def group(base_url, prompts, output):
         calls["group"] += 1
-        if calls["group"] == 3:
-            raise SystemExit("stopped by signal 15")  # the third group workload is cut
-        return Group()
+        if calls["group"] <= len(lone_tpots):
+            assert len(prompts) == 1
+            return Group(lone_tpots[calls["group"] - 1])
+        if calls["group"] == len(lone_tpots) + 2:
+            raise SystemExit("stopped by signal 15")  # the c64 group is cut
+        return Group(8.0)
 
     monkeypatch.setattr(e2e_gpu, "stream_generate", single)
     monkeypatch.setattr(e2e_gpu, "run_group", group)
@@ -140,3 +147,24 @@ def test_each_workload_is_saved_as_soon_as_it_is_measured(monkeypatch):
     assert [(r["metric"], r["prompt_tokens"], r["concurrency"]) for r in rows][-3:] == [
         ("tpot_ms", 2048, 16), ("output_tok_s", 2048, 16), ("ttft_ms", 2048, 16)
     ]
+    c1 = {r["metric"]: r["value"] for r in rows if r["concurrency"] == 1 and r["prompt_tokens"] == 2048}
+    assert c1 == {"tpot_ms": 2.6, "output_tok_s": 1e3 / 2.6}
+
+
+def test_host_profile_gives_each_sample_to_its_innermost_process(tmp_path):
+    from decode_host_profile import summarize
+
+    collapsed = tmp_path / "stacks.txt"
+    collapsed.write_text(
+        'process 1:"launch_server";process 2:"sglang::scheduler";loop (s.py:1);step (s.py:9) 6\n'
+        'process 1:"launch_server";process 2:"sglang::scheduler";loop (s.py:1) 2\n'
+        'process 1:"launch_server";process 2:"sglang::scheduler" 1\n'
+        'process 1:"launch_server";serve (h.py:3) 3\n'
+    )
+    summary = summarize(str(collapsed))
+    assert list(summary) == ['process 2:"sglang::scheduler"', 'process 1:"launch_server"']
+    scheduler = summary['process 2:"sglang::scheduler"']
+    assert scheduler["samples"] == 9
+    assert scheduler["self"] == [("step (s.py:9)", 6), ("loop (s.py:1)", 2), ("(no Python frame)", 1)]
+    assert scheduler["inclusive"] == [("loop (s.py:1)", 8), ("step (s.py:9)", 6)]
+    assert summary['process 1:"launch_server"']["inclusive"] == [("serve (h.py:3)", 3)]
