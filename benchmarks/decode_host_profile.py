@@ -85,6 +85,7 @@ def main(argv=None) -> int:
             requests.post(f"{base_url}/freeze_gc", timeout=60).raise_for_status()
         prompts = [random_prompt(THROUGHPUT_PROMPT, next(seed)) for _ in range(args.requests)]
         collapsed = os.path.join(args.out, f"host_profile_{label}.txt")
+        # long enough for every request: a 2K prefill plus up to 4 ms a token on the mid-size model
         seconds = int(args.requests * (0.5 + args.tokens * 0.004)) + 5
         recorder = subprocess.Popen([
             args.py_spy, "record", "--pid", str(process.pid), "--subprocesses", "--nonblocking", "--rate", str(args.rate),
