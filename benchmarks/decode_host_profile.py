@@ -59,6 +59,119 @@ def summarize(collapsed_path: str, top: int = 25) -> dict:
     }
 
 
+GC_ACCOUNTING_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gc_accounting")
+
+
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it (from ``/proc/*/stat`` parent links)."""
+    children: dict[int, list[int]] = collections.defaultdict(list)
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", encoding="utf-8") as handle:
+                    fields = handle.read().rpartition(")")[2].split()
+            except OSError:
+                continue
+            children[int(fields[1])].append(int(entry))
+    found, pending = [], [pid]
+    while pending:
+        current = pending.pop()
+        found.append(current)
+        pending += children.get(current, [])
+    return found
+
+
+def thread_cpu(pid: int) -> dict[str, dict]:
+    """CPU seconds (user + system) and the CPU last run on, per thread of the server's processes:
+    two snapshots around a phase show which threads were busy and where they ran."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    threads = {}
+    for process in descendants(pid):
+        try:
+            with open(f"/proc/{process}/cmdline", "rb") as handle:
+                command = handle.read().replace(b"\0", b" ").decode(errors="replace")[:60]
+            tids = os.listdir(f"/proc/{process}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{process}/task/{tid}/stat", encoding="utf-8") as handle:
+                    head, _, rest = handle.read().rpartition(")")
+            except OSError:
+                continue
+            fields = rest.split()
+            # after the name: state is field 3, utime 14, stime 15, processor 39 (1-based, man 5 proc)
+            threads[f"{process}/{tid}"] = {"process": command, "thread": head.partition("(")[2],
+                                           "cpu_s": (int(fields[11]) + int(fields[12])) / ticks, "cpu": int(fields[36])}
+    return threads
+
+
+def busy_threads(before: dict, after: dict, seconds: float, top: int = 12) -> list[dict]:
+    """Threads by CPU share over the phase (CPU seconds / wall seconds), busiest first."""
+    rows = []
+    for key, end in after.items():
+        used = end["cpu_s"] - before.get(key, {"cpu_s": 0.0})["cpu_s"]
+        if used > 0:
+            rows.append({"thread": key, "process": end["process"], "name": end["thread"], "share": round(used / seconds, 3),
+                         "last_cpu": end["cpu"]})
+    return sorted(rows, key=lambda row: -row["share"])[:top]
+
+
+def gc_totals(directory: str) -> dict[str, dict]:
+    """The latest per-process garbage-collector totals written by ``gc_accounting``."""
+    totals = {}
+    for name in sorted(os.listdir(directory)) if os.path.isdir(directory) else ():
+        if name.endswith(".json"):
+            with open(os.path.join(directory, name), encoding="utf-8") as handle:
+                snapshot = json.load(handle)
+            totals[f"{snapshot['pid']} {snapshot['name'][:60]}"] = snapshot
+    return totals
+
+
+def gc_delta(before: dict, after: dict) -> dict[str, dict]:
+    """Collections and seconds per generation spent in each process during a phase."""
+    delta = {}
+    for key, end in after.items():
+        start = before.get(key, {"collections": [0, 0, 0], "seconds": [0.0, 0.0, 0.0]})
+        collections_ = [e - s for e, s in zip(end["collections"], start["collections"])]
+        if any(collections_):
+            delta[key] = {"collections": collections_,
+                          "ms": [round(1e3 * (e - s), 2) for e, s in zip(end["seconds"], start["seconds"])]}
+    return delta
+
+
+def decode_phase(args, base_url: str, process, prompts: list, label: str, gc_dir: str) -> dict:
+    """Lone requests one after another under py-spy; per-thread CPU and GC totals around them."""
+    collapsed = os.path.join(args.out, f"host_profile_{label}.txt")
+    # long enough for every request: a 2K prefill plus up to 4 ms a token on the mid-size model
+    seconds = int(len(prompts) * (0.5 + args.tokens * 0.004)) + 5
+    recorder = subprocess.Popen([
+        args.py_spy, "record", "--pid", str(process.pid), "--subprocesses", "--nonblocking", "--rate", str(args.rate),
+        "--duration", str(seconds), "--format", "raw", "--output", collapsed,
+    ], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    time.sleep(2)  # py-spy attaches to each process
+    threads_before, gc_before, started = thread_cpu(process.pid), gc_totals(gc_dir), time.perf_counter()
+    tpots = [1e3 * stream_generate(base_url, prompt, args.tokens).tpot_s for prompt in prompts]
+    time.sleep(0.5)  # the accounting writes its totals at most every 0.2 s
+    wall = time.perf_counter() - started
+    threads_after, gc_after = thread_cpu(process.pid), gc_totals(gc_dir)
+    recorder.wait(timeout=seconds + 60)
+    return {"tpot_ms": tpots, "wall_s": wall, "busy_threads": busy_threads(threads_before, threads_after, wall),
+            "gc": gc_delta(gc_before, gc_after), "processes": summarize(collapsed)}
+
+
+def report(label: str, phase: dict) -> None:
+    print(f"[{label}] tpot ms per request: " + ", ".join(f"{t:.2f}" for t in phase["tpot_ms"]), flush=True)
+    for row in phase["busy_threads"]:
+        print(f"  cpu {row['share']:5.2f} on cpu {row['last_cpu']:3d}  {row['name']:<18} {row['process']}", flush=True)
+    for name, gc_phase in phase["gc"].items():
+        print(f"  gc {name}: collections {gc_phase['collections']} ms {gc_phase['ms']}", flush=True)
+    for name, process_summary in list(phase["processes"].items())[:4]:
+        print(f"  {name[:90]}: {process_summary['samples']} samples; top self:", flush=True)
+        for frame, samples in process_summary["self"][:12]:
+            print(f"    {samples:6d} {frame[:150]}", flush=True)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
@@ -71,10 +184,19 @@ def main(argv=None) -> int:
     parser.add_argument("--label", default="")
     parser.add_argument("--server-arg", action="append", default=[], help="an extra server flag (repeat; e.g. --server-arg=--gc-warning-threshold-secs=0.001)")
     parser.add_argument("--freeze-gc", action="store_true", help="POST /freeze_gc after the warm-up (SGLang's own, after its start-up warm-up, is kept either way)")
+    parser.add_argument("--then-freeze-gc", action="store_true",
+                        help="after the profiled phase, POST /freeze_gc and profile a second phase on the same server")
+    parser.add_argument("--gc-stats", action="store_true",
+                        help="count every process's garbage collections and their time per phase (gc_accounting/)")
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     label = args.label or args.impl
     env = dict(pair.split("=", 1) for pair in args.env)
+    gc_dir = os.path.join(args.out, f"gc-{label}")
+    if args.gc_stats:
+        # through this process's environment, which e2e_gpu.server_env filters per implementation
+        os.environ["M3_GC_STATS_DIR"] = gc_dir
+        os.environ["PYTHONPATH"] = os.pathsep.join([GC_ACCOUNTING_DIR, *filter(None, [os.environ.get("PYTHONPATH")])])
     model_dir = write_midsize_checkpoint(tempfile.mkdtemp(prefix="m3-midsize-"), 1, 3)
     process, base_url, startup_s, _ = start_server(args.impl, model_dir, args.out, 1, 1, label=f"hostprof-{label}", env=env,
                                                     extra_args=tuple(args.server_arg))
@@ -83,29 +205,21 @@ def main(argv=None) -> int:
         warm_up(base_url, seed)
         if args.freeze_gc:
             requests.post(f"{base_url}/freeze_gc", timeout=60).raise_for_status()
-        prompts = [random_prompt(THROUGHPUT_PROMPT, next(seed)) for _ in range(args.requests)]
-        collapsed = os.path.join(args.out, f"host_profile_{label}.txt")
-        # long enough for every request: a 2K prefill plus up to 4 ms a token on the mid-size model
-        seconds = int(args.requests * (0.5 + args.tokens * 0.004)) + 5
-        recorder = subprocess.Popen([
-            args.py_spy, "record", "--pid", str(process.pid), "--subprocesses", "--nonblocking", "--rate", str(args.rate),
-            "--duration", str(seconds), "--format", "raw", "--output", collapsed,
-        ], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-        time.sleep(2)  # py-spy attaches to each process
-        tpots = [1e3 * stream_generate(base_url, prompt, args.tokens).tpot_s for prompt in prompts]
-        recorder.wait(timeout=seconds + 60)
-        result = {"impl": args.impl, "env": env, "startup_s": startup_s, "tokens": args.tokens, "tpot_ms": tpots,
-                  "processes": summarize(collapsed)}
+        phases = {label: decode_phase(args, base_url, process, [random_prompt(THROUGHPUT_PROMPT, next(seed)) for _ in range(args.requests)],
+                                      label, gc_dir)}
+        if args.then_freeze_gc:
+            requests.post(f"{base_url}/freeze_gc", timeout=60).raise_for_status()
+            time.sleep(1)
+            phases[f"{label}-frozen"] = decode_phase(args, base_url, process,
+                                                     [random_prompt(THROUGHPUT_PROMPT, next(seed)) for _ in range(args.requests)],
+                                                     f"{label}-frozen", gc_dir)
     finally:
         stop_server(process)
-    path = os.path.join(args.out, f"host_profile_{label}.json")
-    with open(path, "w", encoding="utf-8") as handle:
-        json.dump(result, handle, indent=1)
-    print(f"[{label}] tpot ms per request: " + ", ".join(f"{t:.2f}" for t in tpots), flush=True)
-    for name, process_summary in list(result["processes"].items())[:4]:
-        print(f"  {name[:90]}: {process_summary['samples']} samples; top self:", flush=True)
-        for frame, samples in process_summary["self"][:12]:
-            print(f"    {samples:6d} {frame[:150]}", flush=True)
+    for name, phase in phases.items():
+        result = {"impl": args.impl, "env": env, "startup_s": startup_s, "tokens": args.tokens, **phase}
+        with open(os.path.join(args.out, f"host_profile_{name}.json"), "w", encoding="utf-8") as handle:
+            json.dump(result, handle, indent=1)
+        report(name, phase)
     return 0
 
 
