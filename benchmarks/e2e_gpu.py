@@ -33,7 +33,7 @@ import requests
 sys.path.insert(0, os.path.dirname(__file__))
 from midsize_m3 import midsize_text_config, write_midsize_checkpoint  # noqa: E402
 from serving_client import random_prompt, run_group, stream_generate  # noqa: E402
-from trace_summary import kernel_summary, load_events  # noqa: E402
+from trace_summary import idle_gaps, kernel_summary, load_events  # noqa: E402
 
 sys.path.append(os.path.join(os.path.dirname(__file__), "..", "tests"))
 from server_harness import free_port  # noqa: E402  (the tests' port choice, race-free on two GPUs)
@@ -253,7 +253,8 @@ def profile_steps(base_url: str, out_dir: str, label: str, prompt_tokens: int, m
         traces = glob.glob(os.path.join(trace_dir, "*.trace.json*"))
         if traces:
             time.sleep(2)  # let the writer finish
-            return {"steps": steps, "trace": os.path.basename(traces[0]), **kernel_summary(load_events(traces[0]), steps)}
+            events = load_events(traces[0])
+            return {"steps": steps, "trace": os.path.basename(traces[0]), **kernel_summary(events, steps), "idle": idle_gaps(events)}
         time.sleep(1)
     raise TimeoutError(f"no profiler trace under {trace_dir} after 120 s")
 

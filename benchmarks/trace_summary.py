@@ -56,13 +56,39 @@ def kernel_summary(events: list[dict], steps: int = 1, top: int = 40) -> dict:
     }
 
 
+def idle_gaps(events: list[dict], min_us: float = 20.0, top: int = 25) -> dict:
+    """Where the GPU sat idle: gaps of at least ``min_us`` between one kernel's end and the next
+    kernel's start (kernels overlapping in time count as busy), grouped by the kernels on either
+    side. A gap before the same kernel in every layer points at host work (or a host sync) in
+    the code that launches it."""
+    kernels = sorted(
+        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)), e["name"])
+        for e in events if e.get("ph") == "X" and e.get("cat") == "kernel" and "ts" in e
+    )
+    groups: dict[tuple[str, str], list[float]] = defaultdict(list)
+    busy_until, previous = None, None
+    for start, end, name in kernels:
+        if busy_until is not None and start - busy_until >= min_us:
+            groups[(previous[:80], name[:80])].append(start - busy_until)
+        if busy_until is None or end > busy_until:
+            busy_until, previous = end, name
+    ranked = sorted(groups.items(), key=lambda item: -sum(item[1]))
+    return {
+        "min_gap_us": min_us,
+        "idle_us_total": sum(sum(gaps) for gaps in groups.values()),
+        "gaps": [{"after": after, "before": before, "count": len(gaps), "us_total": sum(gaps), "us_max": max(gaps)}
+                 for (after, before), gaps in ranked[:top]],
+    }
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("trace")
     parser.add_argument("--steps", type=int, default=1, help="forward steps the trace covers (divides the totals)")
     parser.add_argument("--top", type=int, default=40)
     args = parser.parse_args(argv)
-    json.dump(kernel_summary(load_events(args.trace), args.steps, args.top), sys.stdout, indent=2)
+    events = load_events(args.trace)
+    json.dump({**kernel_summary(events, args.steps, args.top), "idle": idle_gaps(events)}, sys.stdout, indent=2)
     print()
     return 0
 

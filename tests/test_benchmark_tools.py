@@ -17,7 +17,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 import e2e_gpu_report  # noqa: E402
 from midsize_m3 import midsize_text_config, shipped_text_config, write_midsize_checkpoint  # noqa: E402
-from trace_summary import kernel_summary, load_events  # noqa: E402
+from trace_summary import idle_gaps, kernel_summary, load_events  # noqa: E402
 
 from sglang_m3.config import M3TextSpec  # noqa: E402
 
@@ -70,6 +70,26 @@ def test_trace_summary_totals_gpu_kernels_per_step(tmp_path):
     assert summary["kernels"][0] == {"name": "gemm", "us_per_step": 20.0, "calls_per_step": 1.0, "us_per_call": 20.0, "share": 40 / 44}
     with pytest.raises(ValueError, match="steps"):
         kernel_summary([], steps=0)
+
+
+def test_idle_gaps_group_gpu_idle_time_by_neighbouring_kernels():
+    def kernel(name, ts, dur):
+        return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur}
+
+    events = [
+        kernel("gemm", 0.0, 10.0),
+        kernel("attn", 110.0, 10.0),  # 100 us idle after gemm
+        kernel("moe", 120.0, 50.0),
+        kernel("overlap", 130.0, 5.0),  # inside moe: busy, no gap
+        kernel("gemm", 175.0, 5.0),  # 5 us: under the threshold
+        kernel("attn", 230.0, 10.0),  # 50 us after gemm
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0.0, "dur": 900.0},
+    ]
+    idle = idle_gaps(events, min_us=20.0)
+    assert idle["idle_us_total"] == 150.0
+    assert idle["gaps"] == [{"after": "gemm", "before": "attn", "count": 2, "us_total": 150.0, "us_max": 100.0}]
+    # the gap is measured from the latest end among overlapping kernels (moe, not overlap)
+    assert idle_gaps([kernel("moe", 0.0, 50.0), kernel("x", 10.0, 5.0), kernel("y", 80.0, 1.0)])["gaps"][0]["after"] == "moe"
 
 
 def _server(impl, rows, commit="c"):

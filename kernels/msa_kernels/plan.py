@@ -269,24 +269,29 @@ def _check_tree(tree: DraftTree, batch: int, q_len: int) -> None:
 def _tiles_for(
     seq_lens: list[int], extend_lens: list[int], tile_tokens: int, device: torch.device
 ) -> Tiles:
-    """Cut every request's new tokens into tiles of ``tile_tokens``; longest context first."""
-    rows = []
-    tok0 = 0
-    for req, (seq_len, ext) in enumerate(zip(seq_lens, extend_lens)):
-        prefix = seq_len - ext
-        for start in range(0, ext, tile_tokens):
-            n = min(tile_tokens, ext - start)
-            rows.append((req, tok0 + start, prefix + start, n))
-        tok0 += ext
-    rows.sort(key=lambda r: -(r[2] + r[3]))  # most work first: better tail balance
-    data = torch.tensor(rows, dtype=torch.int32).reshape(-1, 4).to(device)
-    return Tiles(
-        req=data[:, 0].contiguous(),
-        tok0=data[:, 1].contiguous(),
-        pos0=data[:, 2].contiguous(),
-        ntok=data[:, 3].contiguous(),
-        max_tokens=tile_tokens,
-    )
+    """Cut every request's new tokens into tiles of ``tile_tokens``; longest context first.
+
+    Built with tensor ops on the host and sent with one asynchronous copy from page-locked memory:
+    an 8K-token chunk has 8,192 one-token attention tiles, and a Python list of them plus its
+    pageable upload held the GPU idle for 6-9 ms before every prefill chunk on an H100
+    (``benchmarks/results/e2e_gpu_h100.md``).
+    """
+    ext = torch.tensor(extend_lens, dtype=torch.int64)
+    prefix = torch.tensor(seq_lens, dtype=torch.int64) - ext
+    per_req = (ext + tile_tokens - 1) // tile_tokens
+    req = torch.repeat_interleave(torch.arange(len(extend_lens)), per_req)
+    first_tile = torch.cumsum(per_req, 0) - per_req
+    start = (torch.arange(req.shape[0]) - first_tile[req]) * tile_tokens
+    ntok = torch.minimum(ext[req] - start, torch.tensor(tile_tokens))
+    tok0 = (torch.cumsum(ext, 0) - ext)[req] + start
+    pos0 = prefix[req] + start
+    # most work first, ties in request order: better tail balance
+    order = torch.sort(pos0 + ntok, descending=True, stable=True).indices
+    data = torch.stack((req, tok0, pos0, ntok))[:, order].to(torch.int32)
+    if device.type == "cuda":
+        data = data.pin_memory()
+    data = data.to(device, non_blocking=True)
+    return Tiles(req=data[0], tok0=data[1], pos0=data[2], ntok=data[3], max_tokens=tile_tokens)
 
 
 # Below this many new tokens in a batch the query-major attention wins. Block-major pays a sort,

@@ -53,6 +53,25 @@ def _m3_prefill(seq_lens, extend_lens, heads, **kwargs):
     return plan_prefill(M3_PARAMS, table, seq_lens, extend_lens, num_index_heads=heads, **kwargs)
 
 
+@settings(max_examples=80, deadline=None)
+@given(extend_batches(), st.sampled_from([1, 2, 3, 32]))
+def test_tiles_are_cut_per_request_and_ordered_longest_context_first(batch, tile_tokens):
+    """The tiles, in order, as the definition reads: each request's new tokens cut from its first,
+    then all tiles sorted by the context their last token sees, largest first, ties in request order."""
+    seq_lens, extend_lens = batch
+    expected, tok0 = [], 0
+    for req, (seq_len, ext) in enumerate(zip(seq_lens, extend_lens)):
+        for start in range(0, ext, tile_tokens):
+            expected.append((req, tok0 + start, seq_len - ext + start, min(tile_tokens, ext - start)))
+        tok0 += ext
+    expected.sort(key=lambda tile: -(tile[2] + tile[3]))
+    tiles = plan_module._tiles_for(seq_lens, extend_lens, tile_tokens, torch.device("cpu"))
+    got = list(zip(*(x.tolist() for x in (tiles.req, tiles.tok0, tiles.pos0, tiles.ntok))))
+    assert got == expected
+    assert all(x.dtype == torch.int32 and x.is_contiguous() for x in (tiles.req, tiles.tok0, tiles.pos0, tiles.ntok))
+    assert tiles.max_tokens == tile_tokens
+
+
 @pytest.mark.parametrize("n, heads", [(32 * K, 4), (64 * K, 1), (8 * K, 4), (4 * K, 4)])
 def test_prefill_without_prefix_scans_in_one_pass(n, heads):
     """Many tiles fill the GPU (or each is too short to share): no split, no merge launch."""
