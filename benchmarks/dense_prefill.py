@@ -5,7 +5,9 @@ every earlier token. Under chunked prefill each chunk of new tokens attends the 
 plus itself causally (lower-right aligned). This times one chunk at several prefix lengths, and a
 whole prompt as the sum of its chunks, for SGLang's Triton extend kernel (what SGLang's ``triton``
 attention backend runs) and for each SDPA backend torch offers on the GPU (cuDNN,
-FlashAttention, memory-efficient), with GQA (64 query heads over 4 KV heads, head dim 128, bf16).
+FlashAttention, memory-efficient) and for the plugin's path (``sglang_m3.msa.dense_prefill``:
+cuDNN square causal on the first chunk, prefix and chunk as two cuDNN calls merged by
+log-sum-exp after it), with GQA (64 query heads over 4 KV heads, head dim 128, bf16).
 
     scripts/gpu/run.sh exec python benchmarks/dense_prefill.py --out $OUT
 """
@@ -61,6 +63,13 @@ def triton_chunk(q, k_new, v_new, k_buf, v_buf, prefix: int):
     return out
 
 
+def split_chunk(q, k_all, v_all):
+    """The plugin's path: a chunk after a prefix as two cuDNN calls merged by log-sum-exp."""
+    from sglang_m3.msa.dense_prefill import causal_sdpa
+
+    return causal_sdpa(q, k_all, v_all, HEAD_DIM**-0.5)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
@@ -73,7 +82,7 @@ def main(argv=None) -> int:
     k_cache = torch.randn(total, KV_HEADS, HEAD_DIM, device=dev, dtype=torch.bfloat16)
     v_cache = torch.randn_like(k_cache)
     q_all = torch.randn(total, HEADS, HEAD_DIM, device=dev, dtype=torch.bfloat16)
-    impls = {"sglang_triton_extend": None, **SDPA_BACKENDS}
+    impls = {"sglang_triton_extend": None, **SDPA_BACKENDS, "plugin_prefix_split": "split"}
     rows, sums, errors = [], {name: 0.0 for name in impls}, {}
     # check agreement on one chunk with a prefix before timing
     prefix = min(total - args.chunk, 3 * args.chunk)
@@ -85,6 +94,8 @@ def main(argv=None) -> int:
             errors[name] = float((got.float() - ref.float()).abs().max())
         except RuntimeError as error:
             errors[name] = f"unsupported: {str(error).splitlines()[0][:200]}"
+    got = split_chunk(q, k_cache[: prefix + args.chunk], v_cache[: prefix + args.chunk])
+    errors["plugin_prefix_split"] = float((got.float() - ref.float()).abs().max())
     print("max |sdpa - triton| on one chunk:", errors, flush=True)
     for prefix in range(0, total, args.chunk):
         q = q_all[prefix:prefix + args.chunk]
@@ -95,6 +106,8 @@ def main(argv=None) -> int:
                 continue
             if backend is None:
                 fn = lambda: triton_chunk(q, k_new, v_new, k_cache, v_cache, prefix)  # noqa: E731
+            elif backend == "split":
+                fn = lambda: split_chunk(q, k_cache[: prefix + args.chunk], v_cache[: prefix + args.chunk])  # noqa: E731
             else:
                 fn = lambda b=backend: sdpa_chunk(b, q, k_cache[: prefix + args.chunk], v_cache[: prefix + args.chunk])  # noqa: E731
             row[name] = time_ms(fn)

@@ -7,7 +7,9 @@ dense layer, SDPA with FlashAttention 819 ms and with cuDNN 1,077 ms; on a chunk
 prefix cuDNN is fastest (1.9 ms against 3.3 ms for FlashAttention and 5.7 ms for Triton). So each
 request of an extend batch runs SDPA on its own tokens: a chunk that starts the prompt attends
 only itself (square causal, cuDNN), a later chunk attends its cached prefix gathered from the
-KV pool plus itself (causal aligned to the last key, FlashAttention).
+KV pool plus itself: the prefix unmasked and the chunk causally, two cuDNN calls merged by
+their log-sum-exp (:func:`prefix_split_sdpa`; FlashAttention's lower-right causal call with
+``SGLANG_M3_DENSE_PREFIX_SPLIT=0``).
 
 Decode, speculative verify and draft batches keep SGLang's backend (they are graphed; this path
 is per request and eager). The per-request loop reads host-side lengths; prefill is never
@@ -124,13 +126,16 @@ def causal_sdpa(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale
     """Causal GQA attention of one request's new tokens over its keys: ``[n, Hq, Dv]``.
 
     ``q [n, Hq, D]`` are the last ``n`` of the ``L`` positions of ``keys`` / ``values [L, Hkv, D]``
-    (same dtype as ``q``). ``n == L`` (a chunk without cached prefix): square causal, cuDNN first;
-    otherwise causal aligned to the last key (lower right), FlashAttention first. Both fall back
-    to the efficient and math kernels where a first choice cannot run (fp32, the CPU).
+    (same dtype as ``q``). ``n == L`` (a chunk without cached prefix): square causal, cuDNN first.
+    With a cached prefix on CUDA in 16-bit: :func:`prefix_split_sdpa`. Otherwise causal aligned to
+    the last key (lower right), FlashAttention first. Every form falls back to the efficient and
+    math kernels where its first choice cannot run (fp32, the CPU).
     """
     n, length = q.shape[0], keys.shape[0]
     if n == length:
         mask, causal, backend = None, True, SDPBackend.CUDNN_ATTENTION
+    elif prefix_split_applies(q):
+        return prefix_split_sdpa(q, keys, values, scale)
     else:
         mask, causal, backend = causal_lower_right(n, length), False, SDPBackend.FLASH_ATTENTION
     with sdpa_kernel([backend, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
@@ -139,3 +144,44 @@ def causal_sdpa(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale
             attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=q.shape[1] != keys.shape[1],
         )
     return attended[0].transpose(0, 1)
+
+
+#: Environment switch for :func:`prefix_split_sdpa` (``1``, the default, or ``0``: FlashAttention's
+#: lower-right causal call, for A/B measurements).
+PREFIX_SPLIT_ENV = "SGLANG_M3_DENSE_PREFIX_SPLIT"
+
+
+def prefix_split_applies(q: torch.Tensor) -> bool:
+    choice = os.environ.get(PREFIX_SPLIT_ENV, "1")
+    if choice not in ("0", "1"):
+        raise ValueError(f"{PREFIX_SPLIT_ENV}={choice!r}: expected '0' or '1'")
+    return choice == "1" and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16)
+
+
+def prefix_split_sdpa(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
+    """:func:`causal_sdpa` of a chunk after a cached prefix as two cuDNN calls merged by log-sum-exp.
+
+    The new tokens see the whole prefix (no mask) and themselves causally (square, top-left); cuDNN
+    runs both unmasked forms, while the single lower-right causal call it would need with a mask
+    ran slower than FlashAttention's (``benchmarks/dense_prefill.py``). Each call returns its
+    softmax normaliser per (head, token), so the two partial outputs combine exactly.
+    """
+    n, length = q.shape[0], keys.shape[0]
+    prefix = length - n
+    out_prefix, lse_prefix = _cudnn_attention_with_lse(q, keys[:prefix], values[:prefix], scale, causal=False)
+    out_self, lse_self = _cudnn_attention_with_lse(q, keys[prefix:], values[prefix:], scale, causal=True)
+    top = torch.maximum(lse_prefix, lse_self)
+    weight_prefix, weight_self = torch.exp(lse_prefix - top), torch.exp(lse_self - top)
+    wide = torch.promote_types(q.dtype, torch.float32)
+    merged = (out_prefix.to(wide) * weight_prefix + out_self.to(wide) * weight_self) / (weight_prefix + weight_self)
+    return merged.to(q.dtype)
+
+
+def _cudnn_attention_with_lse(q, keys, values, scale: float, causal: bool):
+    """``(out [n, Hq, Dv], lse [n, Hq, 1] fp32)`` of cuDNN attention (top-left causal when asked)."""
+    n, heads = q.shape[0], q.shape[1]
+    out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(
+        q.transpose(0, 1)[None], keys.transpose(0, 1)[None], values.transpose(0, 1)[None],
+        None, True, 0.0, causal, False, scale=scale,
+    )[:2]
+    return out[0].transpose(0, 1), lse.reshape(heads, n).transpose(0, 1)[..., None].float()

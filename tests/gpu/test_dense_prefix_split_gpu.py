@@ -1,0 +1,60 @@
+"""The dense layers' chunk-after-prefix attention on CUDA: two cuDNN calls merged by log-sum-exp.
+
+``prefix_split_sdpa`` must give the chunk's causal attention over its prefix and itself, as the
+single FlashAttention call with a lower-right causal mask does. Both run in bf16, so each is
+compared with the same attention in fp32 (math kernel): the split's error may exceed the flash
+call's only by bf16 output rounding (2^-8 of the output's magnitude, which is at most max |v|),
+since the merge itself runs in fp32. Skipped without CUDA.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right
+
+from sglang_m3.msa.dense_prefill import causal_sdpa, prefix_split_applies, prefix_split_sdpa
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+
+def _sdpa(q, keys, values, scale, backend, dtype):
+    n, length = q.shape[0], keys.shape[0]
+    with sdpa_kernel([backend]):
+        out = F.scaled_dot_product_attention(
+            q.to(dtype).transpose(0, 1)[None], keys.to(dtype).transpose(0, 1)[None], values.to(dtype).transpose(0, 1)[None],
+            attn_mask=causal_lower_right(n, length), scale=scale, enable_gqa=True,
+        )
+    return out[0].transpose(0, 1).float()
+
+
+@pytest.mark.parametrize("heads, kv_heads", [(64, 4), (16, 1), (8, 8)])
+@pytest.mark.parametrize("prefix, n", [(1, 1), (3, 200), (128, 1), (1000, 333), (8192, 2048)])
+def test_split_matches_lower_right_causal_attention(heads, kv_heads, prefix, n):
+    gen = torch.Generator(device="cuda").manual_seed(prefix + n)
+    keys, values = (torch.randn(prefix + n, kv_heads, 128, device="cuda", generator=gen) for _ in range(2))
+    q = torch.randn(n, heads, 128, device="cuda", generator=gen) * 2
+    scale = 128**-0.5
+    q16, k16, v16 = (t.to(torch.bfloat16) for t in (q, keys, values))
+    exact = _sdpa(q16.float(), k16.float(), v16.float(), scale, SDPBackend.MATH, torch.float32)
+    flash_error = (_sdpa(q16, k16, v16, scale, SDPBackend.FLASH_ATTENTION, torch.bfloat16) - exact).abs().max()
+    assert prefix_split_applies(q16)
+    split = prefix_split_sdpa(q16, k16, v16, scale)
+    assert split.dtype == torch.bfloat16 and split.shape == (n, heads, 128)
+    split_error = (split.float() - exact).abs().max()
+    assert split_error <= flash_error + 2**-8 * v16.float().abs().max()
+    # and causal_sdpa routes a chunk after a prefix there
+    torch.testing.assert_close(causal_sdpa(q16, k16, v16, scale), split, rtol=0, atol=0)
+
+
+def test_switch_off_keeps_the_flash_call(monkeypatch):
+    monkeypatch.setenv("SGLANG_M3_DENSE_PREFIX_SPLIT", "0")
+    q = torch.randn(5, 8, 128, device="cuda", dtype=torch.bfloat16)
+    keys, values = (torch.randn(20, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    flash = _sdpa(q, keys, values, 0.1, SDPBackend.FLASH_ATTENTION, torch.bfloat16)
+    torch.testing.assert_close(causal_sdpa(q, keys, values, 0.1).float(), flash, rtol=0, atol=0)
