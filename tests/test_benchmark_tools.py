@@ -188,3 +188,54 @@ def test_host_profile_gives_each_sample_to_its_innermost_process(tmp_path):
     assert scheduler["self"] == [("step (s.py:9)", 6), ("loop (s.py:1)", 2), ("(no Python frame)", 1)]
     assert scheduler["inclusive"] == [("loop (s.py:1)", 8), ("step (s.py:9)", 6)]
     assert summary['process 1:"launch_server"']["inclusive"] == [("serve (h.py:3)", 3)]
+
+
+def test_host_profile_phase_deltas_name_busy_threads_and_collections():
+    from decode_host_profile import busy_threads, gc_delta
+
+    before = {"7/7": {"process": "sched", "thread": "main", "cpu_s": 1.0, "cpu": 3},
+              "7/8": {"process": "sched", "thread": "idle", "cpu_s": 0.5, "cpu": 4}}
+    after = {"7/7": {"process": "sched", "thread": "main", "cpu_s": 3.0, "cpu": 5},
+             "7/8": {"process": "sched", "thread": "idle", "cpu_s": 0.5, "cpu": 4},
+             "9/9": {"process": "new", "thread": "late", "cpu_s": 0.4, "cpu": 1}}  # started during the phase
+    rows = busy_threads(before, after, seconds=2.0)
+    assert [(r["thread"], r["share"], r["last_cpu"]) for r in rows] == [("7/7", 1.0, 5), ("9/9", 0.2, 1)]
+
+    start = {"1 sched": {"collections": [10, 1, 0], "seconds": [0.01, 0.002, 0.0]},
+             "2 detok": {"collections": [4, 0, 0], "seconds": [0.001, 0.0, 0.0]}}
+    end = {"1 sched": {"collections": [13, 1, 1], "seconds": [0.013, 0.002, 0.05]},
+           "2 detok": {"collections": [4, 0, 0], "seconds": [0.001, 0.0, 0.0]}}
+    assert gc_delta(start, end) == {"1 sched": {"collections": [3, 0, 1], "ms": [3.0, 0.0, 50.0]}}
+
+
+def test_gc_accounting_writes_per_process_totals(tmp_path):
+    """The sitecustomize the GC statistics rely on, in a fresh interpreter that collects."""
+    import subprocess
+
+    folder = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "gc_accounting")
+    code = "import gc, time\nfor _ in range(3):\n    gc.collect(); time.sleep(0.25)\n"
+    env = {**os.environ, "PYTHONPATH": folder, "M3_GC_STATS_DIR": str(tmp_path)}
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
+    (snapshot,) = [json.loads(p.read_text()) for p in tmp_path.glob("gc-*.json")]
+    assert snapshot["collections"][2] >= 2  # written from inside the collections, at most every 0.2 s
+    assert all(seconds >= 0 for seconds in snapshot["seconds"])
+
+
+def test_paired_rounds_alternate_abba(monkeypatch):
+    import e2e_gpu_paired
+
+    calls = []
+
+    class Timing:
+        def __init__(self, url):
+            self.tpot_s = {"u-ours": 0.002, "u-up": 0.003}[url]
+
+    def fake_generate(url, prompt, tokens):
+        calls.append(url)
+        return Timing(url)
+
+    monkeypatch.setattr(e2e_gpu_paired, "stream_generate", fake_generate)
+    monkeypatch.setattr(e2e_gpu_paired, "random_prompt", lambda length, seed: [seed])
+    tpot = e2e_gpu_paired.paired_rounds({"ours": "u-ours", "upstream": "u-up"}, 4, iter(range(100)))
+    assert calls == ["u-ours", "u-up", "u-up", "u-ours"] * 2
+    assert tpot == {"ours": [2.0] * 4, "upstream": [3.0] * 4}
