@@ -33,19 +33,20 @@ def _sdpa(q, keys, values, scale, backend, dtype):
     return out[0].transpose(0, 1).float()
 
 
-@pytest.mark.parametrize("heads, kv_heads", [(64, 4), (16, 1), (8, 8)])
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(64, 4, 128), (16, 1, 128), (8, 8, 128), (4, 2, 32)])
 @pytest.mark.parametrize("prefix, n", [(1, 1), (3, 200), (128, 1), (1000, 333), (8192, 2048)])
-def test_split_matches_lower_right_causal_attention(heads, kv_heads, prefix, n):
+def test_split_matches_lower_right_causal_attention(heads, kv_heads, head_dim, prefix, n):
+    """M3's widths (TP1, TP4, no GQA) and the tiny model's (head dim 32, the bf16 GPU tests)."""
     gen = torch.Generator(device="cuda").manual_seed(prefix + n)
-    keys, values = (torch.randn(prefix + n, kv_heads, 128, device="cuda", generator=gen) for _ in range(2))
-    q = torch.randn(n, heads, 128, device="cuda", generator=gen) * 2
-    scale = 128**-0.5
+    keys, values = (torch.randn(prefix + n, kv_heads, head_dim, device="cuda", generator=gen) for _ in range(2))
+    q = torch.randn(n, heads, head_dim, device="cuda", generator=gen) * 2
+    scale = head_dim**-0.5
     q16, k16, v16 = (t.to(torch.bfloat16) for t in (q, keys, values))
     exact = _sdpa(q16.float(), k16.float(), v16.float(), scale, SDPBackend.MATH, torch.float32)
     flash_error = (_sdpa(q16, k16, v16, scale, SDPBackend.FLASH_ATTENTION, torch.bfloat16) - exact).abs().max()
     assert prefix_split_applies(q16)
     split = prefix_split_sdpa(q16, k16, v16, scale)
-    assert split.dtype == torch.bfloat16 and split.shape == (n, heads, 128)
+    assert split.dtype == torch.bfloat16 and split.shape == (n, heads, head_dim)
     split_error = (split.float() - exact).abs().max()
     assert split_error <= flash_error + 2**-8 * v16.float().abs().max()
     # and causal_sdpa routes a chunk after a prefix there
