@@ -3,7 +3,7 @@
 # working tree. Run from the repository root; the device call carries scripts/gpu/build/site.tar.xz.
 #
 #   scripts/gpu/run.sh check              # imports, platform, plugin and stand-in smoke check
-#   scripts/gpu/run.sh tests [PYTEST...]  # tests/gpu (exactness, graphs, fused vs torch MoE)
+#   scripts/gpu/run.sh tests [PYTEST...]  # tests/gpu (exactness, graphs, fused vs torch MoE), or the files named
 #   scripts/gpu/run.sh bench [ARGS...]    # benchmarks/e2e_gpu.py
 #   scripts/gpu/run.sh exec CMD...        # any command in the harness environment
 #
@@ -57,6 +57,10 @@ cd "$ROOT"
 
 step="${1:-check}"
 shift || true
+if [[ -z "${M3_COMMIT:-}" && "$step" != check ]]; then
+    # The device's copy of the tree may carry a stale .git: its HEAD is not the commit that runs.
+    echo "run.sh: M3_COMMIT is not set; results will name this copy's git HEAD ($(git rev-parse --short HEAD 2>/dev/null || echo none)), which may be stale: pass the commit literally" >&2
+fi
 case "$step" in
     check)
         python3 - <<'PYEOF'
@@ -73,7 +77,12 @@ PYEOF
         ;;
     tests)
         set -o pipefail
-        python3 -m pytest tests/gpu -v -s -p no:cacheprovider --junitxml="$OUT/gpu_tests.xml" "$@" 2>&1 | tee "$OUT/gpu_tests.log"
+        # tests/gpu unless the arguments name test files or folders themselves (options alone keep it)
+        targets=(tests/gpu)
+        for arg in "$@"; do
+            if [[ "$arg" != -* && -e "${arg%%::*}" ]]; then targets=(); break; fi
+        done
+        python3 -m pytest "${targets[@]}" -v -s -p no:cacheprovider --junitxml="$OUT/gpu_tests.xml" "$@" 2>&1 | tee "$OUT/gpu_tests.log"
         ;;
     bench)
         python3 benchmarks/e2e_gpu.py --out "$OUT" "$@"
