@@ -30,7 +30,7 @@ import requests
 sys.path.insert(0, os.path.dirname(__file__))
 from e2e_gpu import THROUGHPUT_PROMPT, start_server, stop_server, warm_up  # noqa: E402
 from midsize_m3 import write_midsize_checkpoint  # noqa: E402
-from serving_client import random_prompt, stream_generate  # noqa: E402
+from serving_client import random_prompt, single_stream_tpot_ms  # noqa: E402
 
 
 def summarize(collapsed_path: str, top: int = 25) -> dict:
@@ -151,7 +151,7 @@ def decode_phase(args, base_url: str, process, prompts: list, label: str, gc_dir
     ], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     time.sleep(2)  # py-spy attaches to each process
     threads_before, gc_before, started = thread_cpu(process.pid), gc_totals(gc_dir), time.perf_counter()
-    tpots = [1e3 * stream_generate(base_url, prompt, args.tokens).tpot_s for prompt in prompts]
+    tpots = single_stream_tpot_ms(base_url, prompts, args.tokens)
     time.sleep(0.5)  # the accounting writes its totals at most every 0.2 s
     wall = time.perf_counter() - started
     threads_after, gc_after = thread_cpu(process.pid), gc_totals(gc_dir)

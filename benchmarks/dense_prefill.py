@@ -70,6 +70,23 @@ def split_chunk(q, k_all, v_all):
     return causal_sdpa(q, k_all, v_all, HEAD_DIM**-0.5)
 
 
+def chunk_attentions(k_cache, v_cache, chunk: int) -> dict:
+    """Each implementation as ``(q, prefix) -> [chunk, H, D]``: the chunk of new tokens at ``prefix``
+    attending the cache up to its own end."""
+
+    def visible(prefix):
+        return k_cache[: prefix + chunk], v_cache[: prefix + chunk]
+
+    def new(prefix):
+        return k_cache[prefix:prefix + chunk], v_cache[prefix:prefix + chunk]
+
+    attentions = {"sglang_triton_extend": lambda q, prefix: triton_chunk(q, *new(prefix), k_cache, v_cache, prefix)}
+    for name, backend in SDPA_BACKENDS.items():
+        attentions[name] = lambda q, prefix, b=backend: sdpa_chunk(b, q, *visible(prefix))[0].transpose(0, 1)
+    attentions["plugin_prefix_split"] = lambda q, prefix: split_chunk(q, *visible(prefix))
+    return attentions
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
@@ -82,35 +99,27 @@ def main(argv=None) -> int:
     k_cache = torch.randn(total, KV_HEADS, HEAD_DIM, device=dev, dtype=torch.bfloat16)
     v_cache = torch.randn_like(k_cache)
     q_all = torch.randn(total, HEADS, HEAD_DIM, device=dev, dtype=torch.bfloat16)
-    impls = {"sglang_triton_extend": None, **SDPA_BACKENDS, "plugin_prefix_split": "split"}
-    rows, sums, errors = [], {name: 0.0 for name in impls}, {}
-    # check agreement on one chunk with a prefix before timing
+    attentions = chunk_attentions(k_cache, v_cache, args.chunk)
+    # check agreement with SGLang's kernel on one chunk with a prefix before timing
     prefix = min(total - args.chunk, 3 * args.chunk)
     q = q_all[prefix:prefix + args.chunk]
-    ref = triton_chunk(q, k_cache[prefix:prefix + args.chunk], v_cache[prefix:prefix + args.chunk], k_cache, v_cache, prefix)
-    for name, backend in SDPA_BACKENDS.items():
+    ref = attentions["sglang_triton_extend"](q, prefix)
+    errors = {}
+    for name, attend in attentions.items():
+        if name == "sglang_triton_extend":
+            continue
         try:
-            got = sdpa_chunk(backend, q, k_cache[: prefix + args.chunk], v_cache[: prefix + args.chunk])[0].transpose(0, 1)
-            errors[name] = float((got.float() - ref.float()).abs().max())
+            errors[name] = float((attend(q, prefix).float() - ref.float()).abs().max())
         except RuntimeError as error:
             errors[name] = f"unsupported: {str(error).splitlines()[0][:200]}"
-    got = split_chunk(q, k_cache[: prefix + args.chunk], v_cache[: prefix + args.chunk])
-    errors["plugin_prefix_split"] = float((got.float() - ref.float()).abs().max())
-    print("max |sdpa - triton| on one chunk:", errors, flush=True)
+    print("max |impl - triton| on one chunk:", errors, flush=True)
+    timed = [name for name in attentions if not isinstance(errors.get(name), str)]
+    rows, sums = [], {name: 0.0 for name in timed}
     for prefix in range(0, total, args.chunk):
         q = q_all[prefix:prefix + args.chunk]
-        k_new, v_new = k_cache[prefix:prefix + args.chunk], v_cache[prefix:prefix + args.chunk]
         row = {"prefix": prefix, "chunk": args.chunk}
-        for name, backend in impls.items():
-            if isinstance(errors.get(name), str):
-                continue
-            if backend is None:
-                fn = lambda: triton_chunk(q, k_new, v_new, k_cache, v_cache, prefix)  # noqa: E731
-            elif backend == "split":
-                fn = lambda: split_chunk(q, k_cache[: prefix + args.chunk], v_cache[: prefix + args.chunk])  # noqa: E731
-            else:
-                fn = lambda b=backend: sdpa_chunk(b, q, k_cache[: prefix + args.chunk], v_cache[: prefix + args.chunk])  # noqa: E731
-            row[name] = time_ms(fn)
+        for name in timed:
+            row[name] = time_ms(lambda attend=attentions[name]: attend(q, prefix))
             sums[name] += row[name]
         rows.append(row)
         print(row, flush=True)
