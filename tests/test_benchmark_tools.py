@@ -221,21 +221,22 @@ def test_gc_accounting_writes_per_process_totals(tmp_path):
     assert all(seconds >= 0 for seconds in snapshot["seconds"])
 
 
-def test_paired_rounds_alternate_abba(monkeypatch):
+@pytest.mark.parametrize("concurrency", [1, 3])
+def test_paired_rounds_alternate_abba(monkeypatch, concurrency):
     import e2e_gpu_paired
+    from serving_client import GroupTiming, RequestTiming
 
     calls = []
 
-    class Timing:
-        def __init__(self, url):
-            self.tpot_s = {"u-ours": 0.002, "u-up": 0.003}[url]
+    def fake_group(url, prompts, tokens):
+        calls.append((url, len(prompts)))
+        tpot_s = {"u-ours": 0.002, "u-up": 0.003}[url]
+        return GroupTiming([RequestTiming(0.1, 0.1 + tpot_s * (tokens - 1), tokens) for _ in prompts], 1.0)
 
-    def fake_generate(url, prompt, tokens):
-        calls.append(url)
-        return Timing(url)
-
-    monkeypatch.setattr(e2e_gpu_paired, "stream_generate", fake_generate)
+    monkeypatch.setattr(e2e_gpu_paired, "run_group", fake_group)
     monkeypatch.setattr(e2e_gpu_paired, "random_prompt", lambda length, seed: [seed])
-    tpot = e2e_gpu_paired.paired_rounds({"ours": "u-ours", "upstream": "u-up"}, 4, iter(range(100)))
-    assert calls == ["u-ours", "u-up", "u-up", "u-ours"] * 2
-    assert tpot == {"ours": [2.0] * 4, "upstream": [3.0] * 4}
+    tpot = e2e_gpu_paired.paired_rounds({"ours": "u-ours", "upstream": "u-up"}, 4, iter(range(100)), concurrency)
+    assert calls == [(url, concurrency) for url in ["u-ours", "u-up", "u-up", "u-ours"] * 2]
+    assert tpot == {"ours": pytest.approx([2.0] * 4), "upstream": pytest.approx([3.0] * 4)}
+    result = e2e_gpu_paired.summary(tpot)
+    assert result["speedup_of_medians"] == pytest.approx(1.5) and result["rounds_ours_faster"] == 4

@@ -10,7 +10,9 @@ layer's own weight loader (it slices for tensor and expert parallelism). The fus
 come from the measured tables of :mod:`sglang_m3.models.moe_kernel_configs` where one exists for
 the shape and GPU.
 
-Nothing here reads a device tensor on the host, so decode can be captured in a CUDA graph.
+Nothing here reads a device tensor on the host, so decode can be captured in a CUDA graph; inside
+a captured graph the shared expert overlaps the routed experts on a second stream
+(:mod:`sglang_m3.models.moe_overlap`).
 
 Which block serves (:func:`make_moe_block`): on a CUDA platform, bf16/fp16 models take this fused
 block; fp32 models take the torch block's ``static`` path, because SGLang's Triton fused MoE
@@ -38,6 +40,7 @@ from torch import nn
 from sglang_m3.config import M3TextSpec
 from sglang_m3.models.moe import GatedMLP, M3SparseMoeBlock
 from sglang_m3.models.moe_kernel_configs import nearest, tile_table
+from sglang_m3.models.moe_overlap import overlap_stream, shared_beside_routed
 from sglang_m3.models.moe_routing import add_router_parameters, sigmoid_topk_route
 from sglang_m3.models.mxfp8_moe import M3Mxfp8MoeBlock
 
@@ -81,6 +84,7 @@ class M3FusedMoeBlock(nn.Module):
         self.shared_experts = GatedMLP(
             spec, spec.shared_intermediate_size, reduce_results=False, quant_config=quant_config, prefix=f"{prefix}.shared_experts"
         )
+        self.alt_stream = overlap_stream()
 
     def load_expert_weight(self, expert: int, which: str, weight: torch.Tensor) -> None:
         """Checkpoint tensor ``experts.{expert}.{which}.weight`` into the fused layout (w1/w3 -> w13, w2)."""
@@ -93,17 +97,20 @@ class M3FusedMoeBlock(nn.Module):
         weights, chosen, logits = sigmoid_topk_route(self.gate, self.e_score_correction_bias, x, self.top_k)
         return weights * self.scaling, chosen.to(torch.int32), logits
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def routed(self, x: torch.Tensor) -> torch.Tensor:
+        """The routed experts' sum for ``x``, already scaled (``x`` has at least one row)."""
         from sglang.srt.layers.moe.fused_moe_triton import override_config
         from sglang.srt.layers.moe.topk import StandardTopKOutput
 
-        shared = self.shared_experts(x)
-        if x.shape[0] == 0:
-            return shared
         weights, ids, logits = self.route(x)
         tiles = nearest(self.tile_table, x.shape[0]) if self.tile_table else None
         with override_config(tiles) if tiles else contextlib.nullcontext():
-            routed = self.experts(x, StandardTopKOutput(topk_weights=weights, topk_ids=ids, router_logits=logits))
+            return self.experts(x, StandardTopKOutput(topk_weights=weights, topk_ids=ids, router_logits=logits))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 0:
+            return self.shared_experts(x)
+        shared, routed = shared_beside_routed(self.alt_stream, x, self.shared_experts, self.routed)
         out = routed + shared
         if self.tp_size > 1:
             out = tensor_model_parallel_all_reduce(out)

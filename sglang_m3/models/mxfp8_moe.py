@@ -37,6 +37,7 @@ from torch import nn
 from sglang_m3.config import M3TextSpec
 from sglang_m3.models.checkpoint_layout import CheckpointError
 from sglang_m3.models.moe import GatedMLP, expert_layout
+from sglang_m3.models.moe_overlap import overlap_stream, shared_beside_routed
 from sglang_m3.models.moe_routing import add_router_parameters, sigmoid_topk_route
 from sglang_m3.quant.loading import MXFP8Weight
 from sglang_m3.quant.mxfp8 import BIAS as UNIT_SCALE, BLOCK, SCALE_DTYPE, WEIGHT_DTYPE
@@ -80,6 +81,7 @@ class M3Mxfp8MoeBlock(nn.Module):
         self.shared_experts = GatedMLP(
             spec, spec.shared_intermediate_size, reduce_results=False, quant_config=quant_config, prefix=f"{prefix}.shared_experts"
         )
+        self.alt_stream = overlap_stream()
 
     def load_expert_weight(self, expert: int, which: str, weight: MXFP8Weight) -> None:
         """This rank's slice of checkpoint tensor ``experts.{expert}.{which}.weight`` and its scales
@@ -103,16 +105,19 @@ class M3Mxfp8MoeBlock(nn.Module):
             self.w2.data[local].copy_(weight.elements[:, rows])
             self.w2_scale.data[local].copy_(weight.scales[:, groups])
 
-    def partial_forward(self, x: torch.Tensor) -> torch.Tensor:
-        """This rank's share of the block's output: its experts' slices and its shared-expert slice."""
-        shared = self.shared_experts(x)
-        if x.shape[0] == 0:
-            return shared
+    def routed(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's experts' share of the routed sum for ``x``, already scaled."""
         weights, chosen, _ = sigmoid_topk_route(self.gate, self.e_score_correction_bias, x, self.top_k)
-        routed = mxfp8_fused_experts(
+        return mxfp8_fused_experts(
             x, self.w13, self.w13_scale, self.w2, self.w2_scale, weights * self.scaling, chosen, self.alpha, self.limit,
             first_expert=self.local_experts.start,
         )
+
+    def partial_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's share of the block's output: its experts' slices and its shared-expert slice."""
+        if x.shape[0] == 0:
+            return self.shared_experts(x)
+        shared, routed = shared_beside_routed(self.alt_stream, x, self.shared_experts, self.routed)
         return routed + shared
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
