@@ -2,17 +2,21 @@
 
 Kernel level: a CUDA graph captured through ``shared_beside_routed`` with a real second stream
 replays to the same bits as the two callables run eagerly one after the other (same kernels on
-the same inputs; only the stream differs). Served: the tiny M3 in bf16 on the fused MoE with
-decode graphs gives the same greedy tokens and the same prompt and output logprobs with the
-overlap on and off (``SGLANG_M3_MOE_OVERLAP=0``), for lone and 16 concurrent requests (so graphs
-of several batch sizes replay), and only the server with it on logs the two-stream capture.
+the same inputs; only the stream differs), at 1, 16 and 64 rows. Served: the tiny M3 in bf16 on
+the fused MoE with decode graphs gives the same greedy tokens and the same prompt and output
+logprobs, bit for bit, with the overlap on and off (``SGLANG_M3_MOE_OVERLAP=0``), and only the
+server with it on logs the two-stream capture. The served requests are sent one at a time: in
+bf16 a row's result depends on the batch it shares (GEMM and fused-MoE tiles follow the row
+count), and which requests share a batch under concurrency depends on arrival timing, so only
+lone requests have one right answer to compare bit for bit; larger graphed batches are covered by
+the kernel-level test, and by the bf16 noise tests of ``test_tiny_m3_gpu.py`` and
+``test_tensor_parallel_gpu.py``, which serve concurrent requests with the overlap on (the default).
 
 Skipped without CUDA. Run on the lent GPU with ``scripts/gpu/run.sh tests``.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import os
 import sys
 
@@ -66,8 +70,8 @@ def test_two_stream_graph_replays_to_the_eager_bits(rows):
     assert torch.equal(got_routed, want_routed)
 
 
-PROMPTS = {"p61": random_prompt(4, 61), "p233": random_prompt(3, 233), "p457": random_prompt(2, 457)}
-CONCURRENT = 16
+PROMPTS = {f"p{length}": random_prompt(seed, length) for seed, length in enumerate((17, 61, 144, 233, 457))}
+NEW_TOKENS = 40
 
 
 def _serve_and_generate(model_dir, log_dir, overlap: str):
@@ -76,11 +80,8 @@ def _serve_and_generate(model_dir, log_dir, overlap: str):
         env={"SGLANG_M3_MOE_IMPL": "fused", MOE_OVERLAP_ENV: overlap},
         name=f"bf16-fused-overlap-{overlap}", dtype="bfloat16", prefill_graphs=False,
     ) as server:
-        lone = {name: generate(server, prompt, logprob_start=0) for name, prompt in PROMPTS.items()}
-        prompts = [random_prompt(i, 40 + 23 * i) for i in range(CONCURRENT)]
-        with concurrent.futures.ThreadPoolExecutor(CONCURRENT) as pool:
-            together = list(pool.map(lambda p: generate(server, p, logprob_start=0), prompts))
-        return lone, together, log_text(server)
+        results = {name: generate(server, prompt, NEW_TOKENS, logprob_start=0) for name, prompt in PROMPTS.items()}
+        return results, log_text(server)
 
 
 def _logprobs(result) -> list[float]:
@@ -90,11 +91,16 @@ def _logprobs(result) -> list[float]:
 
 def test_served_tokens_and_logprobs_equal_with_and_without_overlap(tiny_checkpoint_factory, server_log_dir):
     model_dir = tiny_checkpoint_factory()
-    on_lone, on_together, on_log = _serve_and_generate(model_dir, server_log_dir, "1")
-    off_lone, off_together, off_log = _serve_and_generate(model_dir, server_log_dir, "0")
-    assert CAPTURED_LINE in on_log and CAPTURED_LINE not in off_log
+    on, on_log = _serve_and_generate(model_dir, server_log_dir, "1")
+    off, off_log = _serve_and_generate(model_dir, server_log_dir, "0")
+    assert CAPTURED_LINE in on_log, "the server with the overlap on never captured it"
+    assert CAPTURED_LINE not in off_log, "SGLANG_M3_MOE_OVERLAP=0 still captured the overlap"
+    failures = []
     for name in PROMPTS:
-        assert output_ids(on_lone[name]) == output_ids(off_lone[name]), name
-        assert _logprobs(on_lone[name]) == _logprobs(off_lone[name]), name
-    assert [output_ids(r) for r in on_together] == [output_ids(r) for r in off_together]
-    assert [_logprobs(r) for r in on_together] == [_logprobs(r) for r in off_together]
+        same_tokens = output_ids(on[name]) == output_ids(off[name])
+        a, b = _logprobs(on[name]), _logprobs(off[name])
+        worst = max(abs(x - y) for x, y in zip(a, b))
+        print(f"[gpu overlap] {name}: tokens {'identical' if same_tokens else 'DIFFER'}, max |logprob on - off| {worst:.3e}")
+        if not same_tokens or len(a) != len(b) or worst != 0.0:
+            failures.append(f"{name}: tokens identical {same_tokens}, max |logprob diff| {worst}")
+    assert not failures, failures
