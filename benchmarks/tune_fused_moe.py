@@ -7,11 +7,17 @@ fastest config wins, SGLang's heuristic default is always among the candidates, 
 never slower than what SGLang would pick. The table lands in ``--out`` (and with ``--install`` in
 ``sglang_m3/models/moe_kernel_configs/``, where the M3 MoE block reads it).
 
+``--ep N`` tunes one rank's share under expert parallelism: 128/N local experts, and each token's
+top-4 drawn over all 128 experts with the other ranks' choices dropped (id -1, as SGLang's
+dispatcher maps them), so a rank sees about 4/N of the choices. Upstream's M3 does not fuse its
+shared expert under expert parallelism, so ``--upstream --ep N`` tunes the same shape and writes
+it in SGLang's layout.
+
 Triton compiles one kernel per config and argument class, which dominates the run; worker
 processes compile every candidate on small tensors of the same argument classes first (the cache
 is shared), then one process times them at the real shape.
 
-    scripts/gpu/run.sh exec python benchmarks/tune_fused_moe.py --out "$OUT" [--install]
+    scripts/gpu/run.sh exec python benchmarks/tune_fused_moe.py --out "$OUT" [--install] [--upstream] [--ep 2]
 """
 
 from __future__ import annotations
@@ -63,10 +69,20 @@ def publish_single_rank(model_dir: str) -> None:
 _SINGLE_RANK: list = []
 
 
+def rank_local_choices(tokens: int, local_experts: int, ep: int, device: str = "cuda"):
+    """Rank 0's view of uniformly random distinct top-4 choices over ``local_experts * ep``
+    experts: its own experts keep their ids, the other ranks' become -1 (dropped)."""
+    import torch
+
+    ids = torch.rand(tokens, local_experts * ep, device=device).argsort(dim=1)[:, :TOP_K].to(torch.int32)
+    return torch.where(ids < local_experts, ids, torch.full_like(ids, -1))
+
+
 class MoeCase:
     """Random weights and routing for one expert shape; ``run(tokens, config)`` is one MoE call."""
 
-    def __init__(self, experts: int, intermediate: int, hidden: int, alpha: float, limit: float, shared_fused: bool = False):
+    def __init__(self, experts: int, intermediate: int, hidden: int, alpha: float, limit: float, shared_fused: bool = False,
+                 ep: int = 1):
         import torch
         from sglang.srt.layers.moe.moe_runner import MoeRunnerConfig
 
@@ -78,6 +94,8 @@ class MoeCase:
         #: upstream's layout: the last expert is the shared one, chosen by every token (top-k + 1)
         self.shared_fused = shared_fused
         self.top_k = TOP_K + int(shared_fused)
+        #: expert-parallel ranks: routing is over ``ep`` times this rank's routed experts
+        self.ep = ep
         self.runner = MoeRunnerConfig(
             num_experts=experts, num_local_experts=experts, hidden_size=hidden, intermediate_size_per_partition=intermediate,
             top_k=self.top_k, params_dtype=torch.bfloat16, activation="silu", is_gated=True, inplace=False,
@@ -90,7 +108,7 @@ class MoeCase:
             torch = self.torch
             x = torch.randn(tokens, self.hidden, device="cuda", dtype=torch.bfloat16)
             routed = self.experts - int(self.shared_fused)
-            ids = torch.rand(tokens, routed, device="cuda").argsort(dim=1)[:, :TOP_K].to(torch.int32)
+            ids = rank_local_choices(tokens, routed, self.ep)
             if self.shared_fused:
                 ids = torch.cat([ids, torch.full((tokens, 1), routed, device="cuda", dtype=torch.int32)], dim=1)
             weights = torch.rand(tokens, self.top_k, device="cuda", dtype=torch.float32)
@@ -146,12 +164,13 @@ def default_config(tokens: int, case: MoeCase) -> dict:
 def compile_share(args) -> tuple[int, str]:
     """Worker: run each (tokens, config) of its share once on small tensors of the same argument
     classes, filling the shared Triton cache. Returns how many failed and the first error."""
-    model_dir, alpha, limit, shared_fused, share = args
+    model_dir, alpha, limit, shared_fused, ep, share = args
     import torch
 
     publish_single_rank(model_dir)
     torch.set_grad_enabled(False)
-    small = MoeCase(experts=128 + int(shared_fused), intermediate=256, hidden=512, alpha=alpha, limit=limit, shared_fused=shared_fused)
+    small = MoeCase(experts=128 // ep + int(shared_fused), intermediate=256, hidden=512, alpha=alpha, limit=limit,
+                    shared_fused=shared_fused, ep=ep)
     failed, first_error = 0, ""
     for tokens, config in share:
         try:
@@ -168,6 +187,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--install", action="store_true", help="also write the table into sglang_m3/models/moe_kernel_configs/")
     parser.add_argument("--upstream", action="store_true", help="tune upstream M3's shape (shared expert fused: E=129, top-5) in SGLang's table layout")
+    parser.add_argument("--ep", type=int, default=1, help="expert-parallel ranks: tune one rank's 128/ep local experts")
     parser.add_argument("--workers", type=int, default=12, help="processes that compile the candidates")
     parser.add_argument("--reps", type=int, default=10)
     args = parser.parse_args(argv)
@@ -179,7 +199,11 @@ def main(argv=None) -> int:
     from sglang_m3.models.moe_kernel_configs import CONFIG_DIR, table_name
 
     model = midsize_text_config(1, 3)
-    experts, intermediate, hidden = model["num_local_experts"] + int(args.upstream), model["intermediate_size"], model["hidden_size"]
+    if model["num_local_experts"] % args.ep:
+        parser.error(f"--ep {args.ep} does not divide the {model['num_local_experts']} experts")
+    shared_fused = args.upstream and args.ep == 1  # upstream fuses its shared expert only without expert parallelism
+    experts = model["num_local_experts"] // args.ep + int(shared_fused)
+    intermediate, hidden = model["intermediate_size"], model["hidden_size"]
     alpha, limit = model["swiglu_alpha"], model["swiglu_limit"]
     model_dir = write_midsize_checkpoint(tempfile.mkdtemp(prefix="m3-tune-"), 1, 3)
 
@@ -187,7 +211,7 @@ def main(argv=None) -> int:
     work = [(tokens, config) for tokens in TOKENS for config in candidates(tokens)]
     shares = [work[i :: args.workers] for i in range(args.workers)]
     with ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        outcomes = list(pool.map(compile_share, [(model_dir, alpha, limit, args.upstream, share) for share in shares]))
+        outcomes = list(pool.map(compile_share, [(model_dir, alpha, limit, shared_fused, args.ep, share) for share in shares]))
     failed = sum(count for count, _ in outcomes)
     errors = [error for _, error in outcomes if error]
     print(f"compiled {len(work)} (tokens, config) pairs in {time.perf_counter() - started:.0f} s ({failed} failed)", flush=True)
@@ -198,7 +222,7 @@ def main(argv=None) -> int:
 
     publish_single_rank(model_dir)
     torch.set_grad_enabled(False)
-    case = MoeCase(experts, intermediate, hidden, alpha, limit, shared_fused=args.upstream)
+    case = MoeCase(experts, intermediate, hidden, alpha, limit, shared_fused=shared_fused, ep=args.ep)
     table, report = {}, []
     for tokens in TOKENS:
         baseline = default_config(tokens, case)
@@ -228,10 +252,10 @@ def main(argv=None) -> int:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w", encoding="utf-8") as handle:
             json.dump(table, handle, indent=1)
-    report_name = "tune_fused_moe_upstream_report.json" if args.upstream else "tune_fused_moe_report.json"
+    report_name = f"tune_fused_moe{'_upstream' if args.upstream else ''}{f'_ep{args.ep}' if args.ep > 1 else ''}_report.json"
     with open(os.path.join(args.out, report_name), "w", encoding="utf-8") as handle:
         json.dump({"gpu": torch.cuda.get_device_name(), "triton": triton.__version__, "shape": [experts, intermediate, hidden],
-                   "top_k": case.top_k, "shared_fused": args.upstream, "seconds": time.perf_counter() - started, "rows": report}, handle, indent=1)
+                   "top_k": case.top_k, "shared_fused": shared_fused, "ep": args.ep, "seconds": time.perf_counter() - started, "rows": report}, handle, indent=1)
     print(f"wrote {', '.join(targets)} in {time.perf_counter() - started:.0f} s", flush=True)
     return 0
 

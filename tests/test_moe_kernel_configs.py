@@ -42,3 +42,26 @@ def test_shipped_tables_hold_valid_tiles(path):
         for key in TILE_KEYS:
             value = config[key]
             assert value >= 1 and value & (value - 1) == 0 or key == "GROUP_SIZE_M", (path, tokens, key, value)
+
+
+@pytest.mark.parametrize("ep", [1, 2, 4])
+def test_tuner_routes_one_ranks_share_under_expert_parallelism(ep):
+    """The tuner's routing for ``--ep``: distinct top-4 over all 128 experts, rank 0 keeps its own
+    ids and sees the others' as -1, so it gets about 4/ep choices per token."""
+    import sys
+
+    import torch
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    from tune_fused_moe import TOP_K, rank_local_choices
+
+    torch.manual_seed(ep)
+    local = 128 // ep
+    ids = rank_local_choices(4096, local, ep, device="cpu")
+    assert ids.shape == (4096, TOP_K) and ids.dtype == torch.int32
+    assert ((ids == -1) | ((ids >= 0) & (ids < local))).all()
+    for row in ids.tolist():
+        kept = [i for i in row if i >= 0]
+        assert len(kept) == len(set(kept))
+    kept_share = (ids >= 0).float().mean().item()
+    assert abs(kept_share - 1 / ep) < 0.03
