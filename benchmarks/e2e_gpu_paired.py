@@ -11,9 +11,11 @@ up, and groups of 2K-prompt requests (one request at concurrency 1, sixteen sent
 alternate between them in ABBA order, so every pair of groups shares the machine's state of that
 moment. Reported per concurrency: every group's mean TPOT, the median per server and the ratio of
 medians. ``--tp 2 --ep 2`` pairs two TP2 + EP2 servers on two GPUs (about 23 GB of weights per
-GPU each, so the pair fits two H100s; at TP1 the pair needs an H200).
+GPU each, so the pair fits two H100s; at TP1 the pair needs an H200). ``--against KEY=VALUE``
+pairs ours with ours under that environment variable instead of upstream (an A/B of one of the
+plugin's switches, e.g. ``SGLANG_M3_MOE_OVERLAP=0``).
 
-    scripts/gpu/run.sh exec python benchmarks/e2e_gpu_paired.py --out $OUT [--rounds 8] [--tp 2 --ep 2] [--concurrency 1 16]
+    scripts/gpu/run.sh exec python benchmarks/e2e_gpu_paired.py --out $OUT [--rounds 8] [--tp 2 --ep 2] [--concurrency 1 16] [--against KEY=VALUE]
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ import statistics
 import sys
 import tempfile
 import threading
+from dataclasses import dataclass, field
 
 sys.path.insert(0, os.path.dirname(__file__))
-from e2e_gpu import IMPLS, THROUGHPUT_OUTPUT, THROUGHPUT_PROMPT, commit, gpu_name, start_server, stop_server, warm_up  # noqa: E402
+from e2e_gpu import THROUGHPUT_OUTPUT, THROUGHPUT_PROMPT, commit, gpu_name, start_server, stop_server, warm_up  # noqa: E402
 from midsize_m3 import midsize_text_config, write_midsize_checkpoint  # noqa: E402
 from serving_client import random_prompt, run_group  # noqa: E402
 
@@ -36,19 +39,45 @@ from serving_client import random_prompt, run_group  # noqa: E402
 KV_TOKENS_PER_SERVER = 262144
 
 
-def start_both(model_dir: str, out_dir: str, tp: int = 1, ep: int = 1) -> dict[str, tuple]:
-    """Both servers started at once (start-up is not measured here); raises if either fails."""
+@dataclass(frozen=True)
+class Contender:
+    """One of the two servers: its label in the results, its implementation and extra environment."""
+
+    label: str
+    impl: str
+    env: dict = field(default_factory=dict)
+
+
+#: the default pair; the first contender is always ours (``speedup_of_medians`` is second / first)
+OURS_VS_UPSTREAM = (Contender("ours", "ours"), Contender("upstream", "upstream"))
+
+
+def contenders(against: str | None) -> tuple[Contender, Contender]:
+    """Ours against upstream, or (``against`` = ``KEY=VALUE``) ours against ours under that variable."""
+    if against is None:
+        return OURS_VS_UPSTREAM
+    key, sep, value = against.partition("=")
+    if not sep or not key:
+        raise ValueError(f"--against takes KEY=VALUE, got {against!r}")
+    label = "ours_" + "".join(ch if ch.isalnum() else "_" for ch in f"{key}_{value}")  # also a file-name part
+    return Contender("ours", "ours"), Contender(label, "ours", {key: value})
+
+
+def start_both(model_dir: str, out_dir: str, tp: int = 1, ep: int = 1, pair: tuple[Contender, ...] = OURS_VS_UPSTREAM) -> dict[str, tuple]:
+    """Both servers started at once (start-up is not measured here), keyed by label; raises if either fails."""
     started: dict[str, tuple] = {}
     errors: dict[str, BaseException] = {}
 
-    def start(impl: str) -> None:
+    def start(contender: Contender) -> None:
         try:
-            started[impl] = start_server(impl, model_dir, out_dir, tp, ep, label=f"paired-{impl}",
-                                         extra_args=("--max-total-tokens", str(KV_TOKENS_PER_SERVER)))
+            started[contender.label] = start_server(
+                contender.impl, model_dir, out_dir, tp, ep, label=f"paired-{contender.label}",
+                extra_args=("--max-total-tokens", str(KV_TOKENS_PER_SERVER)), env=contender.env,
+            )
         except BaseException as error:  # reported below, after the other start ends
-            errors[impl] = error
+            errors[contender.label] = error
 
-    threads = [threading.Thread(target=start, args=(impl,)) for impl in IMPLS]
+    threads = [threading.Thread(target=start, args=(contender,)) for contender in pair]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -61,25 +90,29 @@ def start_both(model_dir: str, out_dir: str, tp: int = 1, ep: int = 1) -> dict[s
 
 
 def paired_rounds(urls: dict[str, str], rounds: int, seed, concurrency: int = 1) -> dict[str, list[float]]:
-    """``rounds`` pairs of request groups in ABBA order; each request gets its own random prompt.
-    Returns each group's mean TPOT in ms per server."""
-    tpot_ms: dict[str, list[float]] = {impl: [] for impl in IMPLS}
+    """``rounds`` pairs of request groups in ABBA order over the two servers of ``urls`` (label ->
+    URL, in pair order); each request gets its own random prompt. Returns each group's mean TPOT
+    in ms per label."""
+    labels = list(urls)
+    tpot_ms: dict[str, list[float]] = {label: [] for label in labels}
     for round_index in range(rounds):
-        order = IMPLS if round_index % 2 == 0 else IMPLS[::-1]
-        for impl in order:
+        order = labels if round_index % 2 == 0 else labels[::-1]
+        for label in order:
             prompts = [random_prompt(THROUGHPUT_PROMPT, next(seed)) for _ in range(concurrency)]
-            tpot_ms[impl].append(run_group(urls[impl], prompts, THROUGHPUT_OUTPUT).mean_tpot_ms)
-        print(f"  c{concurrency} round {round_index}: " + ", ".join(f"{impl} {tpot_ms[impl][-1]:.2f} ms" for impl in IMPLS), flush=True)
+            tpot_ms[label].append(run_group(urls[label], prompts, THROUGHPUT_OUTPUT).mean_tpot_ms)
+        print(f"  c{concurrency} round {round_index}: " + ", ".join(f"{label} {tpot_ms[label][-1]:.2f} ms" for label in labels), flush=True)
     return tpot_ms
 
 
 def summary(tpot_ms: dict[str, list[float]]) -> dict:
-    """Medians, their ratio (upstream over ours: above 1 is ours faster) and the rounds ours won."""
-    medians = {impl: statistics.median(values) for impl, values in tpot_ms.items()}
+    """Medians, their ratio (second over first, i.e. over ours: above 1 is ours faster) and the
+    rounds ours won."""
+    (first, ours), (second, other) = tpot_ms.items()
+    medians = {first: statistics.median(ours), second: statistics.median(other)}
     return {
         "tpot_ms": tpot_ms, "median_tpot_ms": medians,
-        "speedup_of_medians": medians["upstream"] / medians["ours"],
-        "rounds_ours_faster": sum(o < u for o, u in zip(tpot_ms["ours"], tpot_ms["upstream"])),
+        "speedup_of_medians": medians[second] / medians[first],
+        "rounds_ours_faster": sum(o < u for o, u in zip(ours, other)),
     }
 
 
@@ -90,16 +123,21 @@ def main(argv=None) -> int:
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size of both servers")
     parser.add_argument("--ep", type=int, default=1, help="expert-parallel size of both servers (inside the TP group)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1], help="requests per group (default: 1)")
+    parser.add_argument("--against", metavar="KEY=VALUE", help="pair ours with ours under this environment variable, not upstream")
     args = parser.parse_args(argv)
+    try:
+        pair = contenders(args.against)
+    except ValueError as error:
+        parser.error(str(error))
     os.makedirs(args.out, exist_ok=True)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(f"stopped by signal {signum}"))
     model_dir = write_midsize_checkpoint(tempfile.mkdtemp(prefix="m3-midsize-"), 1, 3)
-    servers = start_both(model_dir, args.out, args.tp, args.ep)
+    servers = start_both(model_dir, args.out, args.tp, args.ep, pair)
     try:
-        urls = {impl: server[1] for impl, server in servers.items()}
+        urls = {contender.label: servers[contender.label][1] for contender in pair}
         seed = iter(range(10**6))
-        for impl in IMPLS:
-            warm_up(urls[impl], seed)
+        for url in urls.values():
+            warm_up(url, seed)
         by_concurrency = {c: summary(paired_rounds(urls, args.rounds, seed, c)) for c in args.concurrency}
     finally:
         for process, *_ in servers.values():
@@ -109,14 +147,16 @@ def main(argv=None) -> int:
         "what": f"mean TPOT of groups of {THROUGHPUT_PROMPT}-token-prompt requests with {THROUGHPUT_OUTPUT} output tokens, "
                 f"both servers alive on the same GPUs, ABBA order, {args.rounds} rounds per concurrency",
         "max_total_tokens": KV_TOKENS_PER_SERVER,
+        "pair": [{"label": c.label, "impl": c.impl, "env": c.env} for c in pair],
         "concurrency": {str(c): s for c, s in by_concurrency.items()},
     }
-    path = os.path.join(args.out, f"e2e_gpu_paired_tp{args.tp}_ep{args.ep}.json")
+    suffix = "" if args.against is None else f"_vs_{pair[1].label}"
+    path = os.path.join(args.out, f"e2e_gpu_paired_tp{args.tp}_ep{args.ep}{suffix}.json")
     with open(path, "w", encoding="utf-8") as handle:
         json.dump(result, handle, indent=2)
     for c, s in by_concurrency.items():
         medians = s["median_tpot_ms"]
-        print(f"c{c} median tpot: ours {medians['ours']:.3f} ms, upstream {medians['upstream']:.3f} ms, "
+        print(f"c{c} median tpot: " + ", ".join(f"{label} {value:.3f} ms" for label, value in medians.items()) + ", "
               f"speed-up {s['speedup_of_medians']:.3f}x; ours faster in {s['rounds_ours_faster']} of {args.rounds} rounds", flush=True)
     print(f"wrote {path}", flush=True)
     return 0

@@ -240,3 +240,25 @@ def test_paired_rounds_alternate_abba(monkeypatch, concurrency):
     assert tpot == {"ours": pytest.approx([2.0] * 4), "upstream": pytest.approx([3.0] * 4)}
     result = e2e_gpu_paired.summary(tpot)
     assert result["speedup_of_medians"] == pytest.approx(1.5) and result["rounds_ours_faster"] == 4
+
+
+def test_paired_contenders_default_to_upstream_and_take_one_environment_variable():
+    import e2e_gpu_paired
+
+    assert [(c.label, c.impl, c.env) for c in e2e_gpu_paired.contenders(None)] == [("ours", "ours", {}), ("upstream", "upstream", {})]
+    ours, switched = e2e_gpu_paired.contenders("SGLANG_M3_MOE_OVERLAP=0")
+    assert (ours.impl, ours.env) == ("ours", {})
+    assert (switched.impl, switched.env) == ("ours", {"SGLANG_M3_MOE_OVERLAP": "0"})
+    assert switched.label == "ours_SGLANG_M3_MOE_OVERLAP_0"
+    for bad in ("SGLANG_M3_MOE_OVERLAP", "=0"):
+        with pytest.raises(ValueError, match="KEY=VALUE"):
+            e2e_gpu_paired.contenders(bad)
+
+
+def test_paired_summary_is_over_the_first_contender_whatever_the_labels():
+    import e2e_gpu_paired
+
+    result = e2e_gpu_paired.summary({"ours": [2.0, 4.0, 3.0], "ours_X_0": [3.0, 3.5, 6.0]})
+    assert result["median_tpot_ms"] == {"ours": 3.0, "ours_X_0": 3.5}
+    assert result["speedup_of_medians"] == pytest.approx(3.5 / 3.0)
+    assert result["rounds_ours_faster"] == 2
