@@ -1,6 +1,7 @@
 """Merges the per-server results of ``e2e_gpu.py`` into the committed JSON, markdown and plot.
 
     python benchmarks/e2e_gpu_report.py RESULT_DIR [RESULT_DIR ...] [--note TEXT] [--results benchmarks/results]
+        [--paired e2e_gpu_<gpu>_paired_tp<T>_ep<E>.json ...] [--notes e2e_gpu_<gpu>_notes.md]
 
 Each ``RESULT_DIR`` holds ``e2e_gpu_<impl>_tp<T>_ep<E>.json`` files (one per server) and the
 ``standin_ops_<impl>.txt`` lists the harness wrote; where two folders hold the same server
@@ -8,6 +9,11 @@ Each ``RESULT_DIR`` holds ``e2e_gpu_<impl>_tp<T>_ep<E>.json`` files (one per ser
 ``servers``. ``--note`` records how the runs were made (e.g. servers from different device runs). The merged file
 ``e2e_gpu_<gpu>.json`` has one row per measurement with ``ours`` and ``upstream`` side by side;
 a measurement only one server produced keeps ``null`` for the other.
+
+``--paired`` adds the results of ``e2e_gpu_paired.py`` (both servers alive at once, ABBA) as their
+own table, under ``paired`` in the JSON: they are a different workload from the rows (256 output
+tokens, medians over rounds), so they never replace a row. ``--notes`` appends a markdown file of
+notes on the runs (kept beside the results), so regenerating the table keeps them.
 """
 
 from __future__ import annotations
@@ -72,6 +78,37 @@ def merge(servers: list[dict], ops: dict[str, list[str]], note: str = "") -> dic
     }
 
 
+def load_paired(paths: list[str]) -> list[dict]:
+    """One entry per (paired run, concurrency): the pair's labels, medians, ratio and rounds won."""
+    entries = []
+    for path in paths:
+        with open(path, encoding="utf-8") as handle:
+            run = json.load(handle)
+        for concurrency, summary in run["concurrency"].items():
+            (first, first_ms), (second, second_ms) = summary["median_tpot_ms"].items()
+            entries.append({
+                "file": os.path.basename(path), "commit": run["commit"], "tp": run["tp"], "ep": run["ep"],
+                "concurrency": int(concurrency), "rounds": len(summary["tpot_ms"][first]),
+                "first": first, "second": second, "first_tpot_ms": first_ms, "second_tpot_ms": second_ms,
+                "speedup_of_medians": summary["speedup_of_medians"], "rounds_first_faster": summary["rounds_ours_faster"],
+            })
+    return entries
+
+
+def paired_markdown(entries: list[dict]) -> list[str]:
+    lines = [
+        "", "## Paired decode (`e2e_gpu_paired.py`: both servers alive on the same GPUs, request groups alternating ABBA)", "",
+        "| commit | tp | ep | concurrency | A | B | A median TPOT ms | B median TPOT ms | B / A | rounds A faster | file |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for e in entries:
+        lines.append(
+            f"| {e['commit']} | {e['tp']} | {e['ep']} | {e['concurrency']} | {e['first']} | {e['second']} | {e['first_tpot_ms']:.2f} | "
+            f"{e['second_tpot_ms']:.2f} | {e['speedup_of_medians']:.2f}x | {e['rounds_first_faster']} of {e['rounds']} | {e['file']} |"
+        )
+    return lines
+
+
 def ratio(row: dict) -> float | None:
     """How many times better ours is (lower is better for times, higher for throughput)."""
     ours, upstream = row["ours"], row["upstream"]
@@ -80,7 +117,7 @@ def ratio(row: dict) -> float | None:
     return ours / upstream if row["metric"] == "output_tok_s" else upstream / ours
 
 
-def markdown(result: dict) -> str:
+def markdown(result: dict, notes: str = "") -> str:
     fmt = lambda v: "-" if v is None else f"{v:,.2f}"  # noqa: E731
     lines = [
         f"# End-to-end serving on {result['gpu']} (commit {result['commit']})",
@@ -110,7 +147,9 @@ def markdown(result: dict) -> str:
     lines += ["", "Ops that ran through the harness's `sgl_kernel` stand-ins (not SGLang's compiled kernels):", ""]
     for impl, names in result["standin_ops"].items():
         lines.append(f"- {impl}: {', '.join(names) if names else 'none'}")
-    return "\n".join(lines) + "\n"
+    if result.get("paired"):
+        lines += paired_markdown(result["paired"])
+    return "\n".join(lines) + "\n" + (f"\n{notes.rstrip()}\n" if notes else "")
 
 
 def plot(result: dict, path: str) -> None:
@@ -136,15 +175,23 @@ def main(argv=None) -> int:
     parser.add_argument("result_dirs", nargs="+")
     parser.add_argument("--note", default="", help="how the runs were made, recorded in the JSON and the markdown")
     parser.add_argument("--results", default=os.path.join(os.path.dirname(__file__), "results"))
+    parser.add_argument("--paired", nargs="+", default=[], help="e2e_gpu_paired.py results to add as their own table")
+    parser.add_argument("--notes", help="markdown file of notes on the runs, appended to the markdown")
     args = parser.parse_args(argv)
+    notes = ""
+    if args.notes:
+        with open(args.notes, encoding="utf-8") as handle:
+            notes = handle.read()
     result = merge(load_servers(args.result_dirs), standin_ops(args.result_dirs), args.note)
+    if args.paired:
+        result["paired"] = load_paired(args.paired)
     stem = os.path.join(args.results, f"e2e_gpu_{gpu_key(result['gpu'])}")
     with open(stem + ".json", "w", encoding="utf-8") as handle:
         json.dump(result, handle, indent=2)
     with open(stem + ".md", "w", encoding="utf-8") as handle:
-        handle.write(markdown(result))
+        handle.write(markdown(result, notes))
     plot(result, stem + ".png")
-    print(markdown(result))
+    print(markdown(result, notes))
     return 0
 
 

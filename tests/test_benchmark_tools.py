@@ -262,3 +262,29 @@ def test_paired_summary_is_over_the_first_contender_whatever_the_labels():
     assert result["median_tpot_ms"] == {"ours": 3.0, "ours_X_0": 3.5}
     assert result["speedup_of_medians"] == pytest.approx(3.5 / 3.0)
     assert result["rounds_ours_faster"] == 2
+
+
+def test_report_keeps_paired_runs_and_notes_beside_the_rows(tmp_path):
+    """The committed TP2 + EP2 paired result renders as its own table and the notes file is appended,
+    so regenerating the table loses neither."""
+    results_dir = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "results")
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / "e2e_gpu_ours_tp1_ep1.json").write_text(json.dumps(_server("ours", [])))
+    (runs / "e2e_gpu_upstream_tp1_ep1.json").write_text(json.dumps(_server("upstream", [])))
+    notes = tmp_path / "notes.md"
+    notes.write_text("## Notes on this run\n\n- a note\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    paired = os.path.join(results_dir, "e2e_gpu_h100_paired_tp2_ep2.json")
+    assert e2e_gpu_report.main([str(runs), "--results", str(out), "--paired", paired, "--notes", str(notes)]) == 0
+    result = json.loads((out / "e2e_gpu_h100.json").read_text())
+    by_concurrency = {e["concurrency"]: e for e in result["paired"]}
+    assert sorted(by_concurrency) == [1, 16]
+    c1 = by_concurrency[1]
+    assert (c1["first"], c1["second"], c1["tp"], c1["ep"], c1["commit"], c1["rounds"]) == ("ours", "upstream", 2, 2, "0346eec", 6)
+    assert c1["speedup_of_medians"] == pytest.approx(c1["second_tpot_ms"] / c1["first_tpot_ms"])
+    text = (out / "e2e_gpu_h100.md").read_text()
+    assert f"| 0346eec | 2 | 2 | 1 | ours | upstream | {c1['first_tpot_ms']:.2f} |" in text
+    assert text.rstrip().endswith("- a note")
+    assert text.index("## Paired decode") < text.index("## Notes on this run")
