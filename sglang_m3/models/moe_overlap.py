@@ -6,11 +6,14 @@ share halves while its shared expert does not shrink, so running them one after 
 the shared expert's whole time on every MoE layer. Captured on two streams, they overlap in
 every replay of the graph.
 
-Only inside a plain CUDA graph capture: eager forwards (prefill, the CPU platform) keep one
-stream, so no tensor made on one stream is freed while the other still reads it (inside a capture
-the graph's private memory pool keeps every block alive until the graph is released), and
-SGLang's breakable graphs (split at attention for piecewise prefill replay) are left alone, as
-upstream's M3 does. ``SGLANG_M3_MOE_OVERLAP=0`` keeps one stream everywhere (the A/B switch).
+Only inside a plain CUDA graph capture, as upstream's M3 does: there the fork and join are
+recorded once and replay at no host cost, while eager forwards (prefill, whose GEMMs fill the GPU
+alone, and the CPU platform) keep one stream. SGLang's breakable graphs (split at attention for
+piecewise prefill replay) are left alone too. Memory stays safe across the two streams: the
+caller holds the input until after the join, the routed experts' temporaries are allocated on the
+second stream (the caching allocator keeps such blocks to the stream that made them), and both
+outputs are read on the main stream only after the join. ``SGLANG_M3_MOE_OVERLAP=0`` keeps one
+stream everywhere (the A/B switch).
 """
 
 from __future__ import annotations
