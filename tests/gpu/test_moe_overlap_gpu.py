@@ -9,14 +9,16 @@ server with it on logs the two-stream capture. The served requests are sent one 
 bf16 a row's result depends on the batch it shares (GEMM and fused-MoE tiles follow the row
 count), and which requests share a batch under concurrency depends on arrival timing, so only
 lone requests have one right answer to compare bit for bit; larger graphed batches are covered by
-the kernel-level test, and by the bf16 noise tests of ``test_tiny_m3_gpu.py`` and
-``test_tensor_parallel_gpu.py``, which serve concurrent requests with the overlap on (the default).
+the kernel-level test and, served, by sixteen concurrent requests held to the bf16 criterion of
+``bf16_noise`` against the fp32 reference (a race between the streams would give garbage, far
+outside bf16 noise).
 
 Skipped without CUDA. Run on the lent GPU with ``scripts/gpu/run.sh tests``.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import sys
 
@@ -30,9 +32,11 @@ if not torch.cuda.is_available():
 
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "e2e"))
+from bf16_noise import reference_gaps, sequence_noise, served_logprobs  # noqa: E402
 from gpu_server import launch_gpu_server, log_text  # noqa: E402
 from served_vs_reference import generate, output_ids  # noqa: E402
-from transformers_oracle import random_prompt  # noqa: E402
+from test_tiny_m3_gpu import BF16_NOISE_CEILING  # noqa: E402
+from transformers_oracle import prompt_logprobs, random_prompt  # noqa: E402
 
 from sglang_m3.models.moe_overlap import MOE_OVERLAP_ENV, shared_beside_routed  # noqa: E402
 
@@ -103,4 +107,29 @@ def test_served_tokens_and_logprobs_equal_with_and_without_overlap(tiny_checkpoi
         print(f"[gpu overlap] {name}: tokens {'identical' if same_tokens else 'DIFFER'}, max |logprob on - off| {worst:.3e}")
         if not same_tokens or len(a) != len(b) or worst != 0.0:
             failures.append(f"{name}: tokens identical {same_tokens}, max |logprob diff| {worst}")
+    assert not failures, failures
+
+
+CONCURRENT = 16
+
+
+def test_sixteen_concurrent_requests_with_overlap_within_bf16_noise(tiny_checkpoint_factory, server_log_dir):
+    model_dir = tiny_checkpoint_factory()
+    prompts = [random_prompt(100 + i, 30 + 23 * i) for i in range(CONCURRENT)]
+    with launch_gpu_server(
+        model_dir, server_log_dir, "--chunked-prefill-size", "112", env={"SGLANG_M3_MOE_IMPL": "fused"},
+        name="bf16-fused-overlap-concurrent", dtype="bfloat16", prefill_graphs=False,
+    ) as server:
+        with concurrent.futures.ThreadPoolExecutor(CONCURRENT) as pool:
+            results = list(pool.map(lambda p: generate(server, p, NEW_TOKENS, logprob_start=0), prompts))
+        assert CAPTURED_LINE in log_text(server)
+    failures = []
+    for prompt, result in zip(prompts, results):
+        reference = prompt_logprobs(model_dir, prompt)
+        delta = max(abs(v - reference[p - 1].item()) for p, v in served_logprobs(result, prompt).items())
+        noise = sequence_noise(result, model_dir, prompt, delta)
+        gaps = reference_gaps(model_dir, prompt, output_ids(result))
+        print(f"[gpu overlap concurrent] len {len(prompt)}: noise {noise:.3e}, served-token gaps max {max(gaps):.3e}")
+        if noise > BF16_NOISE_CEILING or max(gaps) > 2 * noise:
+            failures.append(f"len {len(prompt)}: noise {noise}, largest gap {max(gaps)}")
     assert not failures, failures
