@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 
 import torch
 from sglang.srt.distributed import tensor_model_parallel_all_reduce
@@ -38,6 +37,7 @@ from sglang.srt.distributed.parallel_state import get_tensor_model_parallel_worl
 from torch import nn
 
 from sglang_m3.config import M3TextSpec
+from sglang_m3.env_switch import env_choice
 from sglang_m3.models.moe import GatedMLP, M3SparseMoeBlock
 from sglang_m3.models.moe_kernel_configs import nearest, tile_table
 from sglang_m3.models.moe_overlap import overlap_stream, shared_beside_routed
@@ -121,9 +121,7 @@ def moe_impl(dtype: torch.dtype | None = None, mxfp8_experts: bool = False) -> s
     """``loop``, ``static``, ``fused`` or ``mxfp8`` for a model of ``dtype`` (default: torch's default
     dtype, which SGLang's model loader sets to the model's dtype while it builds the model) whose
     checkpoint has MXFP8 routed experts or not."""
-    choice = os.environ.get(MOE_IMPL_ENV, "auto")
-    if choice not in MOE_IMPLS:
-        raise ValueError(f"{MOE_IMPL_ENV} must be one of {', '.join(MOE_IMPLS)}, got {choice!r}")
+    choice = env_choice(MOE_IMPL_ENV, MOE_IMPLS)
     if choice == "mxfp8" and not mxfp8_experts:
         raise ValueError(f"{MOE_IMPL_ENV}=mxfp8 needs a checkpoint with MXFP8 routed experts (quantization_config)")
     if choice == "torch":

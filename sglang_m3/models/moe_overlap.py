@@ -19,10 +19,11 @@ stream everywhere (the A/B switch).
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 
 import torch
+
+from sglang_m3.env_switch import env_choice
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ def overlap_stream() -> torch.cuda.Stream | None:
     """SGLang's process-wide ``alt`` stream on a CUDA platform with the overlap on, else None.
 
     Taken at model construction: a stream must exist before graph capture begins."""
-    if os.environ.get(MOE_OVERLAP_ENV, "1") == "0":
+    if env_choice(MOE_OVERLAP_ENV, ("1", "0")) == "0":
         return None
     from sglang.srt.platforms import current_platform
 

@@ -22,7 +22,6 @@ tokens) make the same per-request call, :func:`causal_sdpa` (:mod:`sglang_m3.msa
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +31,7 @@ from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
+from sglang_m3.env_switch import env_choice
 from sglang_m3.msa.batch_shape import host_extend_lens
 
 #: Environment switch: ``sdpa`` (default on CUDA) or ``sglang`` (SGLang's own extend kernel).
@@ -49,10 +49,7 @@ class RequestSpan:
 
 
 def sdpa_dense_prefill_enabled(device: torch.device) -> bool:
-    choice = os.environ.get(ENV, "sdpa")
-    if choice not in ("sdpa", "sglang"):
-        raise ValueError(f"{ENV}={choice!r}: expected 'sdpa' or 'sglang'")
-    return device.type == "cuda" and choice == "sdpa"
+    return device.type == "cuda" and env_choice(ENV, ("sdpa", "sglang")) == "sdpa"
 
 
 def serves_batch(forward_batch) -> bool:
@@ -152,10 +149,7 @@ PREFIX_SPLIT_ENV = "SGLANG_M3_DENSE_PREFIX_SPLIT"
 
 
 def prefix_split_applies(q: torch.Tensor) -> bool:
-    choice = os.environ.get(PREFIX_SPLIT_ENV, "1")
-    if choice not in ("0", "1"):
-        raise ValueError(f"{PREFIX_SPLIT_ENV}={choice!r}: expected '0' or '1'")
-    return choice == "1" and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16)
+    return env_choice(PREFIX_SPLIT_ENV, ("1", "0")) == "1" and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16)
 
 
 def prefix_split_sdpa(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:

@@ -26,12 +26,12 @@ and verify (graphed) never take this path. ``SGLANG_M3_FULL_SELECTION_DENSE=0`` 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 from msa_kernels.reference import MSAParams, num_blocks
 
+from sglang_m3.env_switch import env_choice
 from sglang_m3.msa.dense_prefill import causal_sdpa
 
 #: Environment switch: ``1`` (default) or ``0`` (every extend request on the sparse kernels).
@@ -39,10 +39,7 @@ ENV = "SGLANG_M3_FULL_SELECTION_DENSE"
 
 
 def full_selection_dense_enabled() -> bool:
-    choice = os.environ.get(ENV, "1")
-    if choice not in ("0", "1"):
-        raise ValueError(f"{ENV}={choice!r}: expected '1' (dense attention where MSA selects every block) or '0'")
-    return choice == "1"
+    return env_choice(ENV, ("1", "0"), "'1' (dense attention where MSA selects every block) or '0'") == "1"
 
 
 def selects_every_block(seq_len: int, params: MSAParams) -> bool:

@@ -110,3 +110,10 @@ def test_eager_and_breakable_graphs_keep_one_stream(fake_cuda, plain, breakable_
     set_capture(plain, breakable_graph)
     shared_beside_routed(alt, torch.zeros(2, 4), recorder("shared"), recorder("routed"))
     assert log == ["shared on main", "routed on main"]
+
+
+@pytest.mark.parametrize("value", ["false", "off", "no", ""])
+def test_a_value_other_than_1_or_0_is_refused_with_the_variable_named(monkeypatch, value):
+    monkeypatch.setenv(MOE_OVERLAP_ENV, value)
+    with pytest.raises(ValueError, match=f"{MOE_OVERLAP_ENV}={value!r}: expected '1' or '0'"):
+        overlap_stream()
