@@ -11,13 +11,14 @@ never slower than what SGLang would pick. The table lands in ``--out`` (and with
 top-4 drawn over all 128 experts with the other ranks' choices dropped (id -1, as SGLang's
 dispatcher maps them), so a rank sees about 4/N of the choices. Upstream's M3 does not fuse its
 shared expert under expert parallelism, so ``--upstream --ep N`` tunes the same shape and writes
-it in SGLang's layout.
+it in SGLang's layout. ``--tp N`` tunes one tensor-parallel rank's slice: every expert's intermediate
+size divided by N (with ``--ep``, the experts are split instead, as SGLang does inside the TP group).
 
 Triton compiles one kernel per config and argument class, which dominates the run; worker
 processes compile every candidate on small tensors of the same argument classes first (the cache
 is shared), then one process times them at the real shape.
 
-    scripts/gpu/run.sh exec python benchmarks/tune_fused_moe.py --out "$OUT" [--install] [--upstream] [--ep 2]
+    scripts/gpu/run.sh exec python benchmarks/tune_fused_moe.py --out "$OUT" [--install] [--upstream] [--ep 2 | --tp 2]
 """
 
 from __future__ import annotations
@@ -188,6 +189,7 @@ def main(argv=None) -> int:
     parser.add_argument("--install", action="store_true", help="also write the table into sglang_m3/models/moe_kernel_configs/")
     parser.add_argument("--upstream", action="store_true", help="tune upstream M3's shape (shared expert fused: E=129, top-5) in SGLang's table layout")
     parser.add_argument("--ep", type=int, default=1, help="expert-parallel ranks: tune one rank's 128/ep local experts")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks without expert parallelism: tune one rank's intermediate slice")
     parser.add_argument("--workers", type=int, default=12, help="processes that compile the candidates")
     parser.add_argument("--reps", type=int, default=10)
     args = parser.parse_args(argv)
@@ -201,9 +203,13 @@ def main(argv=None) -> int:
     model = midsize_text_config(1, 3)
     if model["num_local_experts"] % args.ep:
         parser.error(f"--ep {args.ep} does not divide the {model['num_local_experts']} experts")
+    if args.tp > 1 and args.ep > 1:
+        parser.error("--tp and --ep are exclusive: under expert parallelism each rank holds whole experts")
+    if model["intermediate_size"] % args.tp:
+        parser.error(f"--tp {args.tp} does not divide the intermediate size {model['intermediate_size']}")
     shared_fused = args.upstream and args.ep == 1  # upstream fuses its shared expert only without expert parallelism
     experts = model["num_local_experts"] // args.ep + int(shared_fused)
-    intermediate, hidden = model["intermediate_size"], model["hidden_size"]
+    intermediate, hidden = model["intermediate_size"] // args.tp, model["hidden_size"]
     alpha, limit = model["swiglu_alpha"], model["swiglu_limit"]
     model_dir = write_midsize_checkpoint(tempfile.mkdtemp(prefix="m3-tune-"), 1, 3)
 
@@ -252,10 +258,10 @@ def main(argv=None) -> int:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w", encoding="utf-8") as handle:
             json.dump(table, handle, indent=1)
-    report_name = f"tune_fused_moe{'_upstream' if args.upstream else ''}{f'_ep{args.ep}' if args.ep > 1 else ''}_report.json"
+    report_name = f"tune_fused_moe{'_upstream' if args.upstream else ''}{f'_ep{args.ep}' if args.ep > 1 else ''}{f'_tp{args.tp}' if args.tp > 1 else ''}_report.json"
     with open(os.path.join(args.out, report_name), "w", encoding="utf-8") as handle:
         json.dump({"gpu": torch.cuda.get_device_name(), "triton": triton.__version__, "shape": [experts, intermediate, hidden],
-                   "top_k": case.top_k, "shared_fused": shared_fused, "ep": args.ep, "seconds": time.perf_counter() - started, "rows": report}, handle, indent=1)
+                   "top_k": case.top_k, "shared_fused": shared_fused, "ep": args.ep, "tp": args.tp, "seconds": time.perf_counter() - started, "rows": report}, handle, indent=1)
     print(f"wrote {', '.join(targets)} in {time.perf_counter() - started:.0f} s", flush=True)
     return 0
 
