@@ -70,7 +70,8 @@ def merge(servers: list[dict], ops: dict[str, list[str]], note: str = "") -> dic
         "model": first["model"],
         "servers": [
             {**{k: s[k] for k in ("impl", "tp", "ep", "startup_s", "kv_tokens", "peak_gpu_memory_gb", "cuda_graphs", "quick", "commit")},
-             "complete": s.get("complete", True)}  # False: the run was cut short; its rows are what it measured
+             "complete": s.get("complete", True),  # False: the run was cut short; its rows are what it measured
+             **({"reconstructed": s["reconstructed"]} if s.get("reconstructed") else {})}  # how a lost result file was rebuilt
             for s in servers
         ],
         "standin_ops": ops,
@@ -117,6 +118,11 @@ def ratio(row: dict) -> float | None:
     return ours / upstream if row["metric"] == "output_tok_s" else upstream / ours
 
 
+def fmt_optional(value, form: str) -> str:
+    """``form`` applied to ``value``, or "-" where the value is unknown."""
+    return "-" if value is None else form.format(value)
+
+
 def markdown(result: dict, notes: str = "") -> str:
     fmt = lambda v: "-" if v is None else f"{v:,.2f}"  # noqa: E731
     lines = [
@@ -142,8 +148,10 @@ def markdown(result: dict, notes: str = "") -> str:
     for s in result["servers"]:
         lines.append(
             f"| {s['impl']} | {s['commit']} | {s['tp']} | {s['ep']} | {s['startup_s']:.0f} | {s['kv_tokens']:,} | "
-            f"{s['peak_gpu_memory_gb']:.1f} | {s['cuda_graphs']} | {'yes' if s['complete'] else 'no (cut short)'} |"
+            f"{fmt_optional(s['peak_gpu_memory_gb'], '{:.1f}')} | {s['cuda_graphs']} | {'yes' if s['complete'] else 'no (cut short)'} |"
         )
+    rebuilt = [f"- {s['impl']} tp{s['tp']} ep{s['ep']}: {s['reconstructed']}" for s in result["servers"] if s.get("reconstructed")]
+    lines += ["", *rebuilt] if rebuilt else []
     lines += ["", "Ops that ran through the harness's `sgl_kernel` stand-ins (not SGLang's compiled kernels):", ""]
     for impl, names in result["standin_ops"].items():
         lines.append(f"- {impl}: {', '.join(names) if names else 'none'}")

@@ -129,6 +129,17 @@ def test_report_marks_a_server_cut_short(tmp_path):
     assert "| 1.0 | True | no (cut short) |" in e2e_gpu_report.markdown(result)
 
 
+def test_report_names_a_server_rebuilt_from_its_log(tmp_path):
+    rebuilt = {**_server("upstream", []), "peak_gpu_memory_gb": None, "reconstructed": "rebuilt from bench.log"}
+    (tmp_path / "e2e_gpu_upstream_tp1_ep1.json").write_text(json.dumps(rebuilt))
+    (tmp_path / "e2e_gpu_ours_tp1_ep1.json").write_text(json.dumps(_server("ours", [])))
+    result = e2e_gpu_report.merge(e2e_gpu_report.load_servers([str(tmp_path)]), {}, "")
+    text = e2e_gpu_report.markdown(result)
+    assert "| upstream | c | 1 | 1 | 1 | 10 | - | True | yes |" in text
+    assert "- upstream tp1 ep1: rebuilt from bench.log" in text
+    assert "reconstructed" not in next(s for s in result["servers"] if s["impl"] == "ours")
+
+
 def test_each_workload_is_saved_as_soon_as_it_is_measured(monkeypatch):
     """A device run cut by its time limit keeps every row measured before the cut; concurrency 1
     is the median of its lone requests."""
