@@ -19,6 +19,7 @@ processes compile every candidate on small tensors of the same argument classes 
 is shared), then one process times them at the real shape.
 
     scripts/gpu/run.sh exec python benchmarks/tune_fused_moe.py --out "$OUT" [--install] [--upstream] [--ep 2 | --tp 2]
+    python benchmarks/tune_fused_moe.py --install-report REPORT...   # here, from the reports that came back
 """
 
 from __future__ import annotations
@@ -183,9 +184,27 @@ def compile_share(args) -> tuple[int, str]:
     return failed, first_error
 
 
+def install_report(path: str, root: str) -> str:
+    """Write the table a report carries to its install path under ``root`` (the repository); the
+    report is what comes back from the device, the table file (named with '=' and ',') is not."""
+    with open(path, encoding="utf-8") as handle:
+        report = json.load(handle)
+    if "table" not in report or "installed_as" not in report:
+        raise SystemExit(f"{path}: no 'table' / 'installed_as' (a report written before the tuner carried its table)")
+    target = os.path.normpath(os.path.join(root, report["installed_as"]))
+    if os.path.commonpath([target, os.path.abspath(root)]) != os.path.abspath(root):
+        raise SystemExit(f"{path}: installed_as {report['installed_as']!r} leaves the repository")
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    with open(target, "w", encoding="utf-8") as handle:
+        json.dump(report["table"], handle, indent=1)
+    return target
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", help="folder for the table and its report (required unless --install-report)")
+    parser.add_argument("--install-report", nargs="+", metavar="REPORT",
+                        help="no tuning: install the tables that these reports carry (no GPU needed)")
     parser.add_argument("--install", action="store_true", help="also write the table into sglang_m3/models/moe_kernel_configs/")
     parser.add_argument("--upstream", action="store_true", help="tune upstream M3's shape (shared expert fused: E=129, top-5) in SGLang's table layout")
     parser.add_argument("--ep", type=int, default=1, help="expert-parallel ranks: tune one rank's 128/ep local experts")
@@ -193,6 +212,12 @@ def main(argv=None) -> int:
     parser.add_argument("--workers", type=int, default=12, help="processes that compile the candidates")
     parser.add_argument("--reps", type=int, default=10)
     args = parser.parse_args(argv)
+    if args.install_report:
+        for path in args.install_report:
+            print(f"installed {install_report(path, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))}")
+        return 0
+    if not args.out:
+        parser.error("--out is required to tune")
 
     import torch
     import triton

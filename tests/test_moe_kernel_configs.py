@@ -11,6 +11,15 @@ from sglang_m3.models.moe_kernel_configs import CONFIG_DIR, load_table, nearest,
 TILE_KEYS = {"BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M"}
 
 
+def _tuner():
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    import tune_fused_moe
+
+    return tune_fused_moe
+
+
 def test_nearest_measured_token_count_serves():
     table = {1: {"id": "one"}, 64: {"id": "sixty-four"}, 8192: {"id": "chunk"}}
     assert nearest(table, 1)["id"] == "one"
@@ -48,12 +57,9 @@ def test_shipped_tables_hold_valid_tiles(path):
 def test_tuner_routes_one_ranks_share_under_expert_parallelism(ep):
     """The tuner's routing for ``--ep``: distinct top-4 over all 128 experts, rank 0 keeps its own
     ids and sees the others' as -1, so it gets about 4/ep choices per token."""
-    import sys
-
     import torch
 
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-    from tune_fused_moe import TOP_K, rank_local_choices
+    TOP_K, rank_local_choices = _tuner().TOP_K, _tuner().rank_local_choices
 
     torch.manual_seed(ep)
     local = 128 // ep
@@ -65,3 +71,35 @@ def test_tuner_routes_one_ranks_share_under_expert_parallelism(ep):
         assert len(kept) == len(set(kept))
     kept_share = (ids >= 0).float().mean().item()
     assert abs(kept_share - 1 / ep) < 0.03
+
+
+def test_a_report_that_came_back_installs_its_table(tmp_path):
+    """The device returns the tuner's report but not its table file (named with '=' and ','):
+    ``--install-report`` writes the table the report carries to the path it names."""
+    table = {"1": {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1}}
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"table": table, "installed_as": "configs/E=64,N=3072,device_name=X.json"}))
+    target = _tuner().install_report(str(report), str(tmp_path / "repo"))
+    assert target == str(tmp_path / "repo" / "configs" / "E=64,N=3072,device_name=X.json")
+    assert json.loads(open(target).read()) == table
+
+
+@pytest.mark.parametrize("report, message", [
+    ({"rows": []}, "no 'table'"),
+    ({"table": {}, "installed_as": "../outside.json"}, "leaves the repository"),
+])
+def test_a_report_without_a_safe_table_is_refused(tmp_path, report, message):
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(report))
+    with pytest.raises(SystemExit, match=message):
+        _tuner().install_report(str(path), str(tmp_path / "repo"))
+    assert not (tmp_path / "outside.json").exists()
+
+
+def test_the_tuner_refuses_tp_with_ep_and_needs_out_to_tune(capsys):
+    with pytest.raises(SystemExit):
+        _tuner().main(["--out", "x", "--tp", "2", "--ep", "2"])
+    assert "--tp and --ep are exclusive" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        _tuner().main([])
+    assert "--out is required" in capsys.readouterr().err

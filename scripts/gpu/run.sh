@@ -6,6 +6,7 @@
 #   scripts/gpu/run.sh tests [PYTEST...]  # tests/gpu (exactness, graphs, fused vs torch MoE), or the files named
 #   scripts/gpu/run.sh bench [ARGS...]    # benchmarks/e2e_gpu.py
 #   scripts/gpu/run.sh exec CMD...        # any command in the harness environment
+#   scripts/gpu/run.sh pack [KEEP...]      # everything under $OUT into $OUT/out.tar; KEEP files stay beside it
 #
 # Results and logs go under $OUT (the device call's output folder; ./gpu-out when unset).
 set -euo pipefail
@@ -15,6 +16,25 @@ SITE=/tmp/m3-gpu-site
 PLUGIN=/tmp/m3-gpu-plugin
 export OUT="${OUT:-$ROOT/gpu-out}"
 mkdir -p "$OUT"
+
+if [[ "${1:-}" == pack ]]; then
+    shift
+    # The device hands back at most eight files from $OUT, two folders down, named in letters,
+    # digits, '.', '_' and '-' only (a tuned table's name has '=' and ','): one archive carries
+    # everything, and the files named as arguments (paths under $OUT) come back beside it too.
+    cd "$OUT"
+    # appended, so packing twice keeps what the first pack took in
+    [[ -f out.tar ]] || tar cf out.tar --files-from /dev/null
+    tar rf out.tar --exclude=./out.tar .
+    find . -type f ! -name out.tar -print0 | while IFS= read -r -d '' file; do
+        keep=0
+        for wanted in "$@"; do [[ "${file#./}" == "${wanted#./}" ]] && keep=1; done
+        (( keep )) || rm -f -- "$file"
+    done
+    find . -mindepth 1 -type d -empty -delete
+    echo "packed $(tar tf out.tar | grep -vc '/$') files into $OUT/out.tar; kept beside it: ${*:-none}"
+    exit 0
+fi
 
 if [[ ! -f "$SITE/.unpacked" ]]; then
     [[ -f "$ARCHIVE" ]] || { echo "no site archive at $ARCHIVE: run scripts/gpu/build_site.sh and carry it" >&2; exit 2; }
@@ -91,7 +111,7 @@ PYEOF
         "$@"
         ;;
     *)
-        echo "unknown step $step (check | tests | bench | exec)" >&2
+        echo "unknown step $step (check | tests | bench | exec | pack)" >&2
         exit 2
         ;;
 esac

@@ -1,0 +1,43 @@
+"""``scripts/gpu/run.sh pack``: what a device call leaves under $OUT comes back whole.
+
+The device hands back at most eight files, none named with '=' or ',' (the tuner's tables are);
+one session lost a tuned table and a result file that way. ``pack`` needs no GPU and no harness.
+"""
+
+import os
+import subprocess
+import tarfile
+
+RUN_SH = os.path.join(os.path.dirname(__file__), "..", "scripts", "gpu", "run.sh")
+
+
+def pack(out, *keep):
+    env = {**os.environ, "OUT": str(out), "M3_SITE_ARCHIVE": "/nonexistent"}
+    done = subprocess.run(["bash", RUN_SH, "pack", *keep], env=env, capture_output=True, text=True, check=True)
+    return done.stdout
+
+
+def members(out):
+    with tarfile.open(out / "out.tar") as archive:
+        return {m.name.removeprefix("./") for m in archive.getmembers() if m.isfile()}
+
+
+def test_pack_archives_everything_and_keeps_only_the_named_files(tmp_path):
+    (tmp_path / "tune" / "deep").mkdir(parents=True)
+    (tmp_path / "tune" / "E=64,N=3072,device_name=H100.json").write_text("{}")
+    (tmp_path / "tune" / "deep" / "report.json").write_text("{}")
+    (tmp_path / "bench.log").write_text("ttft")
+    (tmp_path / "e2e.json").write_text("{}")
+    printed = pack(tmp_path, "e2e.json")
+    assert members(tmp_path) == {"tune/E=64,N=3072,device_name=H100.json", "tune/deep/report.json", "bench.log", "e2e.json"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e2e.json", "out.tar"]
+    assert "4 files" in printed and "e2e.json" in printed
+
+
+def test_packing_twice_keeps_the_first_pack(tmp_path):
+    (tmp_path / "first.log").write_text("1")
+    pack(tmp_path)
+    (tmp_path / "second.log").write_text("2")
+    pack(tmp_path)
+    assert members(tmp_path) == {"first.log", "second.log"}
+    assert [p.name for p in tmp_path.iterdir()] == ["out.tar"]
