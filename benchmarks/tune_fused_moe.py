@@ -43,8 +43,10 @@ TOP_K = 4
 UPSTREAM_CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "upstream_moe_configs")
 
 
-def candidates(tokens: int) -> list[dict]:
-    """Tile configs worth timing at this token count (small tiles for decode, large for prefill)."""
+def candidates(tokens: int, tma: bool = False) -> list[dict]:
+    """Tile configs worth timing at this token count (small tiles for decode, large for prefill);
+    with ``tma`` each also with ``USE_TMA`` (SGLang then reads the first GEMM's weights through
+    Hopper's tensor descriptors; it honours the key in a per-call override too)."""
     if tokens <= 64:
         space = itertools.product([16], [32, 64, 128], [64, 128, 256], [1], [4], [3, 4])
     elif tokens <= 512:
@@ -52,7 +54,8 @@ def candidates(tokens: int) -> list[dict]:
     else:
         space = itertools.product([64, 128], [128, 256], [64, 128], [16], [4, 8], [3, 4])
     keys = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
-    return [dict(zip(keys, values)) for values in space]
+    tiles = [dict(zip(keys, values)) for values in space]
+    return tiles + [{**tile, "USE_TMA": True} for tile in tiles] if tma else tiles
 
 
 def publish_single_rank(model_dir: str) -> None:
@@ -209,6 +212,7 @@ def main(argv=None) -> int:
     parser.add_argument("--upstream", action="store_true", help="tune upstream M3's shape (shared expert fused: E=129, top-5) in SGLang's table layout")
     parser.add_argument("--ep", type=int, default=1, help="expert-parallel ranks: tune one rank's 128/ep local experts")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks without expert parallelism: tune one rank's intermediate slice")
+    parser.add_argument("--tma", action="store_true", help="also time every tile with USE_TMA (Hopper tensor descriptors for the weights)")
     parser.add_argument("--workers", type=int, default=12, help="processes that compile the candidates")
     parser.add_argument("--reps", type=int, default=10)
     args = parser.parse_args(argv)
@@ -239,7 +243,7 @@ def main(argv=None) -> int:
     model_dir = write_midsize_checkpoint(tempfile.mkdtemp(prefix="m3-tune-"), 1, 3)
 
     started = time.perf_counter()
-    work = [(tokens, config) for tokens in TOKENS for config in candidates(tokens)]
+    work = [(tokens, config) for tokens in TOKENS for config in candidates(tokens, args.tma)]
     shares = [work[i :: args.workers] for i in range(args.workers)]
     with ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         outcomes = list(pool.map(compile_share, [(model_dir, alpha, limit, shared_fused, args.ep, share) for share in shares]))
@@ -258,7 +262,7 @@ def main(argv=None) -> int:
     for tokens in TOKENS:
         baseline = default_config(tokens, case)
         timings = [(case.time_us(tokens, baseline, args.reps), baseline, "sglang default")]
-        for config in candidates(tokens):
+        for config in candidates(tokens, args.tma):
             try:
                 timings.append((case.time_us(tokens, config, args.reps), config, "candidate"))
             except Exception as error:  # out of resources for this tile

@@ -103,3 +103,11 @@ def test_the_tuner_refuses_tp_with_ep_and_needs_out_to_tune(capsys):
     with pytest.raises(SystemExit):
         _tuner().main([])
     assert "--out is required" in capsys.readouterr().err
+
+
+def test_tma_doubles_the_candidates_with_use_tma_set():
+    tuner = _tuner()
+    for tokens in (1, 256, 8192):
+        plain, both = tuner.candidates(tokens), tuner.candidates(tokens, tma=True)
+        assert all("USE_TMA" not in tile for tile in plain)
+        assert both[: len(plain)] == plain and both[len(plain):] == [{**tile, "USE_TMA": True} for tile in plain]
