@@ -25,6 +25,7 @@ is shared), then one process times them at the real shape.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import multiprocessing
@@ -166,25 +167,43 @@ def default_config(tokens: int, case: MoeCase) -> dict:
     return get_default_config(tokens, case.experts, case.w2.shape[2], case.hidden, case.top_k, None, False)
 
 
-def compile_share(args) -> tuple[int, str]:
-    """Worker: run each (tokens, config) of its share once on small tensors of the same argument
-    classes, filling the shared Triton cache. Returns how many failed and the first error."""
-    model_dir, alpha, limit, shared_fused, ep, share = args
+def small_case(model_dir: str, alpha: float, limit: float, shared_fused: bool, ep: int) -> MoeCase:
+    """In a compile worker: a published single rank and a case on small tensors of the same
+    argument classes as the real shape (Triton specialises on those, not on the sizes)."""
     import torch
 
     publish_single_rank(model_dir)
     torch.set_grad_enabled(False)
-    small = MoeCase(experts=128 // ep + int(shared_fused), intermediate=256, hidden=512, alpha=alpha, limit=limit,
-                    shared_fused=shared_fused, ep=ep)
+    return MoeCase(experts=128 // ep + int(shared_fused), intermediate=SMALL_INTERMEDIATE, hidden=512, alpha=alpha, limit=limit,
+                   shared_fused=shared_fused, ep=ep)
+
+
+#: the compile workers' intermediate size
+SMALL_INTERMEDIATE = 256
+
+
+def try_each(calls) -> tuple[int, str]:
+    """Run each ``(label, call)``; a tile too large for shared memory fails here and is skipped
+    when timing too. Returns how many failed and the first error."""
+    import torch
+
     failed, first_error = 0, ""
-    for tokens, config in share:
+    for label, call in calls:
         try:
-            small.run(tokens, config)
-        except Exception as error:  # a tile too large for shared memory: skipped when timing too
+            call()
+        except Exception as error:
             failed += 1
-            first_error = first_error or f"M={tokens} {config}: {type(error).__name__}: {error}"[:500]
+            first_error = first_error or f"{label}: {type(error).__name__}: {error}"[:500]
     torch.cuda.synchronize()
     return failed, first_error
+
+
+def compile_share(args) -> tuple[int, str]:
+    """Worker: run each (tokens, config) of its share once on a small case, filling the shared
+    Triton cache."""
+    *case_args, share = args
+    small = small_case(*case_args)
+    return try_each((f"M={tokens} {config}", functools.partial(small.run, tokens, config)) for tokens, config in share)
 
 
 def install_report(path: str, root: str) -> str:

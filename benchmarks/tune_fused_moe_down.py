@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import multiprocessing
 import os
@@ -33,7 +34,9 @@ from concurrent.futures import ProcessPoolExecutor
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from tune_fused_moe import TOKENS, UPSTREAM_CONFIG_DIR, MoeCase, candidates, publish_single_rank  # noqa: E402
+from tune_fused_moe import (  # noqa: E402
+    SMALL_INTERMEDIATE, TOKENS, UPSTREAM_CONFIG_DIR, MoeCase, candidates, publish_single_rank, small_case, try_each,
+)
 
 TRITON_DIR = "triton_{}"
 
@@ -84,28 +87,20 @@ def sglang_lookup(folder: str, triton_version: str, experts: int, intermediate: 
 
 
 def compile_share(args) -> tuple[int, str]:
-    """Worker: run each (tokens, up tile, down tile) of its share once on small tensors of the same
-    argument classes through the lookup, filling the shared Triton cache (compiling ~600 variants one
-    after another would take most of a device call). Returns how many failed and the first error."""
-    model_dir, alpha, limit, shared_fused, ep, share = args
-    import torch
-    import triton
-
-    publish_single_rank(model_dir)
-    torch.set_grad_enabled(False)
-    experts = 128 // ep + int(shared_fused)
-    small = MoeCase(experts=experts, intermediate=256, hidden=512, alpha=alpha, limit=limit, shared_fused=shared_fused, ep=ep)
+    """Worker: run each (tokens, up tile, down tile) of its share once on a small case through the
+    lookup, filling the shared Triton cache (compiling ~600 variants one after another would take
+    most of a device call)."""
+    *case_args, share = args
+    small = small_case(*case_args)
     scratch = tempfile.mkdtemp(prefix="m3-moe-tables-")
-    failed, first_error = 0, ""
-    for tokens, up_tile, down_tile in share:
-        try:
-            with sglang_lookup(scratch, triton.__version__, experts, 256, {str(tokens): up_tile}, {str(tokens): down_tile}):
-                small.run(tokens, None)
-        except Exception as error:  # a tile too large for shared memory: skipped when timing too
-            failed += 1
-            first_error = first_error or f"M={tokens} {down_tile}: {type(error).__name__}: {error}"[:500]
-    torch.cuda.synchronize()
-    return failed, first_error
+
+    def run(tokens: int, up_tile: dict, down_tile: dict) -> None:
+        import triton
+
+        with sglang_lookup(scratch, triton.__version__, small.experts, SMALL_INTERMEDIATE, {str(tokens): up_tile}, {str(tokens): down_tile}):
+            small.run(tokens, None)
+
+    return try_each((f"M={tokens} {down}", functools.partial(run, tokens, up, down)) for tokens, up, down in share)
 
 
 def nearest_entry(table: dict, tokens: int) -> dict:
