@@ -167,6 +167,10 @@ def default_config(tokens: int, case: MoeCase) -> dict:
     return get_default_config(tokens, case.experts, case.w2.shape[2], case.hidden, case.top_k, None, False)
 
 
+#: the compile workers' intermediate size
+SMALL_INTERMEDIATE = 256
+
+
 def small_case(model_dir: str, alpha: float, limit: float, shared_fused: bool, ep: int) -> MoeCase:
     """In a compile worker: a published single rank and a case on small tensors of the same
     argument classes as the real shape (Triton specialises on those, not on the sizes)."""
@@ -176,10 +180,6 @@ def small_case(model_dir: str, alpha: float, limit: float, shared_fused: bool, e
     torch.set_grad_enabled(False)
     return MoeCase(experts=128 // ep + int(shared_fused), intermediate=SMALL_INTERMEDIATE, hidden=512, alpha=alpha, limit=limit,
                    shared_fused=shared_fused, ep=ep)
-
-
-#: the compile workers' intermediate size
-SMALL_INTERMEDIATE = 256
 
 
 def try_each(calls) -> tuple[int, str]:
@@ -213,8 +213,9 @@ def install_report(path: str, root: str) -> str:
         report = json.load(handle)
     if "table" not in report or "installed_as" not in report:
         raise SystemExit(f"{path}: no 'table' / 'installed_as' (a report written before the tuner carried its table)")
-    target = os.path.normpath(os.path.join(root, report["installed_as"]))
-    if os.path.commonpath([target, os.path.abspath(root)]) != os.path.abspath(root):
+    root = os.path.abspath(root)
+    target = os.path.abspath(os.path.join(root, report["installed_as"]))
+    if os.path.commonpath([target, root]) != root:
         raise SystemExit(f"{path}: installed_as {report['installed_as']!r} leaves the repository")
     os.makedirs(os.path.dirname(target), exist_ok=True)
     with open(target, "w", encoding="utf-8") as handle:
