@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -9,6 +10,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 
 import openai
 import pytest
@@ -50,12 +53,17 @@ def run_serve(args, cache_dir, timeout_s=IMPORTING_TIMEOUT_S):
 
 
 def stop(process):
-    if process.poll() is None:
+    """Stop the command and whatever is left of its session (a server it failed to take down)."""
+    try:
         os.killpg(process.pid, signal.SIGINT)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        pass
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
 
 
 def chat(base_url, model):
@@ -74,8 +82,27 @@ def test_default_serve_builds_and_serves_the_tiny_model(tmp_path):
         assert os.path.isfile(os.path.join(model_dir, "model.safetensors"))
         reply = chat(base_url, model_dir)
         assert reply.usage.completion_tokens >= 1
+        # SIGTERM to the command alone (how `kill`, `timeout` or a service manager stop it) takes
+        # the server down too, instead of leaving it running on the port
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=120)
+        assert not server_answers(base_url, within_s=30)
     finally:
         stop(process)
+
+
+def server_answers(base_url: str, within_s: float) -> bool:
+    """Whether the server still answers at any point ``within_s`` from now (it may take a moment
+    to close its socket after its processes begin to exit)."""
+    deadline = time.time() + within_s
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(f"{base_url}/model_info", timeout=5):
+                pass
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return False
+        time.sleep(1)
+    return True
 
 
 def test_dry_run_prints_the_launch_line(tmp_path):

@@ -137,6 +137,15 @@ Press Ctrl+C to stop.""",
     )
 
 
+def _forward_stop_signals(process: subprocess.Popen) -> None:
+    """SIGTERM and SIGHUP sent to this command reach the server too. Without this, ``kill``,
+    ``timeout`` or a service manager stopping the command ends it alone and leaves the server
+    running, still holding its port (and as a container's PID 1 the command would ignore SIGTERM).
+    The command then waits for the server to shut down and exits with its status."""
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, lambda received, frame: process.send_signal(received))
+
+
 def run(args: argparse.Namespace) -> int:
     args = split_command_line(args.argv)
     argv, env = build_launch(args)
@@ -148,6 +157,7 @@ def run(args: argparse.Namespace) -> int:
     base_url = f"http://{'127.0.0.1' if host == '0.0.0.0' else host}:{_option(argv, '--port', '30000')}"
     print("starting:", " ".join(command), flush=True)
     process = subprocess.Popen(command, env={**os.environ, **env})
+    _forward_stop_signals(process)
     try:
         if _wait_until_ready(base_url, process):
             _print_usage(base_url, _option(argv, "--served-model-name", _option(argv, "--model-path", "")))
