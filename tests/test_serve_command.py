@@ -112,3 +112,18 @@ def test_dry_run_prints_the_launch_line(tmp_path):
         capture_output=True, text=True, env=env, check=True,
     ).stdout
     assert "sglang.launch_server --model-path /models/m3 --tp-size 8" in out
+
+
+@pytest.mark.parametrize("content, expected", [
+    (None, "no such file"),
+    ("apiVersion: m3.sglang.io/v1\nkind: M3Recipe\nmetadata: {name: x}\nspec: {}\n", "apiVersion: must be"),
+])
+def test_a_recipe_that_cannot_be_read_is_named_without_a_traceback(tmp_path, content, expected):
+    path = tmp_path / "recipe.yaml"
+    if content is not None:
+        path.write_text(content)
+    done = subprocess.run([sys.executable, "-m", "sglang_m3.cli", "serve", str(path), "--dry-run"],
+                          capture_output=True, text=True, env={**os.environ, "SGLANG_M3_CACHE": str(tmp_path)})
+    assert done.returncode == 1
+    assert done.stderr.startswith(f"sglang-m3 serve: {path}:") and expected in done.stderr
+    assert "Traceback" not in done.stderr

@@ -69,9 +69,12 @@ def split_command_line(argv: list[str]) -> argparse.Namespace:
 
 
 def _recipe_launch(path: str) -> tuple[list[str], dict[str, str]]:
-    from sglang_m3.recipe import has_errors, load_recipe, render_launch, validate_recipe
+    from sglang_m3.recipe import RecipeLoadError, has_errors, load_recipe, render_launch, validate_recipe
 
-    recipe = load_recipe(path)
+    try:
+        recipe = load_recipe(path)
+    except RecipeLoadError as error:  # the file and the field at fault, without a traceback
+        raise SystemExit(f"sglang-m3 serve: {error}") from None
     findings = validate_recipe(recipe)
     for finding in findings:
         print(f"{path}: {finding}", file=sys.stderr)
