@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from sglang_m3.commands.output_errors import describe_write_error
+
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -68,8 +70,11 @@ def run(args: argparse.Namespace) -> int:
             args.directory, seed=args.seed, vision=args.vision, layout=args.layout, mtp_modules=args.mtp_modules,
             quantization=args.quantization,
         )
-    except (FileExistsError, ValueError) as error:
+    except ValueError as error:
         print(f"sglang-m3 tiny-checkpoint: {error}", file=sys.stderr)
+        return 1
+    except OSError as error:  # a non-empty, unwritable or impossible output directory
+        print(f"sglang-m3 tiny-checkpoint: {describe_write_error(args.directory, error)}", file=sys.stderr)
         return 1
     kind = "VL" if args.vision else "text-only"
     mtp = f", {args.mtp_modules} MTP module(s)" if args.mtp_modules else ""

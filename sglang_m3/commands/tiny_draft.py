@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from sglang_m3.commands.output_errors import describe_write_error
+
 
 def _layer_ids(text: str) -> list[int]:
     try:
@@ -65,8 +67,11 @@ def run(args: argparse.Namespace) -> int:
             copy_target_lm_head=args.copy_target_lm_head,
             aux_layer_ids=args.aux_layer_ids,
         )
-    except (FileExistsError, ValueError) as error:
+    except ValueError as error:
         print(f"sglang-m3 tiny-draft: {error}", file=sys.stderr)
+        return 1
+    except OSError as error:  # a non-empty, unwritable or impossible output directory
+        print(f"sglang-m3 tiny-draft: {describe_write_error(args.directory, error)}", file=sys.stderr)
         return 1
     kind = "lm-head-copy" if args.copy_target_lm_head else f"random (seed {args.seed})"
     print(f"wrote tiny EAGLE3 draft ({kind}) for {args.target} to {path}")

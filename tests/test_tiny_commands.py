@@ -1,0 +1,50 @@
+"""``sglang-m3 tiny-checkpoint`` / ``tiny-draft`` on bad paths: one line naming the path, exit 1,
+nothing written."""
+
+import pytest
+
+from sglang_m3.cli import main
+
+
+def under_a_file(tmp_path):
+    """A path that cannot be created whoever runs the test: its parent is a regular file."""
+    (tmp_path / "plain-file").write_text("")
+    return str(tmp_path / "plain-file" / "out")
+
+
+def test_tiny_checkpoint_into_an_impossible_path(tmp_path, capsys):
+    out = under_a_file(tmp_path)
+    assert main(["tiny-checkpoint", out]) == 1
+    # the parent it had to create is a file: named beside the directory asked for
+    assert capsys.readouterr().err.strip() == f"sglang-m3 tiny-checkpoint: cannot write {out}: File exists ({tmp_path / 'plain-file'})"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plain-file"]
+
+
+def test_tiny_draft_for_a_directory_without_a_checkpoint(tmp_path, capsys):
+    assert main(["tiny-draft", str(tmp_path), str(tmp_path / "draft")]) == 1
+    err = capsys.readouterr().err
+    assert f"sglang-m3 tiny-draft: {tmp_path}: no config.json there" in err
+    assert not (tmp_path / "draft").exists()
+
+
+@pytest.mark.parametrize("missing", ["/nonexistent-m3-target"])
+def test_tiny_draft_for_a_missing_target(missing, tmp_path, capsys):
+    assert main(["tiny-draft", missing, str(tmp_path / "draft")]) == 1
+    assert f"{missing}: no config.json there" in capsys.readouterr().err
+
+
+def test_tiny_draft_into_an_impossible_path(tmp_path, capsys):
+    target = str(tmp_path / "target")
+    assert main(["tiny-checkpoint", target]) == 0
+    capsys.readouterr()
+    out = under_a_file(tmp_path)
+    assert main(["tiny-draft", target, out]) == 1
+    assert capsys.readouterr().err.strip() == f"sglang-m3 tiny-draft: cannot write {out}: Not a directory"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plain-file", "target"]
+
+
+def test_a_non_empty_directory_keeps_the_commands_own_message(tmp_path, capsys):
+    (tmp_path / "kept.txt").write_text("mine")
+    assert main(["tiny-checkpoint", str(tmp_path)]) == 1
+    assert capsys.readouterr().err.strip() == f"sglang-m3 tiny-checkpoint: {tmp_path} exists and is not empty"
+    assert (tmp_path / "kept.txt").read_text() == "mine"
