@@ -127,3 +127,19 @@ def test_a_recipe_that_cannot_be_read_is_named_without_a_traceback(tmp_path, con
     assert done.returncode == 1
     assert done.stderr.startswith(f"sglang-m3 serve: {path}:") and expected in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("port, expected", [("abc", "not a port number: 'abc'"), ("99999", "99999 is outside 1-65535"), ("0", "0 is outside 1-65535")])
+def test_a_bad_port_is_refused_before_anything_starts(tmp_path, port, expected):
+    done = subprocess.run([sys.executable, "-m", "sglang_m3.cli", "serve", "--model", "/models/m3", "--port", port, "--dry-run"],
+                          capture_output=True, text=True, env={**os.environ, "SGLANG_M3_CACHE": str(tmp_path)})
+    assert done.returncode == 2 and f"argument --port: {expected}" in done.stderr
+    assert done.stdout == ""
+
+
+def test_the_own_option_reader_checks_the_port_too():
+    from sglang_m3.commands.serve import split_command_line
+
+    assert split_command_line(["serve", "--port=8080", "--tp-size", "8"]).port == 8080
+    with pytest.raises(SystemExit, match="--port: 70000 is outside 1-65535"):
+        split_command_line(["serve", "--port", "70000"])

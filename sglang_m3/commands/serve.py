@@ -29,7 +29,7 @@ def register(subparsers) -> None:
     parser.add_argument("recipe", nargs="?", help="a recipe YAML file (see recipes/)")
     parser.add_argument("--model", help="model directory or hub id to serve instead of the tiny model")
     parser.add_argument("--host", default=None, help="listen address (default 127.0.0.1 for the tiny model)")
-    parser.add_argument("--port", type=int, default=None, help="listen port (default 30000)")
+    parser.add_argument("--port", type=listen_port, default=None, help="listen port, 1-65535 (default 30000)")
     parser.add_argument("--dry-run", action="store_true", help="print the SGLang command line and exit")
     parser.set_defaults(handler=run, accepts_extra_args=True)
 
@@ -64,8 +64,23 @@ def split_command_line(argv: list[str]) -> argparse.Namespace:
         else:
             own.extra_args.append(token)
             i += 1
-    own.port = int(own.port) if own.port is not None else None
+    if own.port is not None:
+        try:
+            own.port = listen_port(own.port)
+        except argparse.ArgumentTypeError as error:
+            raise SystemExit(f"sglang-m3 serve: --port: {error}") from None
     return own
+
+
+def listen_port(text: str) -> int:
+    """A TCP port number, refused here rather than by the server minutes into its start-up."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is outside 1-65535")
+    return port
 
 
 def _recipe_launch(path: str) -> tuple[list[str], dict[str, str]]:
