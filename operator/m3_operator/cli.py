@@ -90,7 +90,13 @@ def _render(args: argparse.Namespace) -> int:
 
     try:
         body = yaml.safe_load(args.recipe.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as error:
+    except FileNotFoundError:  # worded as the recipe commands word it
+        print(f"{args.recipe}: <file>: no such file", file=sys.stderr)
+        return 1
+    except (OSError, UnicodeDecodeError) as error:
+        print(f"{args.recipe}: <file>: cannot read: {error}", file=sys.stderr)
+        return 1
+    except yaml.YAMLError as error:
         print(f"{args.recipe}: {error}", file=sys.stderr)
         return 1
     if not isinstance(body, dict):

@@ -96,6 +96,18 @@ def test_cli_render_lists_problems_of_an_invalid_recipe(tmp_path):
     assert "spec.kvCache.pageSize" in result.stderr
 
 
+@pytest.mark.parametrize("make, expected", [
+    (lambda tmp: tmp / "absent.yaml", "<file>: no such file"),
+    (lambda tmp: tmp, "<file>: cannot read:"),
+    (lambda tmp: (tmp / "binary.yaml").write_bytes(b"\xef\xff\x00") and tmp / "binary.yaml", "<file>: cannot read:"),
+])
+def test_cli_render_names_a_file_it_cannot_read_as_the_recipe_commands_do(tmp_path, make, expected):
+    path = make(tmp_path)
+    result = run_cli("render", str(path))
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.startswith(f"{path}: {expected}") and "Traceback" not in result.stderr
+
+
 def test_cli_crd_prints_the_generated_crd():
     result = run_cli("crd")
     assert result.returncode == 0 and result.stdout == crd_yaml()
