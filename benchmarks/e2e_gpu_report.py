@@ -124,7 +124,7 @@ def fmt_optional(value, form: str) -> str:
 
 
 def markdown(result: dict, notes: str = "") -> str:
-    fmt = lambda v: "-" if v is None else f"{v:,.2f}"  # noqa: E731
+    fmt = lambda v: fmt_optional(v, "{:,.2f}")  # noqa: E731
     lines = [
         f"# End-to-end serving on {result['gpu']} (commit {result['commit']})",
         "",

@@ -34,6 +34,7 @@ from concurrent.futures import ProcessPoolExecutor
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from sglang_m3.models.moe_kernel_configs import nearest  # noqa: E402
 from tune_fused_moe import (  # noqa: E402
     SMALL_INTERMEDIATE, TOKENS, UPSTREAM_CONFIG_DIR, MoeCase, candidates, publish_single_rank, small_case, try_each,
 )
@@ -103,11 +104,6 @@ def compile_share(args) -> tuple[int, str]:
     return try_each((f"M={tokens} {down}", functools.partial(run, tokens, up, down)) for tokens, up, down in share)
 
 
-def nearest_entry(table: dict, tokens: int) -> dict:
-    """SGLang's rule: the entry measured at the closest token count."""
-    return table[min(table, key=lambda measured: abs(int(measured) - tokens))]
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
@@ -133,11 +129,11 @@ def main(argv=None) -> int:
         parser.error(f"no up table at {up_path}: run tune_fused_moe.py --upstream --install with the same --ep/--tp first")
     with open(up_path, encoding="utf-8") as handle:
         up = json.load(handle)
+    up_tiles = {tokens: nearest({int(measured): tile for measured, tile in up.items()}, tokens) for tokens in TOKENS}
 
     started = time.perf_counter()
     model_dir = write_midsize_checkpoint(tempfile.mkdtemp(prefix="m3-tune-"), 1, 3)
-    work = [(tokens, nearest_entry(up, tokens), tile) for tokens in TOKENS
-            for tile in down_candidates(tokens, nearest_entry(up, tokens)["BLOCK_SIZE_M"])]
+    work = [(tokens, up_tiles[tokens], tile) for tokens in TOKENS for tile in down_candidates(tokens, up_tiles[tokens]["BLOCK_SIZE_M"])]
     shares = [work[i :: args.workers] for i in range(args.workers)]
     with ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         outcomes = list(pool.map(compile_share, [(model_dir, model["swiglu_alpha"], model["swiglu_limit"], shared_fused, args.ep, share)
@@ -152,7 +148,7 @@ def main(argv=None) -> int:
     scratch = tempfile.mkdtemp(prefix="m3-moe-tables-")
     table, report = {}, []
     for tokens in TOKENS:
-        up_tile = nearest_entry(up, tokens)
+        up_tile = up_tiles[tokens]
         with sglang_lookup(scratch, triton.__version__, experts, intermediate, up, None):
             without_us = case.time_us(tokens, None, args.reps)
         timings = [(without_us, None)]

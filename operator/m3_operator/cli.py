@@ -87,14 +87,12 @@ def _render(args: argparse.Namespace) -> int:
 
     from m3_operator.desired import desired_state
     from m3_operator.options import OperatorConfig
+    from m3_operator.recipe_api import RecipeLoadError, read_recipe_file
 
     try:
-        body = yaml.safe_load(args.recipe.read_text(encoding="utf-8"))
-    except FileNotFoundError:  # worded as the recipe commands word it
-        print(f"{args.recipe}: <file>: no such file", file=sys.stderr)
-        return 1
-    except (OSError, UnicodeDecodeError) as error:
-        print(f"{args.recipe}: <file>: cannot read: {error}", file=sys.stderr)
+        body = yaml.safe_load(read_recipe_file(args.recipe))
+    except RecipeLoadError as error:  # a file it cannot read, worded as the recipe commands word it
+        print(error, file=sys.stderr)
         return 1
     except yaml.YAMLError as error:
         print(f"{args.recipe}: {error}", file=sys.stderr)

@@ -23,6 +23,7 @@ from sglang_m3.recipe import (
     get_profile,
     has_errors,
     parse_recipe,
+    read_recipe_file,
     render_launch,
     validate_recipe,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "get_profile",
     "has_errors",
     "parse_recipe",
+    "read_recipe_file",
     "render_launch",
     "validate_recipe",
 ]

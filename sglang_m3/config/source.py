@@ -49,6 +49,8 @@ def checkpoint_config(config: Any, config_dir: str | None = None, overrides: Map
     if path and os.path.isfile(path):
         with open(path, encoding="utf-8") as handle:
             top = _with_overrides(json.load(handle), _server_overrides() if overrides is None else overrides)
+    elif path and config is None:  # a directory was named and is all there is to read
+        raise M3ConfigError(f"{directory}: no config.json there (not an M3 checkpoint directory)")
     else:
         top = _object_dict(config)
     read_quantization(text_part(top))

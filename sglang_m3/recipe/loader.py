@@ -35,16 +35,20 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+def read_recipe_file(path: str | os.PathLike) -> str:
+    """The text of a recipe file; a file that cannot be read is a :class:`RecipeLoadError` on
+    ``<file>``, worded alike wherever a recipe file is opened."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise RecipeLoadError(str(path), [Problem("<file>", "no such file")]) from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise RecipeLoadError(str(path), [Problem("<file>", f"cannot read: {error}")]) from None
+
+
 def load_recipe(path: str | os.PathLike) -> Recipe:
     """Read and check one recipe file."""
-    source = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise RecipeLoadError(source, [Problem("<file>", "no such file")]) from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise RecipeLoadError(source, [Problem("<file>", f"cannot read: {error}")]) from None
-    return load_recipe_text(text, source=source)
+    return load_recipe_text(read_recipe_file(path), source=str(path))
 
 
 def load_recipe_text(text: str, source: str = "<string>") -> Recipe:

@@ -59,8 +59,6 @@ def build_tiny_draft(
     """Write the draft into ``out_dir`` (created; must be empty or absent) and return its path."""
     if os.path.isdir(out_dir) and os.listdir(out_dir):
         raise FileExistsError(f"{out_dir} is not empty")
-    if not os.path.isfile(os.path.join(target_dir, "config.json")):
-        raise ValueError(f"{target_dir}: no config.json there (the target must be an M3 checkpoint directory)")
     spec = M3TextSpec.from_config(None, target_dir)
     target = _target_tensors(target_dir, ("lm_head.weight", "model.embed_tokens.weight", "model.norm.weight"))
     if copy_target_lm_head:
