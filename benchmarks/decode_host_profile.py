@@ -181,6 +181,8 @@ def main(argv=None) -> int:
     parser.add_argument("--tokens", type=int, default=512)
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     parser.add_argument("--env", nargs="*", default=[], help="KEY=VALUE for the server")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size (GPUs)")
+    parser.add_argument("--ep", type=int, default=1, help="expert-parallel size (at most --tp)")
     parser.add_argument("--label", default="")
     parser.add_argument("--server-arg", action="append", default=[], help="an extra server flag (repeat; e.g. --server-arg=--gc-warning-threshold-secs=0.001)")
     parser.add_argument("--freeze-gc", action="store_true", help="POST /freeze_gc after the warm-up (SGLang's own, after its start-up warm-up, is kept either way)")
@@ -198,7 +200,7 @@ def main(argv=None) -> int:
         os.environ["M3_GC_STATS_DIR"] = gc_dir
         os.environ["PYTHONPATH"] = os.pathsep.join([GC_ACCOUNTING_DIR, *filter(None, [os.environ.get("PYTHONPATH")])])
     model_dir = write_midsize_checkpoint(tempfile.mkdtemp(prefix="m3-midsize-"), 1, 3)
-    process, base_url, startup_s, _ = start_server(args.impl, model_dir, args.out, 1, 1, label=f"hostprof-{label}", env=env,
+    process, base_url, startup_s, _ = start_server(args.impl, model_dir, args.out, args.tp, args.ep, label=f"hostprof-{label}", env=env,
                                                     extra_args=tuple(args.server_arg))
     try:
         seed = iter(range(10**6))
@@ -216,7 +218,7 @@ def main(argv=None) -> int:
     finally:
         stop_server(process)
     for name, phase in phases.items():
-        result = {"impl": args.impl, "env": env, "startup_s": startup_s, "tokens": args.tokens, **phase}
+        result = {"impl": args.impl, "tp": args.tp, "ep": args.ep, "env": env, "startup_s": startup_s, "tokens": args.tokens, **phase}
         with open(os.path.join(args.out, f"host_profile_{name}.json"), "w", encoding="utf-8") as handle:
             json.dump(result, handle, indent=1)
         report(name, phase)
