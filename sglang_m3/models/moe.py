@@ -32,6 +32,7 @@ from sglang.srt.runtime_context import get_parallel
 from torch import nn
 
 from sglang_m3.config import M3TextSpec
+from sglang_m3.models.fused_activation import GatedActivation
 from sglang_m3.models.layers import gated_activation
 from sglang_m3.models.moe_routing import add_router_parameters, sigmoid_topk_route
 
@@ -44,7 +45,7 @@ class GatedMLP(nn.Module):
 
     def __init__(self, spec: M3TextSpec, intermediate_size: int, reduce_results: bool, quant_config=None, prefix: str = ""):
         super().__init__()
-        self.act = gated_activation(spec.hidden_act, spec.swiglu_alpha, spec.swiglu_limit)
+        self.act = GatedActivation(spec.hidden_act, spec.swiglu_alpha, spec.swiglu_limit)
         self.gate_up_proj = MergedColumnParallelLinear(
             spec.hidden_size, [intermediate_size] * 2, bias=False, quant_config=quant_config, prefix=f"{prefix}.gate_up_proj"
         )
@@ -55,8 +56,7 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up, _ = self.gate_up_proj(x)
-        gate, up = gate_up.chunk(2, dim=-1)
-        out, _ = self.down_proj(self.act(gate, up))
+        out, _ = self.down_proj(self.act(gate_up))
         return out
 
 
