@@ -34,6 +34,16 @@ def timers():
     return module.time_eager, module.time_graph
 
 
+def time_variants(row: dict, variants: dict, time_eager, time_graph) -> dict:
+    """``row`` with each of ``variants`` ("torch", "fused") timed eagerly and as graph replays,
+    and the fused one's speed-up over torch in each mode."""
+    for name, fn in variants.items():
+        row[name] = {"eager_us": time_eager(fn), "graph_us": time_graph(fn)}
+    for mode in ("eager_us", "graph_us"):
+        row[f"speedup_{mode[:-3]}"] = row["torch"][mode] / row["fused"][mode]
+    return row
+
+
 def measure(tokens: int, time_eager, time_graph) -> dict:
     gen = torch.Generator(device="cuda").manual_seed(tokens)
     x = torch.randn(tokens, HIDDEN, generator=gen, device="cuda").to(DTYPE)
@@ -54,11 +64,7 @@ def measure(tokens: int, time_eager, time_graph) -> dict:
         if worst > 1:
             raise SystemExit(f"T={tokens}: fused normed rows {worst:.2f} bf16 ulps from the torch path's")
         row = {"tokens": tokens, "max_error_ulps": worst, "identical_fraction": (got == want).float().mean().item()}
-        for name, fn in variants.items():
-            row[name] = {"eager_us": time_eager(fn), "graph_us": time_graph(fn)}
-    for mode in ("eager_us", "graph_us"):
-        row[f"speedup_{mode[:-3]}"] = row["torch"][mode] / row["fused"][mode]
-    return row
+        return time_variants(row, variants, time_eager, time_graph)
 
 
 def main() -> None:

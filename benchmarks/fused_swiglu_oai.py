@@ -17,7 +17,7 @@ import argparse
 import json
 
 import torch
-from fused_add_rmsnorm import timers
+from fused_add_rmsnorm import time_variants, timers
 
 from msa_kernels.triton_swiglu_oai import swiglu_oai
 from sglang_m3.models.layers import swiglu_oai as torch_swiglu_oai
@@ -42,10 +42,7 @@ def measure(tokens: int, inter: int, time_eager, time_graph) -> dict:
             raise SystemExit(f"{tokens}x{inter}: fused {worst:.2f} bf16 ulps from the torch path's")
         row = {"tokens": tokens, "intermediate": inter, "max_error_ulps": worst,
                "identical_fraction": (got == want).float().mean().item(), "bytes_min": 3 * tokens * inter * gate_up.element_size()}
-        for name, fn in variants.items():
-            row[name] = {"eager_us": time_eager(fn), "graph_us": time_graph(fn)}
-    for mode in ("eager_us", "graph_us"):
-        row[f"speedup_{mode[:-3]}"] = row["torch"][mode] / row["fused"][mode]
+        time_variants(row, variants, time_eager, time_graph)
     row["fused_tb_s"] = row["bytes_min"] / (row["fused"]["graph_us"] * 1e6)
     return row
 
