@@ -4,8 +4,8 @@ M3's dense MLPs and shared experts compute ``(clamp(up, -limit, limit) + 1) * g 
 with ``g = min(gate, limit)`` on the halves of one ``gate_up`` projection. As torch ops that is
 seven elementwise kernels over ``[tokens, intermediate]`` (two clamps, the scale, the sigmoid, two
 products and the add), each a read and a write of the activations: on an 8K-token prefill chunk
-they cost about as much as a GEMM of the layer. Here it is one read of ``gate_up`` and one write
-of the result.
+at the dense MLP's width (12,288) they took 1.36 ms on an H100, about a fifth of that MLP's GEMM
+time. Here it is one read of ``gate_up`` and one write of the result (0.25 ms there).
 
 Rounding follows the torch path (``sglang_m3.models.layers.swiglu_oai``) op by op, so the two
 agree to rounding: torch computes each elementwise op in fp32 and rounds its result to the tensor's
