@@ -4,7 +4,7 @@
 #
 #   scripts/gpu/run.sh check              # imports, platform, plugin and stand-in smoke check
 #   scripts/gpu/run.sh tests [PYTEST...]  # tests/gpu (exactness, graphs, fused vs torch MoE), or the files named
-#   scripts/gpu/run.sh bench [ARGS...]    # benchmarks/e2e_gpu.py
+#   scripts/gpu/run.sh bench [ARGS...]    # benchmarks/e2e_gpu.py (its output also in $OUT/bench.log)
 #   scripts/gpu/run.sh exec CMD...        # any command in the harness environment
 #   scripts/gpu/run.sh pack [KEEP...]      # everything under $OUT into $OUT/out.tar; KEEP files stay beside it
 #
@@ -105,7 +105,9 @@ PYEOF
         python3 -m pytest "${targets[@]}" -v -s -p no:cacheprovider --junitxml="$OUT/gpu_tests.xml" "$@" 2>&1 | tee "$OUT/gpu_tests.log"
         ;;
     bench)
-        python3 benchmarks/e2e_gpu.py --out "$OUT" "$@"
+        # Its progress (every figure as it is measured) also lands in $OUT/bench.log, appended, so
+        # a run cut short or a result file lost on the way back still leaves the numbers.
+        python3 benchmarks/e2e_gpu.py --out "$OUT" "$@" 2>&1 | tee -a "$OUT/bench.log"
         ;;
     exec)
         "$@"
