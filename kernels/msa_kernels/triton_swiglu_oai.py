@@ -10,10 +10,12 @@ time. Here it is one read of ``gate_up`` and one write of the result (0.25 ms th
 Rounding follows the torch path (``sglang_m3.models.layers.swiglu_oai``) op by op, so the two
 agree to rounding: torch computes each elementwise op in fp32 and rounds its result to the tensor's
 dtype before the next one, so the kernel rounds (nearest-even, as ``.to(dtype)``) after the scale,
-the sigmoid, the gated product and the ``+ 1`` as torch does, and the clamps (exact) are minimum and
-maximum that keep NaN. The sigmoid is ``1 / (1 + exp(-x))`` in fp32, the form of torch's CUDA
-kernel; on CUDA its ``exp`` is libdevice's (what torch calls) and floating-point contraction is off,
-so only a last-bit difference of ``exp`` can move a result, by one rounding step of the element.
+the sigmoid, the gated product and the ``+ 1`` as torch does, and the clamps are minimum and maximum
+that keep NaN, their results rounded too (a limit the dtype cannot hold, unlike M3's 7, comes out
+rounded from torch's clamp). The sigmoid is ``1 / (1 + exp(-x))`` in fp32, the form of torch's CUDA
+kernel; on CUDA its ``exp`` is libdevice's (what torch calls), the division IEEE-rounded (Triton's
+``/`` on fp32 is an approximate division) and floating-point contraction is off, so only a
+last-bit difference of ``exp`` can move a result, by one rounding step of the element.
 
 Grid: one program per (row, block of columns). Graph-safe: nothing is read on the host.
 """
@@ -25,7 +27,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from msa_kernels.triton_cast import round_cast
+from msa_kernels.triton_cast import round_cast, round_to
 
 MAX_BLOCK = 1024
 
@@ -43,16 +45,18 @@ def swiglu_oai_kernel(
     base = gate_up_ptr + row * row_stride
     gate = tl.load(base + cols, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(base + INTER + cols, mask=mask, other=0.0).to(tl.float32)
-    gate = tl.minimum(gate, limit, propagate_nan=tl.PropagateNan.ALL)
+    # a clamped value is the limit rounded to the dtype, as torch's clamp returns it
+    gate = round_to(tl.minimum(gate, limit, propagate_nan=tl.PropagateNan.ALL), dtype)
     up = tl.minimum(tl.maximum(up, -limit, propagate_nan=tl.PropagateNan.ALL), limit, propagate_nan=tl.PropagateNan.ALL)
-    scaled = round_cast(gate * alpha, dtype).to(tl.float32)
+    up = round_to(up, dtype)
+    scaled = round_to(gate * alpha, dtype)
     if PRECISE:
         decay = libdevice.exp(-scaled)
     else:
         decay = tl.exp(-scaled)
-    sigmoid = round_cast(1.0 / (1.0 + decay), dtype).to(tl.float32)
-    gated = round_cast(gate * sigmoid, dtype).to(tl.float32)
-    shifted = round_cast(up + 1.0, dtype).to(tl.float32)
+    sigmoid = round_to(tl.math.div_rn(1.0, 1.0 + decay), dtype)
+    gated = round_to(gate * sigmoid, dtype)
+    shifted = round_to(up + 1.0, dtype)
     tl.store(out_ptr + row * INTER + cols, round_cast(shifted * gated, dtype), mask=mask)
 
 

@@ -11,6 +11,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from fused_act_cases import ALPHA, LIMIT, check_swiglu_oai, gate_up_rows
 from fused_norm_cases import assert_nearly_all_identical
 
@@ -81,3 +83,21 @@ def test_dispatch_only_on_cuda_and_switch(monkeypatch):
     gate, up = gate_up.chunk(2, dim=-1)
     assert torch.equal(GatedActivation("swigluoai", ALPHA, LIMIT)(gate_up), torch_swiglu_oai(gate, up, ALPHA, LIMIT))
     assert torch.equal(GatedActivation("silu", ALPHA, LIMIT)(gate_up), torch.nn.functional.silu(gate) * up)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    rows=st.integers(1, 5),
+    inter=st.integers(1, 70),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+    scale=st.sampled_from([0.01, 1.0, 8.0, 300.0]),
+    alpha=st.floats(0.1, 4.0),
+    limit=st.floats(0.5, 20.0),
+    seed=st.integers(0, 2**16),
+)
+def test_property_random_shapes_scales_and_constants(rows, inter, dtype, scale, alpha, limit, seed):
+    """Any row count, any width (odd ones too), magnitudes from tiny to far past the limit (fp16
+    overflows to inf in the product at the largest), and any alpha / limit: within the derived
+    tolerance of the torch ops."""
+    gate_up = gate_up_rows(rows, inter, dtype, torch.Generator().manual_seed(seed), scale=scale)
+    check_swiglu_oai(gate_up, alpha=alpha, limit=limit)
