@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 from fused_attn_cases import assert_fp32_close
-from fused_norm_cases import MANTISSA_BITS
+from fused_norm_cases import assert_within_ulps
 
 from msa_kernels.triton_swiglu_oai import swiglu_oai
 from sglang_m3.models.layers import swiglu_oai as torch_swiglu_oai
@@ -28,18 +28,6 @@ def gate_up_rows(tokens, inter, dtype, gen, device="cpu", pad=0, scale=4.0):
     row-strided view (row stride ``2 * inter + pad``), as a slice of a wider projection would be."""
     wide = (scale * torch.randn(tokens, 2 * inter + pad, generator=gen)).to(dtype).to(device)
     return wide[:, : 2 * inter]
-
-
-def assert_within_ulps(got, want, ulps):
-    """Each element within ``ulps`` ulps of ``want``'s own value (bf16/fp16), NaN where it is NaN."""
-    assert torch.equal(got.isnan(), want.isnan())
-    mantissa = MANTISSA_BITS[want.dtype]
-    finite = ~want.isnan()
-    got, want = got[finite].float(), want[finite].float()
-    _, exponent = torch.frexp(want)
-    ulp = torch.ldexp(torch.ones_like(want), exponent - 1 - mantissa)
-    err = (got - want).abs()
-    assert bool((err <= ulps * ulp).all()), f"max error {(err / ulp).max().item():.2f} ulps of the element"
 
 
 def check_swiglu_oai(gate_up, alpha=ALPHA, limit=LIMIT):
