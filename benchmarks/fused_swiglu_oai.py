@@ -17,6 +17,7 @@ import argparse
 import json
 
 import torch
+from e2e_gpu import commit
 from fused_add_rmsnorm import time_variants, timers
 
 from msa_kernels.triton_swiglu_oai import swiglu_oai
@@ -68,7 +69,7 @@ def main() -> None:
         )
     if args.out:
         with open(args.out, "w", encoding="utf-8") as handle:
-            json.dump({"gpu": torch.cuda.get_device_name(), "dtype": "bf16", "alpha": ALPHA, "limit": LIMIT, "rows": rows}, handle, indent=2)
+            json.dump({"gpu": torch.cuda.get_device_name(), "commit": commit(), "dtype": "bf16", "alpha": ALPHA, "limit": LIMIT, "rows": rows}, handle, indent=2)
 
 
 if __name__ == "__main__":
