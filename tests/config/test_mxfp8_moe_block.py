@@ -13,14 +13,13 @@ import types
 
 import pytest
 import torch
+from interpreter_only import INTERPRETER_ONLY
 
 from sglang_m3.models.checkpoint_layout import CheckpointError
 from sglang_m3.quant.loading import MXFP8Weight
 from sglang_m3.quant.mxfp8 import dequantize, quantize
 
-pytestmark = pytest.mark.skipif(
-    torch.cuda.is_available(), reason="interpreter tests run on CPU machines; tests/gpu covers CUDA"
-)
+pytestmark = INTERPRETER_ONLY
 
 LAYOUTS = [(1, 1), (2, 1), (2, 2), (4, 2), (4, 4)]  # (tp, ep); tiny intermediate 64 -> 32 per rank at most split
 

@@ -12,6 +12,7 @@ import types
 
 import pytest
 import torch
+from interpreter_only import INTERPRETER_ONLY
 from fused_attn_cases import assert_fp32_close, random_norm, tiny_text_spec
 from fused_norm_cases import (
     assert_nearly_all_identical,
@@ -26,9 +27,7 @@ from hypothesis import strategies as st
 
 from msa_kernels.triton_add_rmsnorm import add_rmsnorm
 
-pytestmark = pytest.mark.skipif(
-    torch.cuda.is_available(), reason="interpreter tests run on CPU machines; tests/gpu covers CUDA"
-)
+pytestmark = INTERPRETER_ONLY
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])

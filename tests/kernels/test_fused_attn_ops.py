@@ -13,6 +13,7 @@ import types
 
 import pytest
 import torch
+from interpreter_only import INTERPRETER_ONLY
 from fused_attn_cases import (
     THETA,
     as_rank,
@@ -34,9 +35,7 @@ from msa_kernels.triton_cache_insert import insert_kv_and_index
 from msa_kernels.triton_qk_norm_rope import HeadGroup, qk_norm_rope
 from sglang_m3.models.layers import PartialNeoxRotary
 
-pytestmark = pytest.mark.skipif(
-    torch.cuda.is_available(), reason="interpreter tests run on CPU machines; tests/gpu covers CUDA"
-)
+pytestmark = INTERPRETER_ONLY
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

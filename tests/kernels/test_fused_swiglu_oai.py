@@ -15,9 +15,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from fused_act_cases import ALPHA, LIMIT, check_swiglu_oai, gate_up_rows
 from fused_norm_cases import assert_nearly_all_identical
+from interpreter_only import INTERPRETER_ONLY
 
 from msa_kernels.triton_swiglu_oai import MAX_BLOCK, swiglu_oai
 from sglang_m3.models.layers import swiglu_oai as torch_swiglu_oai
+
+pytestmark = INTERPRETER_ONLY
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from interpreter_only import INTERPRETER_ONLY
 
 from msa_kernels import mxfp8_gemm
 from msa_kernels import triton_mxfp8_linear as linear
@@ -27,7 +28,7 @@ from msa_kernels.mxfp8_moe_reference import dequantize as reference_dequantize
 from msa_kernels.triton_mxfp8_linear import linear_path, mxfp8_linear, split_plan, ticket_count
 
 pytestmark = [
-    pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter tests run on CPU machines; tests/gpu covers CUDA"),
+    INTERPRETER_ONLY,
     pytest.mark.usefixtures("poisoned_buffers"),
 ]
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from interpreter_only import INTERPRETER_ONLY
 
 from msa_kernels import mxfp8_gemv
 from msa_kernels.mxfp8_gemv import GemvTile, MoeGemvConfig, moe_config
@@ -47,7 +48,7 @@ from msa_kernels.triton_mxfp8_moe import (
 )
 
 pytestmark = [
-    pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter tests run on CPU machines; tests/gpu covers CUDA"),
+    INTERPRETER_ONLY,
     pytest.mark.usefixtures("poisoned_buffers"),
 ]
 

@@ -16,6 +16,7 @@ import types
 
 import pytest
 import torch
+from interpreter_only import INTERPRETER_ONLY
 from fused_attn_cases import as_rank
 from msa_kernels.mxfp8_moe_reference import assert_fp32_close
 from safetensors import safe_open
@@ -27,9 +28,7 @@ from sglang_m3.quant.mxfp8 import dequantize, quantize
 from sglang_m3.quant.mxfp8_linear import M3Mxfp8LinearConfig, Mxfp8LinearMethod, holds_mxfp8
 from sglang_m3.tiny.checkpoint import build_tiny_checkpoint
 
-pytestmark = pytest.mark.skipif(
-    torch.cuda.is_available(), reason="interpreter tests run on CPU machines; tests/gpu covers CUDA"
-)
+pytestmark = INTERPRETER_ONLY
 
 
 @pytest.fixture
