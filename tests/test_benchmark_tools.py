@@ -16,6 +16,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 import e2e_gpu_report  # noqa: E402
+from prefill_host_probe import host_work_in_gaps  # noqa: E402
 from midsize_m3 import midsize_text_config, shipped_text_config, write_midsize_checkpoint  # noqa: E402
 from trace_summary import idle_gaps, kernel_summary, load_events  # noqa: E402
 
@@ -90,6 +91,34 @@ def test_idle_gaps_group_gpu_idle_time_by_neighbouring_kernels():
     assert idle["gaps"] == [{"after": "gemm", "before": "attn", "count": 2, "us_total": 150.0, "us_max": 100.0}]
     # the gap is measured from the latest end among overlapping kernels (moe, not overlap)
     assert idle_gaps([kernel("moe", 0.0, 50.0), kernel("x", 10.0, 5.0), kernel("y", 80.0, 1.0)])["gaps"][0]["after"] == "moe"
+
+
+def test_host_work_in_gaps_gives_each_moment_to_its_innermost_function():
+    def event(cat, name, ts, dur):
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur}
+
+    events = [
+        event("kernel", "a", 0.0, 10.0),
+        event("kernel", "b", 1010.0, 10.0),  # a 1,000 us gap after a
+        event("kernel", "c", 1030.0, 10.0),  # 10 us: under the threshold
+        event("kernel", "d", 3040.0, 10.0),  # a 2,000 us gap after c
+        event("python_function", "scheduler_loop", 0.0, 100000.0),  # longer than longest_us: no inclusive row
+        event("python_function", "run_batch", 0.0, 1100.0),
+        event("python_function", "plan", 100.0, 800.0),
+        event("python_function", "prepare", 1500.0, 1000.0),
+        event("python_function", "between_kernels", 1015.0, 10.0),  # outside every gap
+        event("cpu_op", "aten::sort", 200.0, 100.0),  # aten ops count only when there are no Python events
+    ]
+    work = host_work_in_gaps(events, min_gap_us=500.0, longest_us=50000.0)
+    assert (work["gaps"], work["gap_ms"]) == (2, 3.0)
+    self_ms = {row["name"]: row["ms_in_gaps"] for row in work["self"]}
+    # gap 1 (10-1010): run_batch 10-100 and 900-1010, plan 100-900; gap 2 (1040-3040): run_batch
+    # 1040-1100, the loop 1100-1500, prepare 1500-2500, the loop 2500-3040
+    assert self_ms == {"scheduler_loop": 0.94, "prepare": 1.0, "plan": 0.8, "run_batch": 0.26}
+    inclusive = {row["name"]: row["ms_in_gaps"] for row in work["inclusive"]}
+    assert inclusive == {"run_batch": 1.06, "plan": 0.8, "prepare": 1.0}
+    aten_only = host_work_in_gaps([e for e in events if e["cat"] != "python_function"], min_gap_us=500.0)
+    assert aten_only["self"] == [{"name": "aten::sort", "ms_in_gaps": 0.1}]
 
 
 def _server(impl, rows, commit="c"):

@@ -266,31 +266,40 @@ def _check_tree(tree: DraftTree, batch: int, q_len: int) -> None:
             raise ValueError(f"tree.{name} must be contiguous {dtype} [{rows}], got {x.dtype} {tuple(x.shape)}")
 
 
+def _lengths_on(device: torch.device, *rows: list[int]) -> torch.Tensor:
+    """Host integer lists as one int64 ``[len(rows), batch]`` tensor on ``device``, uploaded from
+    page-locked memory without waiting (a pageable upload blocks the host until the GPU has
+    drained everything queued before it)."""
+    lens = torch.tensor(rows, dtype=torch.int64)
+    if device.type == "cuda":
+        lens = lens.pin_memory()
+    return lens.to(device, non_blocking=True)
+
+
 def _tiles_for(
     seq_lens: list[int], extend_lens: list[int], tile_tokens: int, device: torch.device
 ) -> Tiles:
     """Cut every request's new tokens into tiles of ``tile_tokens``; longest context first.
 
-    Built with tensor ops on the host and sent with one asynchronous copy from page-locked memory:
-    an 8K-token chunk has 8,192 one-token attention tiles, and a Python list of them plus its
-    pageable upload held the GPU idle for 6-9 ms before every prefill chunk on an H100
-    (``benchmarks/results/e2e_gpu_h100.md``).
+    Built on ``device`` from the lengths alone (one small asynchronous upload, a dozen small
+    kernels, no host sync: the tile count is known on the host). An 8K-token chunk has 8,192
+    one-token attention tiles; built on the host they held the GPU idle before every prefill
+    chunk on an H100: 6-9 ms as a Python list with a pageable upload, about 3 ms as CPU tensor
+    ops with a page-locked one (``benchmarks/prefill_host_probe.py``).
     """
-    ext = torch.tensor(extend_lens, dtype=torch.int64)
-    prefix = torch.tensor(seq_lens, dtype=torch.int64) - ext
-    per_req = (ext + tile_tokens - 1) // tile_tokens
-    req = torch.repeat_interleave(torch.arange(len(extend_lens)), per_req)
+    per_req_host = [-(-ext // tile_tokens) for ext in extend_lens]
+    count = sum(per_req_host)
+    ext, seq, per_req = _lengths_on(device, extend_lens, seq_lens, per_req_host)
+    prefix = seq - ext
+    req = torch.repeat_interleave(torch.arange(len(extend_lens), device=device), per_req, output_size=count)
     first_tile = torch.cumsum(per_req, 0) - per_req
-    start = (torch.arange(req.shape[0]) - first_tile[req]) * tile_tokens
-    ntok = torch.minimum(ext[req] - start, torch.tensor(tile_tokens))
+    start = (torch.arange(count, device=device) - first_tile[req]) * tile_tokens
+    ntok = (ext[req] - start).clamp(max=tile_tokens)
     tok0 = (torch.cumsum(ext, 0) - ext)[req] + start
     pos0 = prefix[req] + start
     # most work first, ties in request order: better tail balance
     order = torch.sort(pos0 + ntok, descending=True, stable=True).indices
     data = torch.stack((req, tok0, pos0, ntok))[:, order].to(torch.int32)
-    if device.type == "cuda":
-        data = data.pin_memory()
-    data = data.to(device, non_blocking=True)
     return Tiles(req=data[0], tok0=data[1], pos0=data[2], ntok=data[3], max_tokens=tile_tokens)
 
 
@@ -308,10 +317,14 @@ _BLOCK_MAJOR_PROGRAMS_PER_SM = 1
 
 
 def _token_positions(seq_lens: list[int], extend_lens: list[int], device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Request and absolute position of every q row (rows packed request after request)."""
-    reqs = torch.repeat_interleave(torch.arange(len(seq_lens)), torch.tensor(extend_lens))
-    pos = torch.cat([torch.arange(s - e, s) for s, e in zip(seq_lens, extend_lens)])
-    return reqs.to(torch.int32).to(device), pos.to(torch.int32).to(device)
+    """Request and absolute position of every q row (rows packed request after request), built
+    on ``device`` as :func:`_tiles_for` builds its tiles."""
+    count = sum(extend_lens)
+    ext, seq = _lengths_on(device, extend_lens, seq_lens)
+    reqs = torch.repeat_interleave(torch.arange(len(seq_lens), device=device), ext, output_size=count)
+    first_row = torch.cumsum(ext, 0) - ext
+    pos = torch.arange(count, device=device) - first_row[reqs] + (seq - ext)[reqs]
+    return reqs.to(torch.int32), pos.to(torch.int32)
 # Index tiles per SM at which tiles alone fill the GPU, so splitting would only add a merge.
 _INDEX_TILES_PER_SM_UNSPLIT = 2
 # Index programs per SM the split form aims for: enough resident programs to hide load latency.
