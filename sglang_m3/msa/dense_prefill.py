@@ -11,6 +11,16 @@ KV pool plus itself: the prefix unmasked and the chunk causally, two cuDNN calls
 their log-sum-exp (:func:`prefix_split_sdpa`; FlashAttention's lower-right causal call with
 ``SGLANG_M3_DENSE_PREFIX_SPLIT=0``).
 
+cuDNN builds an execution plan for every new shape it is given (torch keys its plan cache on the
+exact lengths): 50-80 ms of host time on the H100, and seconds when a kernel variant has to be
+compiled (``benchmarks/results/prefill_host_h100/``), against a few milliseconds of attention.
+Prompts of arbitrary length would pay that on nearly every request. So cuDNN takes only shapes
+whose lengths are multiples of :data:`CUDNN_SHAPE_STEP` tokens (the full chunks of chunked
+prefill after a prefix of full chunks, which recur from request to request: a bounded set of
+plans, each built once); every other shape runs FlashAttention, which plans nothing. The choice
+depends on the shape alone, so a request's result does not depend on what ran before it.
+``SGLANG_M3_DENSE_CUDNN=always`` gives cuDNN every shape (the A/B switch).
+
 Decode, speculative verify and draft batches keep SGLang's backend (they are graphed; this path
 is per request and eager). The per-request loop reads host-side lengths; prefill is never
 captured whole (SGLang's breakable prefill graphs run attention eagerly on the real tokens).
@@ -119,23 +129,41 @@ class SDPADensePrefill:
         return out.view(-1, heads * layer.v_head_dim)
 
 
+#: Environment switch: ``aligned`` (default: cuDNN for step-aligned shapes only) or ``always``.
+CUDNN_ENV = "SGLANG_M3_DENSE_CUDNN"
+#: cuDNN takes a request whose new tokens and keys are both multiples of this many tokens: the
+#: 8K chunks of chunked prefill and their prefixes qualify, at most ``chunk / step`` query lengths
+#: in all, while a prompt's odd-length last chunk (or a whole short prompt) does not.
+CUDNN_SHAPE_STEP = 1024
+_FALLBACKS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
+
+
+def cudnn_takes(n: int, length: int) -> bool:
+    """Whether cuDNN attends ``n`` new tokens over ``length`` keys (see the module's docstring)."""
+    if env_choice(CUDNN_ENV, ("aligned", "always")) == "always":
+        return True
+    return n % CUDNN_SHAPE_STEP == 0 and length % CUDNN_SHAPE_STEP == 0
+
+
 def causal_sdpa(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
     """Causal GQA attention of one request's new tokens over its keys: ``[n, Hq, Dv]``.
 
     ``q [n, Hq, D]`` are the last ``n`` of the ``L`` positions of ``keys`` / ``values [L, Hkv, D]``
-    (same dtype as ``q``). ``n == L`` (a chunk without cached prefix): square causal, cuDNN first.
-    With a cached prefix on CUDA in 16-bit: :func:`prefix_split_sdpa`. Otherwise causal aligned to
-    the last key (lower right), FlashAttention first. Every form falls back to the efficient and
-    math kernels where its first choice cannot run (fp32, the CPU).
+    (same dtype as ``q``). ``n == L`` (a chunk without cached prefix): square causal, cuDNN first
+    where :func:`cudnn_takes` the shape. With a cached prefix on CUDA in 16-bit, a shape cuDNN
+    takes: :func:`prefix_split_sdpa`. Otherwise FlashAttention first (causal aligned to the last
+    key, lower right, after a prefix). Every form falls back to the efficient and math kernels
+    where its first choice cannot run (fp32, the CPU).
     """
     n, length = q.shape[0], keys.shape[0]
     if n == length:
-        mask, causal, backend = None, True, SDPBackend.CUDNN_ATTENTION
-    elif prefix_split_applies(q):
+        mask, causal = None, True
+        backend = SDPBackend.CUDNN_ATTENTION if cudnn_takes(n, length) else SDPBackend.FLASH_ATTENTION
+    elif prefix_split_applies(q) and cudnn_takes(n, length):
         return prefix_split_sdpa(q, keys, values, scale)
     else:
         mask, causal, backend = causal_lower_right(n, length), False, SDPBackend.FLASH_ATTENTION
-    with sdpa_kernel([backend, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+    with sdpa_kernel([backend, *(fallback for fallback in _FALLBACKS if fallback != backend)]):
         attended = F.scaled_dot_product_attention(
             q.transpose(0, 1)[None], keys.transpose(0, 1)[None], values.transpose(0, 1)[None],
             attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=q.shape[1] != keys.shape[1],

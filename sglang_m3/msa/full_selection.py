@@ -12,8 +12,8 @@ topk * B`` (2,048 tokens on M3: block 128, top-16). The condition is per request
 the early chunks of a long prompt qualify while their ``seq_len`` is within the limit.
 
 Such requests skip the index scan, the top-k and the query-major sparse kernel and run one
-per-request SDPA call (:func:`sglang_m3.msa.dense_prefill.causal_sdpa`: cuDNN for a chunk
-without cached prefix, FlashAttention over the gathered prefix). The cache writes (K, V and
+per-request SDPA call (:func:`sglang_m3.msa.dense_prefill.causal_sdpa`: cuDNN or
+FlashAttention, chosen by the request's shape). The cache writes (K, V and
 the index keys, which later decode steps score) are unchanged: the backend stores before it
 attends. Keys and values are read back from the cache at the request's slots (the values the
 sparse kernels would read, fp8 caches and their per-layer scales included), gathered once per

@@ -185,3 +185,54 @@ def test_prefix_split_switch_is_checked(monkeypatch):
     monkeypatch.setenv(PREFIX_SPLIT_ENV, "yes")
     with pytest.raises(ValueError, match=PREFIX_SPLIT_ENV):
         prefix_split_applies(q)
+
+
+def _routing(monkeypatch, n, length, on_cuda=True):
+    """Which path ``causal_sdpa`` takes for ``n`` new tokens over ``length`` keys: ``split`` or the
+    first SDPA backend it asks for (``prefix_split_applies`` answered as on CUDA in 16-bit)."""
+    from sglang_m3.msa import dense_prefill
+
+    asked = []
+    monkeypatch.setattr(dense_prefill, "prefix_split_applies", lambda q: on_cuda)
+    monkeypatch.setattr(dense_prefill, "prefix_split_sdpa", lambda *args: asked.append("split") or torch.zeros(n, HQ, D))
+    real_kernel = dense_prefill.sdpa_kernel
+
+    def recording_kernel(backends):
+        asked.append(backends[0].name)
+        assert len(set(backends)) == len(backends)
+        return real_kernel(backends)
+
+    monkeypatch.setattr(dense_prefill, "sdpa_kernel", recording_kernel)
+    keys, values = torch.randn(length, HKV, D), torch.randn(length, HKV, D)
+    out = dense_prefill.causal_sdpa(torch.randn(n, HQ, D), keys, values, 0.5)
+    assert out.shape == (n, HQ, D)
+    return asked[0]
+
+
+@pytest.mark.parametrize("n, length, path", [
+    (8192, 8192, "CUDNN_ATTENTION"),  # a first chunk of a long prompt
+    (1024, 1024, "CUDNN_ATTENTION"),
+    (2000, 2000, "FLASH_ATTENTION"),  # a short prompt of any length: no plan to build
+    (1, 1, "FLASH_ATTENTION"),
+    (8192, 3 * 8192, "split"),  # a full chunk after full chunks
+    (1024, 5 * 1024, "split"),
+    (8192, 8192 + 5000, "FLASH_ATTENTION"),  # after a radix hit of odd length
+    (5000, 8192 + 5000, "FLASH_ATTENTION"),  # a prompt's last, partial chunk
+])
+def test_cudnn_takes_only_shapes_that_recur(monkeypatch, n, length, path):
+    """cuDNN builds a plan per new shape (50-80 ms of host on an H100): only step-aligned shapes,
+    which recur under chunked prefill, go to it; the choice is the shape's alone."""
+    assert _routing(monkeypatch, n, length) == path
+    assert _routing(monkeypatch, n, length) == path  # the same again: no history
+
+
+def test_cudnn_switch_always_takes_every_shape_and_is_checked(monkeypatch):
+    from sglang_m3.msa.dense_prefill import CUDNN_ENV
+
+    monkeypatch.setenv(CUDNN_ENV, "always")
+    assert _routing(monkeypatch, 2000, 2000) == "CUDNN_ATTENTION"
+    assert _routing(monkeypatch, 5000, 8192 + 5000) == "split"
+    assert _routing(monkeypatch, 5000, 8192 + 5000, on_cuda=False) == "FLASH_ATTENTION"  # the split is CUDA's
+    monkeypatch.setenv(CUDNN_ENV, "1")
+    with pytest.raises(ValueError, match=CUDNN_ENV):
+        _routing(monkeypatch, 8, 8)
