@@ -197,12 +197,17 @@ def median_single_stream(base_url: str, seed, output: int):
     return groups[len(groups) // 2]
 
 
-def measure(base_url: str, quick: bool, seed, rows: list[dict], saved) -> None:
+def measure(base_url: str, quick: bool, seed, rows: list[dict], saved, first_runs: dict | None = None) -> None:
     """Every workload of the benchmark against one running server, appended to ``rows`` as result
-    rows; ``saved()`` after each workload writes what is there so far."""
+    rows; ``saved()`` after each workload writes what is there so far. ``first_runs`` gets the
+    TTFT of each length's first run by prompt length (kept out of the rows: it includes whatever
+    the server compiles or plans on first sight of that length, which a user's first such
+    prompt pays)."""
     ttft_prompts = TTFT_PROMPTS[:1] if quick else TTFT_PROMPTS
     for length in ttft_prompts:
-        stream_generate(base_url, random_prompt(length, next(seed)), 1)  # this length's first run
+        first = stream_generate(base_url, random_prompt(length, next(seed)), 1)  # this length's first run
+        if first_runs is not None:
+            first_runs[str(length)] = 1e3 * first.ttft_s
         runs = [stream_generate(base_url, random_prompt(length, next(seed)), 1).ttft_s for _ in range(2)]
         rows.append({"metric": "ttft_ms", "prompt_tokens": length, "concurrency": 1, "value": 1e3 * sum(runs) / len(runs)})
         print(f"  ttft {length}: {rows[-1]['value']:.1f} ms", flush=True)
@@ -296,7 +301,8 @@ def bench_one(impl: str, model_dir: str, path: str, result: dict, quick: bool, p
             seed = iter(range(10**6))
             warm_up(base_url, seed)
             if measured:
-                measure(base_url, quick, seed, rows, saved)
+                result["first_run_ttft_ms"] = {}
+                measure(base_url, quick, seed, rows, saved, result["first_run_ttft_ms"])
             if profile:
                 result["profiles"] = profile_server(base_url, out_dir, impl, info.get("chunked_prefill_size") or LONG_CONTEXT_PROMPT)
             result["complete"] = True

@@ -199,9 +199,11 @@ def test_each_workload_is_saved_as_soon_as_it_is_measured(monkeypatch):
     monkeypatch.setattr(e2e_gpu, "stream_generate", single)
     monkeypatch.setattr(e2e_gpu, "run_group", group)
     monkeypatch.setattr(e2e_gpu, "random_prompt", lambda length, seed: [seed] * 4)
-    rows, snapshots = [], []
+    rows, snapshots, first_runs = [], [], {}
     with pytest.raises(SystemExit):
-        e2e_gpu.measure("http://unused", False, iter(range(100)), rows, lambda: snapshots.append(len(rows)))
+        e2e_gpu.measure("http://unused", False, iter(range(100)), rows, lambda: snapshots.append(len(rows)), first_runs)
+    # each TTFT length's first (discarded) run is kept beside the rows
+    assert first_runs == {str(length): 1e3 * 0.1 for length in e2e_gpu.TTFT_PROMPTS}
     # three TTFT lengths, then c1 (tpot + tok/s) and c16 (+ its ttft) before the cut at c64
     assert snapshots == [1, 2, 3, 5, 8]
     assert [(r["metric"], r["prompt_tokens"], r["concurrency"]) for r in rows][-3:] == [
