@@ -8,9 +8,9 @@ The prompts straddle the limit: 5-64 tokens (dense; 63 and 64 in two chunks, the
 on the sparse kernels), 100 and 233 (later chunks sparse), a radix hit within and one beyond the
 limit, and 16 concurrent prompts of 20-125 tokens (batches mixing dense and sparse requests).
 Greedy tokens must be identical on and off and prompt logprobs within 2e-3, and the dense path's
-must match transformers (fp32, CPU) as the tiny GPU test requires. In bf16 (cuDNN for a chunk
-without prefix) both servers must stay within bf16 noise of the fp32 reference, as in
-``test_tiny_m3_gpu.py``, with the noise measured over the served tokens' positions as well as the
+must match transformers (fp32, CPU) as the tiny GPU test requires. In bf16 (FlashAttention: no
+shape here is 1,024-aligned, as cuDNN's would be) both servers must stay within bf16 noise of the
+fp32 reference, as in ``test_tiny_m3_gpu.py``, with the noise measured over the served tokens' positions as well as the
 prompt's (``bf16_noise.sequence_noise``): these prompts are 17-100 tokens, and on the H100 at
 fcd2367 the 17-token prompt's 16 positions gave a noise of 0.03 nats while both servers, alike to
 the bit, served a token 1.08 nats below the fp32 argmax (bf16 noise on longer prompts is 0.7-1.5
@@ -115,7 +115,7 @@ def test_dense_path_matches_transformers(runs, name):
 
 
 def test_bf16_dense_path_within_bf16_noise(tiny_checkpoint_factory, server_log_dir):
-    """bf16 runs cuDNN for the chunks without prefix (fp32 cannot): both servers near the fp32 reference."""
+    """bf16 runs the fused SDPA kernels (FlashAttention at these shapes; fp32 cannot): both servers near the fp32 reference."""
     model_dir = tiny_checkpoint_factory()
     prompts = {name: PROMPTS[name] for name in ("len17", "len48", "len64", "len65", "len100")}
     results = {}
