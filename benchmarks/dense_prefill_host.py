@@ -26,13 +26,13 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 from e2e_gpu import commit  # noqa: E402
 
+from sglang_m3.msa.dense_prefill import causal_sdpa  # noqa: E402
+
 HEADS, KV_HEADS, HEAD_DIM = 64, 4, 128
 
 
 def one_chunk(q, k_cache, v_cache, slots, prefix: int) -> dict:
     """Host and GPU milliseconds of one chunk's gather plus attention (the server's per-request work)."""
-    from sglang_m3.msa.dense_prefill import causal_sdpa
-
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     began = time.perf_counter()

@@ -197,7 +197,7 @@ def median_single_stream(base_url: str, seed, output: int):
     return groups[len(groups) // 2]
 
 
-def measure(base_url: str, quick: bool, seed, rows: list[dict], saved, first_runs: dict | None = None) -> None:
+def measure(base_url: str, quick: bool, seed, rows: list[dict], saved, first_runs: dict) -> None:
     """Every workload of the benchmark against one running server, appended to ``rows`` as result
     rows; ``saved()`` after each workload writes what is there so far. ``first_runs`` gets the
     TTFT of each length's first run by prompt length (kept out of the rows: it includes whatever
@@ -206,8 +206,7 @@ def measure(base_url: str, quick: bool, seed, rows: list[dict], saved, first_run
     ttft_prompts = TTFT_PROMPTS[:1] if quick else TTFT_PROMPTS
     for length in ttft_prompts:
         first = stream_generate(base_url, random_prompt(length, next(seed)), 1)  # this length's first run
-        if first_runs is not None:
-            first_runs[str(length)] = 1e3 * first.ttft_s
+        first_runs[str(length)] = 1e3 * first.ttft_s
         runs = [stream_generate(base_url, random_prompt(length, next(seed)), 1).ttft_s for _ in range(2)]
         rows.append({"metric": "ttft_ms", "prompt_tokens": length, "concurrency": 1, "value": 1e3 * sum(runs) / len(runs)})
         print(f"  ttft {length}: {rows[-1]['value']:.1f} ms", flush=True)

@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from e2e_gpu import IMPLS, LONG_CONTEXT_PROMPT, commit, start_server, stop_server, warm_up  # noqa: E402
 from midsize_m3 import write_midsize_checkpoint  # noqa: E402
 from serving_client import random_prompt, stream_generate  # noqa: E402
-from trace_summary import idle_gaps, load_events  # noqa: E402
+from trace_summary import gpu_gaps, idle_gaps, load_events  # noqa: E402
 
 #: host ops worth listing one by one (the attention calls of the dense layer and their neighbours)
 WATCHED_OPS = ("cudnn", "scaled_dot_product", "flash")
@@ -45,13 +45,7 @@ def host_work_in_gaps(events: list[dict], min_gap_us: float = 500.0, top: int = 
     innermost event at each moment (where the time went); ``inclusive``: every event shorter than
     ``longest_us`` (which callers the gaps fall in, without the scheduler loop's own frames).
     """
-    kernels = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0))) for e in events
-                     if e.get("ph") == "X" and e.get("cat") == "kernel")
-    gaps, busy_until = [], None
-    for start, end in kernels:
-        if busy_until is not None and start - busy_until >= min_gap_us:
-            gaps.append((busy_until, start))
-        busy_until = end if busy_until is None else max(busy_until, end)
+    gaps = [(start, end) for start, end, _, _ in gpu_gaps(events, min_gap_us)]
     host = [e for e in events if e.get("ph") == "X" and e.get("cat") == "python_function"] or \
            [e for e in events if e.get("ph") == "X" and e.get("cat") == "cpu_op"]
     gap_ends = [end for _, end in gaps]

@@ -56,22 +56,30 @@ def kernel_summary(events: list[dict], steps: int = 1, top: int = 40) -> dict:
     }
 
 
-def idle_gaps(events: list[dict], min_us: float = 20.0, top: int = 25) -> dict:
-    """Where the GPU sat idle: gaps of at least ``min_us`` between one kernel's end and the next
-    kernel's start (kernels overlapping in time count as busy), grouped by the kernels on either
-    side. A gap before the same kernel in every layer points at host work (or a host sync) in
-    the code that launches it."""
+def gpu_gaps(events: list[dict], min_us: float = 20.0) -> list[tuple[float, float, str, str]]:
+    """``(start, end, kernel before, kernel after)`` of every stretch of at least ``min_us`` in
+    which no kernel ran (kernels overlapping in time count as busy), in time order."""
     kernels = sorted(
         (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)), e["name"])
         for e in events if e.get("ph") == "X" and e.get("cat") == "kernel" and "ts" in e
     )
-    groups: dict[tuple[str, str], list[float]] = defaultdict(list)
+    gaps = []
     busy_until, previous = None, None
     for start, end, name in kernels:
         if busy_until is not None and start - busy_until >= min_us:
-            groups[(previous[:80], name[:80])].append(start - busy_until)
+            gaps.append((busy_until, start, previous, name))
         if busy_until is None or end > busy_until:
             busy_until, previous = end, name
+    return gaps
+
+
+def idle_gaps(events: list[dict], min_us: float = 20.0, top: int = 25) -> dict:
+    """Where the GPU sat idle: :func:`gpu_gaps` grouped by the kernels on either side. A gap
+    before the same kernel in every layer points at host work (or a host sync) in the code that
+    launches it."""
+    groups: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for start, end, before, after in gpu_gaps(events, min_us):
+        groups[(before[:80], after[:80])].append(end - start)
     ranked = sorted(groups.items(), key=lambda item: -sum(item[1]))
     return {
         "min_gap_us": min_us,

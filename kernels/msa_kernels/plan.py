@@ -325,6 +325,8 @@ def _token_positions(seq_lens: list[int], extend_lens: list[int], device) -> tup
     first_row = torch.cumsum(ext, 0) - ext
     pos = torch.arange(count, device=device) - first_row[reqs] + (seq - ext)[reqs]
     return reqs.to(torch.int32), pos.to(torch.int32)
+
+
 # Index tiles per SM at which tiles alone fill the GPU, so splitting would only add a merge.
 _INDEX_TILES_PER_SM_UNSPLIT = 2
 # Index programs per SM the split form aims for: enough resident programs to hide load latency.
