@@ -25,7 +25,7 @@ import time
 import requests
 
 sys.path.insert(0, os.path.dirname(__file__))
-from e2e_gpu import IMPLS, LONG_CONTEXT_PROMPT, commit, start_server, stop_server, warm_up  # noqa: E402
+from e2e_gpu import IMPLS, LONG_CONTEXT_PROMPT, commit, gpu_name, start_server, stop_server, warm_up  # noqa: E402
 from midsize_m3 import write_midsize_checkpoint  # noqa: E402
 from serving_client import random_prompt, stream_generate  # noqa: E402
 from trace_summary import gpu_gaps, idle_gaps, load_events  # noqa: E402
@@ -117,7 +117,7 @@ def main(argv=None) -> int:
     label = "-".join([args.impl, *(f"{k}={v}" for k, v in env.items())]).replace("=", "_")
     os.makedirs(args.out, exist_ok=True)
     model_dir = write_midsize_checkpoint(tempfile.mkdtemp(prefix="m3-midsize-"), 1, 3)
-    result = {"commit": commit(), "impl": args.impl, "tp": args.tp, "ep": args.ep, "env": env}
+    result = {"commit": commit(), "gpu": gpu_name(), "impl": args.impl, "tp": args.tp, "ep": args.ep, "env": env}
     process, base_url, startup_s, _ = start_server(args.impl, model_dir, args.out, args.tp, args.ep, label=label, env=env)
     try:
         chunks = -(-LONG_CONTEXT_PROMPT // (requests.get(f"{base_url}/get_server_info", timeout=30).json().get("chunked_prefill_size") or LONG_CONTEXT_PROMPT))
