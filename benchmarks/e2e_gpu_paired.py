@@ -15,7 +15,12 @@ GPU each, so the pair fits two H100s; at TP1 the pair needs an H200). ``--agains
 pairs ours with ours under that environment variable instead of upstream (an A/B of one of the
 plugin's switches, e.g. ``SGLANG_M3_MOE_OVERLAP=0``).
 
-    scripts/gpu/run.sh exec python benchmarks/e2e_gpu_paired.py --out $OUT [--rounds 8] [--tp 2 --ep 2] [--concurrency 1 16] [--against KEY=VALUE]
+``--ttft-tokens 32768 131072`` pairs time to first token the same way, one prompt of that length
+at a time: each server's first prompt of the length is kept apart (``first_ttft_ms``: what a
+server compiles or plans on first sight of the length, which a user's first such prompt pays),
+then ``--rounds`` ABBA pairs.
+
+    scripts/gpu/run.sh exec python benchmarks/e2e_gpu_paired.py --out $OUT [--rounds 8] [--tp 2 --ep 2] [--concurrency 1 16] [--ttft-tokens 32768] [--against KEY=VALUE]
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from dataclasses import dataclass, field
 sys.path.insert(0, os.path.dirname(__file__))
 from e2e_gpu import THROUGHPUT_OUTPUT, THROUGHPUT_PROMPT, commit, gpu_name, start_server, stop_server, warm_up  # noqa: E402
 from midsize_m3 import midsize_text_config, write_midsize_checkpoint  # noqa: E402
-from serving_client import random_prompt, run_group  # noqa: E402
+from serving_client import random_prompt, run_group, stream_generate  # noqa: E402
 
 #: KV slots per server: two pools fit on one H100 beside both models, and a 2K request needs few
 KV_TOKENS_PER_SERVER = 262144
@@ -104,13 +109,31 @@ def paired_rounds(urls: dict[str, str], rounds: int, seed, concurrency: int = 1)
     return tpot_ms
 
 
-def summary(tpot_ms: dict[str, list[float]]) -> dict:
+def paired_ttft_rounds(urls: dict[str, str], rounds: int, seed, tokens: int) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """Each server's first TTFT of a ``tokens``-token prompt (kept apart), then ``rounds`` pairs of
+    lone prompts in ABBA order; returns (first TTFT, every later TTFT) in ms per label."""
+    labels = list(urls)
+
+    def ttft_ms(label: str) -> float:
+        return 1e3 * stream_generate(urls[label], random_prompt(tokens, next(seed)), 1).ttft_s
+
+    first = {label: ttft_ms(label) for label in labels}
+    print(f"  {tokens}-token first ttft: " + ", ".join(f"{label} {first[label]:.1f} ms" for label in labels), flush=True)
+    ttfts: dict[str, list[float]] = {label: [] for label in labels}
+    for round_index in range(rounds):
+        for label in labels if round_index % 2 == 0 else labels[::-1]:
+            ttfts[label].append(ttft_ms(label))
+        print(f"  {tokens}-token round {round_index}: " + ", ".join(f"{label} {ttfts[label][-1]:.1f} ms" for label in labels), flush=True)
+    return first, ttfts
+
+
+def summary(values: dict[str, list[float]], metric: str = "tpot_ms") -> dict:
     """Medians, their ratio (second over first, i.e. over ours: above 1 is ours faster) and the
-    rounds ours won."""
-    (first, ours), (second, other) = tpot_ms.items()
+    rounds ours won, for a lower-is-better ``metric``."""
+    (first, ours), (second, other) = values.items()
     medians = {first: statistics.median(ours), second: statistics.median(other)}
     return {
-        "tpot_ms": tpot_ms, "median_tpot_ms": medians,
+        metric: values, f"median_{metric}": medians,
         "speedup_of_medians": medians[second] / medians[first],
         "rounds_ours_faster": sum(o < u for o, u in zip(ours, other)),
     }
@@ -124,6 +147,7 @@ def main(argv=None) -> int:
     parser.add_argument("--ep", type=int, default=1, help="expert-parallel size of both servers (inside the TP group)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1], help="requests per group (default: 1)")
     parser.add_argument("--against", metavar="KEY=VALUE", help="pair ours with ours under this environment variable, not upstream")
+    parser.add_argument("--ttft-tokens", type=int, nargs="*", default=[], help="prompt lengths whose TTFT is paired too (after decode)")
     args = parser.parse_args(argv)
     try:
         pair = contenders(args.against)
@@ -139,16 +163,23 @@ def main(argv=None) -> int:
         for url in urls.values():
             warm_up(url, seed)
         by_concurrency = {c: summary(paired_rounds(urls, args.rounds, seed, c)) for c in args.concurrency}
+        by_length = {}
+        for tokens in args.ttft_tokens:
+            first, ttfts = paired_ttft_rounds(urls, args.rounds, seed, tokens)
+            by_length[tokens] = {"first_ttft_ms": first, **summary(ttfts, "ttft_ms")}
     finally:
         for process, *_ in servers.values():
             stop_server(process)
     result = {
         "gpu": gpu_name(), "commit": commit(), "model": midsize_text_config(1, 3), "tp": args.tp, "ep": args.ep,
         "what": f"mean TPOT of groups of {THROUGHPUT_PROMPT}-token-prompt requests with {THROUGHPUT_OUTPUT} output tokens, "
-                f"both servers alive on the same GPUs, ABBA order, {args.rounds} rounds per concurrency",
+                f"both servers alive on the same GPUs, ABBA order, {args.rounds} rounds per concurrency"
+                + (f"; TTFT of lone prompts of each length in ttft_prompt_tokens, {args.rounds} ABBA rounds after each server's first"
+                   if by_length else ""),
         "max_total_tokens": KV_TOKENS_PER_SERVER,
         "pair": [{"label": c.label, "impl": c.impl, "env": c.env} for c in pair],
         "concurrency": {str(c): s for c, s in by_concurrency.items()},
+        "ttft_prompt_tokens": {str(tokens): s for tokens, s in by_length.items()},
     }
     suffix = "" if args.against is None else f"_vs_{pair[1].label}"
     path = os.path.join(args.out, f"e2e_gpu_paired_tp{args.tp}_ep{args.ep}{suffix}.json")
@@ -157,6 +188,10 @@ def main(argv=None) -> int:
     for c, s in by_concurrency.items():
         medians = s["median_tpot_ms"]
         print(f"c{c} median tpot: " + ", ".join(f"{label} {value:.3f} ms" for label, value in medians.items()) + ", "
+              f"speed-up {s['speedup_of_medians']:.3f}x; ours faster in {s['rounds_ours_faster']} of {args.rounds} rounds", flush=True)
+    for tokens, s in by_length.items():
+        medians = s["median_ttft_ms"]
+        print(f"{tokens}-token median ttft: " + ", ".join(f"{label} {value:.1f} ms" for label, value in medians.items()) + ", "
               f"speed-up {s['speedup_of_medians']:.3f}x; ours faster in {s['rounds_ours_faster']} of {args.rounds} rounds", flush=True)
     print(f"wrote {path}", flush=True)
     return 0

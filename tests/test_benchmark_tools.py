@@ -284,6 +284,31 @@ def test_paired_rounds_alternate_abba(monkeypatch, concurrency):
     assert result["speedup_of_medians"] == pytest.approx(1.5) and result["rounds_ours_faster"] == 4
 
 
+def test_paired_ttft_keeps_each_servers_first_prompt_apart_then_alternates_abba(monkeypatch):
+    import e2e_gpu_paired
+    from serving_client import RequestTiming
+
+    calls = []
+    cold = {"u-ours", "u-up"}
+
+    def fake_stream(url, prompt, tokens):
+        calls.append((url, len(prompt), tokens))
+        ttft_s = 5.0 if url in cold else {"u-ours": 0.2, "u-up": 0.3}[url]
+        cold.discard(url)
+        return RequestTiming(ttft_s, ttft_s, tokens)
+
+    monkeypatch.setattr(e2e_gpu_paired, "stream_generate", fake_stream)
+    monkeypatch.setattr(e2e_gpu_paired, "random_prompt", lambda length, seed: [seed] * length)
+    first, ttfts = e2e_gpu_paired.paired_ttft_rounds({"ours": "u-ours", "upstream": "u-up"}, 2, iter(range(100)), 7)
+    assert [url for url, _, _ in calls] == ["u-ours", "u-up", "u-ours", "u-up", "u-up", "u-ours"]
+    assert all(length == 7 and tokens == 1 for _, length, tokens in calls)
+    assert first == {"ours": pytest.approx(5000.0), "upstream": pytest.approx(5000.0)}
+    assert ttfts == {"ours": pytest.approx([200.0, 200.0]), "upstream": pytest.approx([300.0, 300.0])}
+    result = e2e_gpu_paired.summary(ttfts, "ttft_ms")
+    assert result["median_ttft_ms"] == {"ours": pytest.approx(200.0), "upstream": pytest.approx(300.0)}
+    assert result["speedup_of_medians"] == pytest.approx(1.5) and result["rounds_ours_faster"] == 2
+
+
 def test_paired_contenders_default_to_upstream_and_take_one_environment_variable():
     import e2e_gpu_paired
 

@@ -7,7 +7,10 @@ untouched.
 from __future__ import annotations
 
 import json
+import logging
 import os
+
+logger = logging.getLogger(__name__)
 
 M3_ARCHITECTURES = ("MiniMaxM3SparseForCausalLM", "MiniMaxM3SparseForConditionalGeneration")
 
@@ -58,12 +61,20 @@ def wrap_with_msa_backend(original, runner, full_attn_backend):
         return original(runner, full_attn_backend)
     import torch
 
-    from sglang_m3.msa.dense_prefill import SDPADensePrefill, sdpa_dense_prefill_enabled
+    from sglang.srt.runtime_context import get_parallel
+
+    from sglang_m3.msa.dense_prefill import SDPADensePrefill, prepare_cudnn, sdpa_dense_prefill_enabled
     from sglang_m3.msa.hybrid import M3HybridAttnBackend
 
     spec = spec_of(runner.model_config)
     dense = original(runner, full_attn_backend)
-    dense_prefill = SDPADensePrefill(runner) if sdpa_dense_prefill_enabled(torch.device(runner.device)) else None
+    dense_prefill = None
+    if sdpa_dense_prefill_enabled(torch.device(runner.device)):
+        dense_prefill = SDPADensePrefill(runner)
+        attn_tp_size = get_parallel().attn_tp_size
+        seconds = prepare_cudnn(spec.num_heads // attn_tp_size, runner.model_config.get_num_kv_heads(attn_tp_size), spec.head_dim,
+                                runner.dtype, torch.device(runner.device))
+        logger.info("sglang-m3: dense prefill's cuDNN attention prepared in %.2f s", seconds)
     return M3HybridAttnBackend(dense, _sparse_backend(runner, spec), spec.sparse_layer_ids, dense_prefill)
 
 
