@@ -21,12 +21,14 @@ plans, each built once); every other shape runs FlashAttention, which plans noth
 depends on the shape alone, so a request's result does not depend on what ran before it.
 ``SGLANG_M3_DENSE_CUDNN=always`` gives cuDNN every shape (the A/B switch).
 
-The kernel compilation is what a user would feel: the first 32K prompt after start-up took 8.7-11.1
-s on two H100s against 287 ms for upstream's M3. So the backend's construction
-(:func:`prepare_cudnn`) runs each form of cuDNN call once on small aligned shapes, and turns on
-torch's ragged cuDNN path (``TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1``, unless the environment already
-sets it), under which torch keys plans on lengths rounded up to powers of two, so a prompt's later
-shapes reuse what start-up built. The model runner's hook calls it once the KV pool exists.
+cuDNN's first call of each form compiles its kernel: 0.76 and 1.05 s on the H200 for a chunk without
+and after a prefix (``benchmarks/results/cold_start_h200/``), which a server's first long prompt
+would pay. So the backend's construction runs each form once on small aligned shapes
+(:func:`prepare_cudnn`, 0.3 s); a later new shape then costs its plan alone (about 40 ms, once).
+Torch's ragged cuDNN path (``TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1``, plans keyed on lengths rounded
+up to powers of two) would build fewer plans, but on the H200 its kernels took 6% longer over the
+chunks of 32K, 128K, 30001- and 12288-token prompts (292.9 against 276.2 ms), and the prefix split of a one-token query failed this project's exactness bound
+under it (``tests/gpu/test_dense_prefix_split_gpu.py``, torch 2.11): it stays off.
 
 Decode, speculative verify and draft batches keep SGLang's backend (they are graphed; this path
 is per request and eager). The per-request loop reads host-side lengths; prefill is never
@@ -39,7 +41,6 @@ tokens) make the same per-request call, :func:`causal_sdpa` (:mod:`sglang_m3.msa
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 
@@ -145,12 +146,8 @@ CUDNN_ENV = "SGLANG_M3_DENSE_CUDNN"
 #: in all, while a prompt's odd-length last chunk (or a whole short prompt) does not.
 CUDNN_SHAPE_STEP = 1024
 _FALLBACKS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
-#: torch's switch (read once per process, at its first cuDNN attention call) for the ragged path
-RAGGED_ENV = "TORCH_CUDNN_SDPA_AVOID_RECOMPILE"
-
-
 def prepare_cudnn(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> float:
-    """Ragged cuDNN plans on, then every form of cuDNN call run once; returns the seconds it took.
+    """Every form of cuDNN call run once, so its kernel is compiled; returns the seconds it took.
 
     The forms are a chunk without prefix (square causal) and a chunk after a prefix (the two calls
     of :func:`prefix_split_sdpa`), at :data:`CUDNN_SHAPE_STEP` tokens a chunk, with this rank's
@@ -158,7 +155,6 @@ def prepare_cudnn(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, 
     """
     if device.type != "cuda" or dtype not in (torch.bfloat16, torch.float16):
         return 0.0
-    os.environ.setdefault(RAGGED_ENV, "1")
     began = time.perf_counter()
     step = CUDNN_SHAPE_STEP
     q = torch.randn(step, heads, head_dim, device=device, dtype=dtype)

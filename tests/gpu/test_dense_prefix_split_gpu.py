@@ -9,8 +9,6 @@ since the merge itself runs in fp32. Skipped without CUDA.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -68,30 +66,11 @@ def test_switch_off_keeps_the_flash_call(monkeypatch):
     torch.testing.assert_close(causal_sdpa(q, keys, values, 0.1).float(), flash, rtol=0, atol=0)
 
 
-def test_ragged_cudnn_path_keeps_the_same_bound():
-    """Under torch's ragged cuDNN path (``TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1``, which the server's
-    start-up sets: ``prepare_cudnn``) the split and the routing above hold as they do without it.
-    Torch reads the switch once per process, so the split test runs again in a child process with
-    the switch on, after the server's start-up step."""
-    import subprocess
-    import sys
-
-    env = {**os.environ, "TORCH_CUDNN_SDPA_AVOID_RECOMPILE": "1", "M3_TEST_PREPARED_CUDNN": "1"}
-    child = subprocess.run(
-        [sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider", "-k", "split_matches or prepared"],
-        env=env, capture_output=True, text=True, timeout=600,
-    )
-    assert child.returncode == 0, child.stdout[-4000:] + child.stderr[-2000:]
-    tally = child.stdout.strip().splitlines()[-1]
-    assert " passed" in tally and "skipped" not in tally, tally
-
-
-@pytest.mark.skipif(os.environ.get("M3_TEST_PREPARED_CUDNN") != "1", reason="runs in the ragged child process only")
 def test_prepared_cudnn_then_every_aligned_form():
+    """After the server's start-up step, each aligned form at M3's widths at TP4 (16 query heads
+    over one KV head) and lengths beyond the start-up's keeps the bound of the test above."""
     from sglang_m3.msa.dense_prefill import prepare_cudnn
 
-    """M3's widths at TP4 (16 query heads over one KV head), each aligned form at lengths beyond
-    the start-up's: plans of new power-of-two buckets."""
     assert prepare_cudnn(16, 1, 128, torch.bfloat16, torch.device("cuda")) > 0
     gen = torch.Generator(device="cuda").manual_seed(3)
     for prefix, n in [(0, 1024), (0, 8192), (8192, 8192), (3 * 8192, 4096)]:

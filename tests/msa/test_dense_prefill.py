@@ -9,7 +9,6 @@ SGLang's backend. The CUDA kernels (cuDNN, FlashAttention) are exercised by the 
 from __future__ import annotations
 
 import math
-import os
 from types import SimpleNamespace
 
 import pytest
@@ -241,16 +240,14 @@ def test_cudnn_switch_always_takes_every_shape_and_is_checked(monkeypatch):
 
 def test_prepare_cudnn_runs_each_form_once_on_cuda_in_16_bit_only(monkeypatch):
     """Start-up runs a square chunk and a chunk after a prefix (both cuDNN forms) at the aligned
-    step, with the rank's heads, and sets torch's ragged switch unless the user set it; on the CPU
-    or in fp32 (where cuDNN never runs) it does nothing."""
+    step, with the rank's heads; on the CPU or in fp32 (where cuDNN never runs) it does nothing."""
     from sglang_m3.msa import dense_prefill
 
     calls = []
     monkeypatch.setattr(dense_prefill, "causal_sdpa", lambda q, keys, values, scale: calls.append((tuple(q.shape), tuple(keys.shape), q.dtype)))
-    monkeypatch.delenv(dense_prefill.RAGGED_ENV, raising=False)
     assert dense_prefill.prepare_cudnn(HQ, HKV, D, torch.bfloat16, torch.device("cpu")) == 0.0
     assert dense_prefill.prepare_cudnn(HQ, HKV, D, torch.float32, torch.device("cuda")) == 0.0
-    assert calls == [] and dense_prefill.RAGGED_ENV not in os.environ
+    assert calls == []
 
     monkeypatch.setattr(dense_prefill.torch, "randn", lambda *shape, device, dtype: torch.zeros(*shape, dtype=dtype))
     monkeypatch.setattr(dense_prefill.torch.cuda, "synchronize", lambda device: None)
@@ -258,7 +255,3 @@ def test_prepare_cudnn_runs_each_form_once_on_cuda_in_16_bit_only(monkeypatch):
     step = dense_prefill.CUDNN_SHAPE_STEP
     assert calls == [((step, HQ, D), (step, HKV, D), torch.bfloat16), ((step, HQ, D), (2 * step, HKV, D), torch.bfloat16)]
     assert all(dense_prefill.cudnn_takes(q[0], keys[0]) for q, keys, _ in calls)
-    assert os.environ[dense_prefill.RAGGED_ENV] == "1"
-    monkeypatch.setenv(dense_prefill.RAGGED_ENV, "0")  # the user's choice stands
-    dense_prefill.prepare_cudnn(HQ, HKV, D, torch.float16, torch.device("cuda"))
-    assert os.environ[dense_prefill.RAGGED_ENV] == "0"
