@@ -80,32 +80,39 @@ def merge(servers: list[dict], ops: dict[str, list[str]], note: str = "") -> dic
 
 
 def load_paired(paths: list[str]) -> list[dict]:
-    """One entry per (paired run, concurrency): the pair's labels, medians, ratio and rounds won."""
+    """One entry per (paired run, measurement): decode TPOT per concurrency and, where the run
+    paired them, TTFT per prompt length; each with the pair's labels, medians, ratio and rounds won."""
     entries = []
     for path in paths:
         with open(path, encoding="utf-8") as handle:
             run = json.load(handle)
-        for concurrency, summary in run["concurrency"].items():
-            (first, first_ms), (second, second_ms) = summary["median_tpot_ms"].items()
+        common = {"file": os.path.basename(path), "commit": run["commit"], "tp": run["tp"], "ep": run["ep"]}
+        measured = [("tpot_ms", 2048, int(c), summary) for c, summary in run["concurrency"].items()]
+        measured += [("ttft_ms", int(tokens), 1, summary) for tokens, summary in run.get("ttft_prompt_tokens", {}).items()]
+        for metric, prompt_tokens, concurrency, summary in measured:
+            (first, first_ms), (second, second_ms) = summary[f"median_{metric}"].items()
             entries.append({
-                "file": os.path.basename(path), "commit": run["commit"], "tp": run["tp"], "ep": run["ep"],
-                "concurrency": int(concurrency), "rounds": len(summary["tpot_ms"][first]),
-                "first": first, "second": second, "first_tpot_ms": first_ms, "second_tpot_ms": second_ms,
+                **common, "metric": metric, "prompt_tokens": prompt_tokens, "concurrency": concurrency,
+                "rounds": len(summary[metric][first]), "first": first, "second": second, "first_ms": first_ms, "second_ms": second_ms,
                 "speedup_of_medians": summary["speedup_of_medians"], "rounds_first_faster": summary["rounds_ours_faster"],
+                **({"first_prompt_ms": summary["first_ttft_ms"]} if "first_ttft_ms" in summary else {}),
             })
     return entries
 
 
 def paired_markdown(entries: list[dict]) -> list[str]:
     lines = [
-        "", "## Paired decode (`e2e_gpu_paired.py`: both servers alive on the same GPUs, request groups alternating ABBA)", "",
-        "| commit | tp | ep | concurrency | A | B | A median TPOT ms | B median TPOT ms | B / A | rounds A faster | file |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "", "## Paired runs (`e2e_gpu_paired.py`: both servers alive on the same GPUs, requests alternating ABBA)", "",
+        "Medians over the rounds; TPOT of 2K-token prompts with 256 output tokens; TTFT of lone prompts, after each "
+        "server's first prompt of that length (in the last column, A / B).", "",
+        "| commit | tp | ep | metric | prompt tokens | concurrency | A | B | A median ms | B median ms | B / A | rounds A faster | first prompt ms | file |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for e in entries:
+        cold = " / ".join(f"{ms:.0f}" for ms in e["first_prompt_ms"].values()) if "first_prompt_ms" in e else "-"
         lines.append(
-            f"| {e['commit']} | {e['tp']} | {e['ep']} | {e['concurrency']} | {e['first']} | {e['second']} | {e['first_tpot_ms']:.2f} | "
-            f"{e['second_tpot_ms']:.2f} | {e['speedup_of_medians']:.2f}x | {e['rounds_first_faster']} of {e['rounds']} | {e['file']} |"
+            f"| {e['commit']} | {e['tp']} | {e['ep']} | {e['metric']} | {e['prompt_tokens']} | {e['concurrency']} | {e['first']} | {e['second']} | "
+            f"{e['first_ms']:.2f} | {e['second_ms']:.2f} | {e['speedup_of_medians']:.2f}x | {e['rounds_first_faster']} of {e['rounds']} | {cold} | {e['file']} |"
         )
     return lines
 

@@ -347,11 +347,29 @@ def test_report_keeps_paired_runs_and_notes_beside_the_rows(tmp_path):
     assert e2e_gpu_report.main([str(runs), "--results", str(out), "--paired", paired, "--notes", str(notes)]) == 0
     result = json.loads((out / "e2e_gpu_h100.json").read_text())
     by_concurrency = {e["concurrency"]: e for e in result["paired"]}
-    assert sorted(by_concurrency) == [1, 16]
+    assert sorted(by_concurrency) == [1, 16] and {e["metric"] for e in result["paired"]} == {"tpot_ms"}
     c1 = by_concurrency[1]
     assert (c1["first"], c1["second"], c1["tp"], c1["ep"], c1["commit"], c1["rounds"]) == ("ours", "upstream", 2, 2, "0346eec", 6)
-    assert c1["speedup_of_medians"] == pytest.approx(c1["second_tpot_ms"] / c1["first_tpot_ms"])
+    assert c1["speedup_of_medians"] == pytest.approx(c1["second_ms"] / c1["first_ms"])
     text = (out / "e2e_gpu_h100.md").read_text()
-    assert f"| 0346eec | 2 | 2 | 1 | ours | upstream | {c1['first_tpot_ms']:.2f} |" in text
+    assert f"| 0346eec | 2 | 2 | tpot_ms | 2048 | 1 | ours | upstream | {c1['first_ms']:.2f} |" in text
     assert text.rstrip().endswith("- a note")
-    assert text.index("## Paired decode") < text.index("## Notes on this run")
+    assert text.index("## Paired runs") < text.index("## Notes on this run")
+
+
+def test_report_renders_paired_ttft_with_each_servers_first_prompt(tmp_path):
+    """A paired run with TTFT (``--ttft-tokens``) gives one entry per prompt length beside the decode
+    ones, with the first prompt of each server kept apart."""
+    summary = {"ttft_ms": {"ours": [400.0, 402.0], "upstream": [575.0, 571.0]}, "median_ttft_ms": {"ours": 401.0, "upstream": 573.0},
+               "speedup_of_medians": 573.0 / 401.0, "rounds_ours_faster": 2, "first_ttft_ms": {"ours": 2500.0, "upstream": 580.0}}
+    decode = {"tpot_ms": {"ours": [1.8], "upstream": [1.9]}, "median_tpot_ms": {"ours": 1.8, "upstream": 1.9},
+              "speedup_of_medians": 1.9 / 1.8, "rounds_ours_faster": 1}
+    paired = tmp_path / "paired.json"
+    paired.write_text(json.dumps({"commit": "abc1234", "tp": 1, "ep": 1, "concurrency": {"1": decode}, "ttft_prompt_tokens": {"32768": summary}}))
+    entries = e2e_gpu_report.load_paired([str(paired)])
+    assert [(e["metric"], e["prompt_tokens"], e["concurrency"]) for e in entries] == [("tpot_ms", 2048, 1), ("ttft_ms", 32768, 1)]
+    ttft = entries[1]
+    assert (ttft["first_ms"], ttft["second_ms"], ttft["rounds"], ttft["first_prompt_ms"]) == (401.0, 573.0, 2, {"ours": 2500.0, "upstream": 580.0})
+    text = "\n".join(e2e_gpu_report.paired_markdown(entries))
+    assert "| abc1234 | 1 | 1 | ttft_ms | 32768 | 1 | ours | upstream | 401.00 | 573.00 | 1.43x | 2 of 2 | 2500 / 580 | paired.json |" in text
+    assert "| abc1234 | 1 | 1 | tpot_ms | 2048 | 1 | ours | upstream | 1.80 | 1.90 | 1.06x | 1 of 1 | - | paired.json |" in text
