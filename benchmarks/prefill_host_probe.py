@@ -4,7 +4,8 @@ The TTFT of several 32K prompts in a row (the first one compiles this length's k
 32K prefill under SGLang's profiler with host (CPU, Python stacks) and GPU activity: the host
 duration of every attention op, the GPU's idle gaps, and the host work that ran inside them (the
 innermost Python function at each moment, and the callers it ran under), then more TTFTs.
-``--env KEY=VALUE`` starts the server with a switch set (e.g. ``SGLANG_M3_DENSE_PREFIX_SPLIT=0``).
+``--env KEY=VALUE`` starts the server with a switch set (e.g. ``SGLANG_M3_DENSE_PREFIX_SPLIT=0``),
+``--server-arg`` with a flag (e.g. ``--server-arg=--warmups --server-arg=m3_long_prompt``).
 The Python tracer slows the host several-fold, so gap sizes rank the host work; TTFTs, measured
 without the profiler, say what it costs. Results: ``benchmarks/results/prefill_host_h100/``.
 
@@ -18,6 +19,7 @@ import bisect
 import glob
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -111,14 +113,18 @@ def main(argv=None) -> int:
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--ep", type=int, default=1)
     parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="set for the server (repeatable)")
+    parser.add_argument("--server-arg", action="append", default=[], metavar="ARG",
+                        help="added to the server's command line (repeatable; write --server-arg=--flag for a flag)")
     parser.add_argument("--ttfts", type=int, default=4, help="32K TTFTs before and after the profiled prefill")
     args = parser.parse_args(argv)
     env = dict(item.split("=", 1) for item in args.env)
-    label = "-".join([args.impl, *(f"{k}={v}" for k, v in env.items())]).replace("=", "_")
+    label = re.sub(r"[^A-Za-z0-9_.-]", "_", "-".join([args.impl, *(f"{k}={v}" for k, v in env.items()), *(a.lstrip("-") for a in args.server_arg)]))
     os.makedirs(args.out, exist_ok=True)
     model_dir = write_midsize_checkpoint(tempfile.mkdtemp(prefix="m3-midsize-"), 1, 3)
-    result = {"commit": commit(), "gpu": gpu_name(), "impl": args.impl, "tp": args.tp, "ep": args.ep, "env": env}
-    process, base_url, startup_s, _ = start_server(args.impl, model_dir, args.out, args.tp, args.ep, label=label, env=env)
+    result = {"commit": commit(), "gpu": gpu_name(), "impl": args.impl, "tp": args.tp, "ep": args.ep, "env": env, "server_args": args.server_arg}
+    process, base_url, startup_s, _ = start_server(args.impl, model_dir, args.out, args.tp, args.ep, label=label,
+                                                   extra_args=tuple(args.server_arg), env=env)
+    result["startup_s"] = round(startup_s, 1)
     try:
         chunks = -(-LONG_CONTEXT_PROMPT // (requests.get(f"{base_url}/get_server_info", timeout=30).json().get("chunked_prefill_size") or LONG_CONTEXT_PROMPT))
         seeds = iter(range(10**6))

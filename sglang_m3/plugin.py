@@ -191,6 +191,7 @@ def register() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     from sglang_m3.cache.host_pool import register_m3_host_stack
+    from sglang_m3.integration.long_prompt_warmup import register_long_prompt_warmup
     from sglang_m3.multimodal.sglang_processor import register_multimodal_processor
 
     # Added to whatever the registry holds, replacing upstream's M3 classes. Not
@@ -202,6 +203,8 @@ def register() -> None:
     # SGLang's public extension point for host (hierarchical) cache stacks, not a hook: the M3
     # pool needs a host pool that also carries its index keys (sglang_m3/cache/host_pool.py).
     register_m3_host_stack()
+    # SGLang's registry of named start-up warm-ups (``--warmups``), not a hook either.
+    register_long_prompt_warmup()
     for hook in HOOKS:
         HookRegistry.register(hook.target, hook.function, HookType[hook.kind])
 
