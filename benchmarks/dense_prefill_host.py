@@ -10,10 +10,11 @@ ones under ``torch.profiler`` (CUDA activity, as SGLang's ``/start_profile``). O
 ms of host on a shape's first call (cuDNN building its plan), 0.4-1.2 ms on every later one,
 profiled or not (``benchmarks/results/prefill_host_h100/``).
 
-``--prepare`` first runs what the server runs at start-up (:func:`prepare_cudnn`). ``--prompts`` takes several prompt lengths, run one after the other in each pass (a length that is
-not a multiple of the chunk ends in a shorter chunk), and ``--label`` names the result file, so
-one process per setting of the environment (e.g. ``TORCH_CUDNN_SDPA_AVOID_RECOMPILE``, read once
-per process by torch; ``SGLANG_M3_DENSE_CUDNN=always``) compares what each new shape costs.
+``--prepare`` first runs what the server runs at start-up (:func:`prepare_cudnn`). ``--prompts``
+takes several prompt lengths, run one after the other in each pass (a length that is not a
+multiple of the chunk ends in a shorter chunk), and ``--label`` names the result file, so one
+process per setting of the environment (e.g. ``TORCH_CUDNN_SDPA_AVOID_RECOMPILE``, read once per
+process by torch; ``SGLANG_M3_DENSE_CUDNN=always``) compares what each new shape costs.
 
     scripts/gpu/run.sh exec python benchmarks/dense_prefill_host.py --tp 2 --out $OUT [--prompts 32768 30001] [--label ragged]
 """
