@@ -21,6 +21,7 @@ import argparse
 import glob
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -97,6 +98,14 @@ def ours_moe_tables() -> list[str]:
     from sglang_m3.models.moe_kernel_configs import CONFIG_DIR
 
     return sorted(glob.glob(os.path.join(CONFIG_DIR, "*.json")))
+
+
+def tables_for_gpu(paths: list[str], gpu: str) -> list[str]:
+    """The tables among ``paths`` that SGLang reads on ``gpu``: their names carry
+    ``device_name=`` and the GPU's name with spaces as underscores (a ``_down`` table too)."""
+    wanted = gpu.replace(" ", "_")
+    named = [(path, re.search(r"device_name=(.+?)(?:_down)?(?:,|\.json$)", os.path.basename(path))) for path in paths]
+    return [path for path, match in named if match and match.group(1) == wanted]
 
 
 class PeakGpuMemory:
@@ -276,10 +285,13 @@ def profile_server(base_url: str, out_dir: str, impl: str, chunk_tokens: int) ->
     return {"decode_c1": decode, "prefill_32k": prefill}
 
 
-def bench_one(impl: str, model_dir: str, path: str, result: dict, quick: bool, profile: bool, measured: bool) -> None:
+def bench_one(impl: str, model_dir: str, path: str, result: dict, quick: bool, profile: bool, measured: bool,
+              fresh_triton_cache: bool = False) -> None:
     """Serve with one implementation and measure it, rewriting ``path`` (``result`` plus what is
     measured, ``"complete": false`` until the end) after every step, so a run cut short by its
-    time limit keeps everything it measured."""
+    time limit keeps everything it measured. ``fresh_triton_cache``: the server compiles every
+    Triton kernel anew (an empty ``TRITON_CACHE_DIR`` of its own), as on a new node, so its
+    start-up and ``first_run_ttft_ms`` include what a first deployment pays."""
     tp, ep = result["tp"], result["ep"]
     out_dir = os.path.dirname(path)
 
@@ -291,7 +303,9 @@ def bench_one(impl: str, model_dir: str, path: str, result: dict, quick: bool, p
     rows: list[dict] = []
     result.update(impl=impl, complete=False, rows=rows)
     with PeakGpuMemory() as memory:
-        process, base_url, startup_s, log_path = start_server(impl, model_dir, out_dir, tp, ep)
+        env = {"TRITON_CACHE_DIR": tempfile.mkdtemp(prefix=f"triton-cache-{impl}-")} if fresh_triton_cache else None
+        result["fresh_triton_cache"] = fresh_triton_cache
+        process, base_url, startup_s, log_path = start_server(impl, model_dir, out_dir, tp, ep, env=env)
         try:
             info = requests.get(f"{base_url}/get_server_info", timeout=30).json()
             print(f"[{impl}] ready in {startup_s:.0f} s", flush=True)
@@ -341,6 +355,8 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="8K TTFT and concurrency 1/16 with 64 output tokens only (smoke run)")
     parser.add_argument("--profile", action="store_true", help="also record per-kernel GPU profiles: 40 decode steps at concurrency 1, a 32K prefill")
     parser.add_argument("--profile-only", action="store_true", help="warm up and profile, no timed workloads (implies --profile)")
+    parser.add_argument("--fresh-triton-cache", action="store_true",
+                        help="each server compiles its Triton kernels anew (own empty TRITON_CACHE_DIR): cold start-up and first prompts")
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     model_dir = write_midsize_checkpoint(tempfile.mkdtemp(prefix="m3-midsize-"), args.dense_layers, args.sparse_layers)
@@ -353,10 +369,11 @@ def main(argv=None) -> int:
         result = {
             "tp": args.tp, "ep": args.ep, "gpu": gpu_name(), "commit": commit(), "quick": args.quick,
             "model": midsize_text_config(args.dense_layers, args.sparse_layers),
-            "moe_tables": [os.path.basename(p) for p in (ours_moe_tables() if impl == "ours" else upstream_moe_tables())],
+            "moe_tables": [os.path.basename(p) for p in tables_for_gpu(ours_moe_tables() if impl == "ours" else upstream_moe_tables(), gpu_name())],
         }
         try:
-            bench_one(impl, model_dir, path, result, args.quick, args.profile or args.profile_only, not args.profile_only)
+            bench_one(impl, model_dir, path, result, args.quick, args.profile or args.profile_only, not args.profile_only,
+                      args.fresh_triton_cache)
         except Exception as error:  # one server failing must not lose the other's numbers
             print(f"[{impl}] FAILED: {error}; what it measured is in {path}", flush=True)
             failures += 1

@@ -373,3 +373,22 @@ def test_report_renders_paired_ttft_with_each_servers_first_prompt(tmp_path):
     text = "\n".join(e2e_gpu_report.paired_markdown(entries))
     assert "| abc1234 | 1 | 1 | ttft_ms | 32768 | 1 | ours | upstream | 401.00 | 573.00 | 1.43x | 2 of 2 | 2500 / 580 | paired.json |" in text
     assert "| abc1234 | 1 | 1 | tpot_ms | 2048 | 1 | ours | upstream | 1.80 | 1.90 | 1.06x | 1 of 1 | - | paired.json |" in text
+
+
+def test_moe_tables_are_listed_for_the_gpu_that_reads_them():
+    """A result names only the tuned tables SGLang would read on that GPU (an H100 table on an H200
+    is not read: both servers then run SGLang's default tiles)."""
+    import e2e_gpu
+
+    paths = [
+        "/t/E=128,N=1536,K=6144,device_name=NVIDIA_H100_80GB_HBM3,triton=3.6.0.json",
+        "/t/E=129,N=3072,device_name=NVIDIA_H100_80GB_HBM3.json",
+        "/t/E=129,N=3072,device_name=NVIDIA_H100_80GB_HBM3_down.json",
+        "/t/E=129,N=3072,device_name=NVIDIA_H200.json",
+        "/t/E=64,N=3072,K=6144,device_name=NVIDIA_H200,triton=3.6.0.json",
+    ]
+    assert e2e_gpu.tables_for_gpu(paths, "NVIDIA H100 80GB HBM3") == paths[:3]
+    assert e2e_gpu.tables_for_gpu(paths, "NVIDIA H200") == paths[3:]
+    assert e2e_gpu.tables_for_gpu(paths, "NVIDIA B200") == []
+    shipped = e2e_gpu.ours_moe_tables()
+    assert shipped and e2e_gpu.tables_for_gpu(shipped, "NVIDIA H100 80GB HBM3") == shipped
