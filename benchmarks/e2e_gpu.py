@@ -364,12 +364,13 @@ def main(argv=None) -> int:
     # stops its server (a server left running holds the GPU for the next call) and saves.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(f"stopped by signal {signum}"))
     failures = 0
+    gpu = gpu_name()
     for impl in args.impl or IMPLS:
         path = os.path.join(args.out, f"e2e_gpu_{impl}_tp{args.tp}_ep{args.ep}.json")
         result = {
-            "tp": args.tp, "ep": args.ep, "gpu": gpu_name(), "commit": commit(), "quick": args.quick,
+            "tp": args.tp, "ep": args.ep, "gpu": gpu, "commit": commit(), "quick": args.quick,
             "model": midsize_text_config(args.dense_layers, args.sparse_layers),
-            "moe_tables": [os.path.basename(p) for p in tables_for_gpu(ours_moe_tables() if impl == "ours" else upstream_moe_tables(), gpu_name())],
+            "moe_tables": [os.path.basename(p) for p in tables_for_gpu(ours_moe_tables() if impl == "ours" else upstream_moe_tables(), gpu)],
         }
         try:
             bench_one(impl, model_dir, path, result, args.quick, args.profile or args.profile_only, not args.profile_only,

@@ -69,11 +69,12 @@ def wrap_with_msa_backend(original, runner, full_attn_backend):
     spec = spec_of(runner.model_config)
     dense = original(runner, full_attn_backend)
     dense_prefill = None
-    if sdpa_dense_prefill_enabled(torch.device(runner.device)):
+    device = torch.device(runner.device)
+    if sdpa_dense_prefill_enabled(device):
         dense_prefill = SDPADensePrefill(runner)
         attn_tp_size = get_parallel().attn_tp_size
         seconds = prepare_cudnn(spec.num_heads // attn_tp_size, runner.model_config.get_num_kv_heads(attn_tp_size), spec.head_dim,
-                                runner.dtype, torch.device(runner.device))
+                                runner.dtype, device)
         logger.info("sglang-m3: dense prefill's cuDNN attention prepared in %.2f s", seconds)
     return M3HybridAttnBackend(dense, _sparse_backend(runner, spec), spec.sparse_layer_ids, dense_prefill)
 

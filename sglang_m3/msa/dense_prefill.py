@@ -27,8 +27,9 @@ would pay. So the backend's construction runs each form once on small aligned sh
 (:func:`prepare_cudnn`, 0.3 s); a later new shape then costs its plan alone (about 40 ms, once).
 Torch's ragged cuDNN path (``TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1``, plans keyed on lengths rounded
 up to powers of two) would build fewer plans, but on the H200 its kernels took 6% longer over the
-chunks of 32K, 128K, 30001- and 12288-token prompts (292.9 against 276.2 ms), and the prefix split of a one-token query failed this project's exactness bound
-under it (``tests/gpu/test_dense_prefix_split_gpu.py``, torch 2.11): it stays off.
+chunks of 32K, 128K, 30001- and 12288-token prompts (292.9 against 276.2 ms), and the prefix split
+of a one-token query failed this project's exactness bound under it (torch 2.11,
+``benchmarks/results/cold_start_h200/gpu_tests_c70c4f3.log``): it stays off.
 
 Decode, speculative verify and draft batches keep SGLang's backend (they are graphed; this path
 is per request and eager). The per-request loop reads host-side lengths; prefill is never
@@ -146,6 +147,8 @@ CUDNN_ENV = "SGLANG_M3_DENSE_CUDNN"
 #: in all, while a prompt's odd-length last chunk (or a whole short prompt) does not.
 CUDNN_SHAPE_STEP = 1024
 _FALLBACKS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
+
+
 def prepare_cudnn(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> float:
     """Every form of cuDNN call run once, so its kernel is compiled; returns the seconds it took.
 
