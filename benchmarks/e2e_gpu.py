@@ -37,7 +37,7 @@ from serving_client import random_prompt, run_group, stream_generate  # noqa: E4
 from trace_summary import idle_gaps, kernel_summary, load_events  # noqa: E402
 
 sys.path.append(os.path.join(os.path.dirname(__file__), "..", "tests"))
-from server_harness import free_port  # noqa: E402  (the tests' port choice, race-free on two GPUs)
+from server_harness import free_port, stop_process_group  # noqa: E402  (the tests' port choice and group stop)
 
 IMPLS = ("ours", "upstream")
 TTFT_PROMPTS = (8192, 32768, 131072)
@@ -164,14 +164,8 @@ def start_server(impl: str, model_dir: str, out_dir: str, tp: int, ep: int, extr
 
 
 def stop_server(process) -> None:
-    try:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=60)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    """The server and all its processes (schedulers too), given a minute to exit on SIGTERM."""
+    stop_process_group(process, grace_s=60)
 
 
 def tail(path: str, lines: int = 40) -> str:

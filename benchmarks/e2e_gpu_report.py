@@ -130,10 +130,23 @@ def fmt_optional(value, form: str) -> str:
     return "-" if value is None else form.format(value)
 
 
+def commits_label(result: dict) -> str:
+    """"commit X", or, where the servers ran at several commits, each with the TP/EP it served."""
+    by_commit: dict[str, list[str]] = {}
+    for server in result.get("servers", []):
+        shape = f"TP{server['tp']}" + (f" + EP{server['ep']}" if server["ep"] > 1 else "")
+        shapes = by_commit.setdefault(server["commit"], [])
+        if shape not in shapes:
+            shapes.append(shape)
+    if len(by_commit) <= 1:
+        return f"commit {result['commit']}"
+    return "commits " + ", ".join(f"{commit} ({' / '.join(shapes)})" for commit, shapes in by_commit.items())
+
+
 def markdown(result: dict, notes: str = "") -> str:
     fmt = lambda v: fmt_optional(v, "{:,.2f}")  # noqa: E731
     lines = [
-        f"# End-to-end serving on {result['gpu']} (commit {result['commit']})",
+        f"# End-to-end serving on {result['gpu']} ({commits_label(result)})",
         "",
         "Mid-size M3 at real widths (`benchmarks/midsize_m3.py`, random weights), served by SGLang 0.5.23 "
         "in the GPU harness with the same flags: **ours** = the sglang-m3 plugin, **upstream** = SGLang's own M3. "
@@ -180,7 +193,7 @@ def plot(result: dict, path: str) -> None:
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(rows)), labels, fontsize=7)
     ax.set_ylabel("speed-up of sglang-m3 over upstream M3")
-    ax.set_title(f"{result['gpu']}, commit {result['commit']}")
+    ax.set_title(f"{result['gpu']}, {commits_label(result)}")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

@@ -5,7 +5,13 @@ by kernel shows where one spends more time than the other. This reads a Chrome-t
 (``.json`` or ``.json.gz``), keeps the GPU kernel events (``cat`` "kernel", which CUPTI also
 reports for kernels replayed inside CUDA graphs) and totals their durations by kernel name.
 
-    python benchmarks/trace_summary.py TRACE [--steps N] [--top 40]
+    python benchmarks/trace_summary.py TRACE [--steps N] [--top 40] [--step-kernel NAME]
+
+With ``--step-kernel`` (a kernel that runs once at the start of every step, e.g. the embedding's
+``_vocab_parallel_embedding_kernel``) it also reports, per step, how long the step's collectives
+(NCCL kernels) ran: under tensor parallelism a rank that starts its step early waits inside its
+first all-reduce for the others, so that kernel's time is the skew between the ranks' hosts, not
+communication.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import statistics
 import sys
 from collections import defaultdict
 
@@ -89,14 +96,46 @@ def idle_gaps(events: list[dict], min_us: float = 20.0, top: int = 25) -> dict:
     }
 
 
+def collective_waits(events: list[dict], step_kernel: str, collective: str = "nccl") -> dict:
+    """Per step (from one ``step_kernel`` launch to the next): the first kernel whose name holds
+    ``collective`` and the later ones, in microseconds, with their medians."""
+    kernels = sorted(
+        (float(e["ts"]), float(e.get("dur", 0.0)), e["name"])
+        for e in events if e.get("ph") == "X" and e.get("cat") == "kernel" and "ts" in e
+    )
+    steps: list[list[float]] = []
+    for _start, duration, name in kernels:
+        if step_kernel in name:
+            steps.append([])
+        elif steps and collective.lower() in name.lower():
+            steps[-1].append(duration)
+    steps = [step for step in steps if step]
+    if not steps:
+        raise ValueError(f"no step starting with {step_kernel!r} holds a {collective!r} kernel")
+    first = [step[0] for step in steps]
+    rest = [duration for step in steps for duration in step[1:]]
+    return {
+        "step_kernel": step_kernel,
+        "steps": len(steps),
+        "first_us": first,
+        "first_us_median": statistics.median(first),
+        "later_us_median": statistics.median(rest) if rest else None,
+        "later_per_step": len(rest) / len(steps),
+    }
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("trace")
     parser.add_argument("--steps", type=int, default=1, help="forward steps the trace covers (divides the totals)")
     parser.add_argument("--top", type=int, default=40)
+    parser.add_argument("--step-kernel", help="a kernel launched once at the start of each step: adds per-step collective times")
     args = parser.parse_args(argv)
     events = load_events(args.trace)
-    json.dump({**kernel_summary(events, args.steps, args.top), "idle": idle_gaps(events)}, sys.stdout, indent=2)
+    summary = {**kernel_summary(events, args.steps, args.top), "idle": idle_gaps(events)}
+    if args.step_kernel:
+        summary["collectives"] = collective_waits(events, args.step_kernel)
+    json.dump(summary, sys.stdout, indent=2)
     print()
     return 0
 

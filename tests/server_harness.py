@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -312,16 +313,54 @@ def _wait_ready(server: RunningServer) -> None:
 
 
 def _stop(process: subprocess.Popen | ForkedServer) -> None:
-    if process.poll() is not None:
+    stop_process_group(process, grace_s=30)
+
+
+def stop_process_group(process: subprocess.Popen | ForkedServer, grace_s: float) -> None:
+    """Stop ``process`` (started in its own session) and every process of its group.
+
+    SGLang's launcher can exit on SIGTERM while its schedulers are still busy (compiling kernels,
+    capturing graphs) and outlive it: waiting for the launcher alone once left two schedulers
+    holding a GPU's memory into the next server's start. So the whole group gets SIGTERM, and
+    SIGKILL for whatever is still running after ``grace_s``.
+    """
+    pgid = process.pid
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGTERM)
+    if _group_gone(process, pgid, grace_s):
         return
     with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, 15)
-    try:
-        process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, 9)
-        process.wait()
+        os.killpg(pgid, signal.SIGKILL)
+    if not _group_gone(process, pgid, 30):
+        raise RuntimeError(f"processes {live_group_members(pgid)} of group {pgid} outlived SIGKILL")
+
+
+def _group_gone(process: subprocess.Popen | ForkedServer, pgid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        process.poll()  # reaps the leader: a zombie would still count as a member
+        if not live_group_members(pgid):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+
+
+def live_group_members(pgid: int) -> list[int]:
+    """PIDs of the processes of group ``pgid`` that have not exited (zombies left out), from /proc."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as handle:
+                stat = handle.read()
+        except OSError:  # exited while listed
+            continue
+        state, _parent, group = stat[stat.rindex(")") + 2:].split()[:3]
+        if state != "Z" and int(group) == pgid:
+            members.append(int(entry))
+    return members
 
 
 @dataclass

@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 import e2e_gpu_report  # noqa: E402
 from prefill_host_probe import host_work_in_gaps  # noqa: E402
 from midsize_m3 import midsize_text_config, shipped_text_config, write_midsize_checkpoint  # noqa: E402
-from trace_summary import idle_gaps, kernel_summary, load_events  # noqa: E402
+from trace_summary import collective_waits, idle_gaps, kernel_summary, load_events  # noqa: E402
 
 from sglang_m3.config import M3TextSpec  # noqa: E402
 
@@ -93,6 +93,32 @@ def test_idle_gaps_group_gpu_idle_time_by_neighbouring_kernels():
     assert idle_gaps([kernel("moe", 0.0, 50.0), kernel("x", 10.0, 5.0), kernel("y", 80.0, 1.0)])["gaps"][0]["after"] == "moe"
 
 
+def test_collective_waits_split_each_steps_first_collective_from_the_rest():
+    def kernel(name, ts, dur):
+        return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur}
+
+    events = [
+        kernel("ncclDevKernel_AllReduce", 0.0, 99.0),  # before the first step: not counted
+        kernel("embedding_kernel", 10.0, 1.0),
+        kernel("ncclDevKernel_AllReduce", 12.0, 400.0),  # waits for the other rank
+        kernel("gemm", 420.0, 5.0),
+        kernel("ncclDevKernel_AllReduce", 430.0, 8.0),
+        kernel("embedding_kernel", 500.0, 1.0),
+        kernel("ncclDevKernel_AllReduce", 502.0, 6.0),
+        kernel("ncclDevKernel_AllGather", 520.0, 10.0),
+        kernel("embedding_kernel", 600.0, 1.0),  # a step without collectives is left out
+        {"ph": "X", "cat": "cpu_op", "name": "nccl:all_reduce", "ts": 700.0, "dur": 50.0},
+    ]
+    waits = collective_waits(events, "embedding")
+    assert waits["steps"] == 2
+    assert waits["first_us"] == [400.0, 6.0]
+    assert waits["first_us_median"] == 203.0
+    assert waits["later_us_median"] == 9.0
+    assert waits["later_per_step"] == 1.0
+    with pytest.raises(ValueError, match="no step"):
+        collective_waits(events, "lm_head")
+
+
 def test_host_work_in_gaps_gives_each_moment_to_its_innermost_function():
     def event(cat, name, ts, dur):
         return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur}
@@ -147,6 +173,16 @@ def test_report_pairs_servers_and_speed_up_points_the_right_way(tmp_path):
     assert ratios == {"ttft_ms": 1.5, "output_tok_s": 1.5}
     assert e2e_gpu_report.gpu_key(result["gpu"]) == "h100"
     assert "| ttft_ms | 8192 | 1 | 1 | 1 | 100.00 | 150.00 | 1.50x |" in e2e_gpu_report.markdown(result)
+
+
+def test_report_title_names_each_commit_with_the_shapes_it_served():
+    one = {"commit": "a", "servers": [{"commit": "a", "tp": 1, "ep": 1}, {"commit": "a", "tp": 2, "ep": 2}]}
+    assert e2e_gpu_report.commits_label(one) == "commit a"
+    mixed = {"commit": "a", "servers": [
+        {"commit": "a", "tp": 1, "ep": 1}, {"commit": "a", "tp": 1, "ep": 1},
+        {"commit": "b", "tp": 2, "ep": 1}, {"commit": "b", "tp": 2, "ep": 2},
+    ]}
+    assert e2e_gpu_report.commits_label(mixed) == "commits a (TP1), b (TP2 / TP2 + EP2)"
 
 
 def test_report_marks_a_server_cut_short(tmp_path):
