@@ -94,7 +94,7 @@ class M3FusedMoeBlock(nn.Module):
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(weights [T, k] fp32 times the routed scale, expert ids [T, k] int32, router logits)."""
-        weights, chosen, logits = sigmoid_topk_route(self.gate, self.e_score_correction_bias, x, self.top_k)
+        weights, chosen, logits = sigmoid_topk_route(self.gate, self.e_score_correction_bias, x, self.top_k, self.gate_half)
         return weights * self.scaling, chosen.to(torch.int32), logits
 
     def routed(self, x: torch.Tensor) -> torch.Tensor:

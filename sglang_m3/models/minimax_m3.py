@@ -41,6 +41,7 @@ from sglang_m3.models.fused_norm import add_rmsnorm
 from sglang_m3.models.layers import M3RMSNorm, PartialNeoxRotary
 from sglang_m3.models.fused_moe import make_moe_block
 from sglang_m3.models.moe import GatedMLP
+from sglang_m3.models.moe_routing import prepare_half_router
 from sglang_m3.speculative.aux_layers import resolve_aux_layer_ids
 from sglang_m3.quant.loading import ROUTED_EXPERT, MXFP8Dequantizer, MXFP8Weight
 from sglang_m3.quant.mxfp8 import WEIGHT_DTYPE
@@ -241,6 +242,16 @@ class MiniMaxM3SparseForCausalLM(nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load the text model from original checkpoint names; see ``checkpoint_layout``."""
         TextWeightLoader(self).load(weights)
+        self.post_load_weights()
+
+    def post_load_weights(self) -> None:
+        """Once the weights are in (SGLang's dummy loader calls this itself): a 16-bit router
+        weight for every MoE block whose router weight is exact in the model's dtype."""
+        blocks = [m for m in self.modules() if hasattr(m, "gate_half")]
+        dtype = self.model.embed_tokens.weight.dtype
+        half = sum(prepare_half_router(block, dtype) for block in blocks)
+        if blocks and half:
+            logger.info("router logits from a %s GEMM in %d of %d MoE layers", dtype, half, len(blocks))
 
 
 def mxfp8_expert_layers(model: nn.Module) -> frozenset[int]:

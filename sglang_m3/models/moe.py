@@ -140,7 +140,7 @@ class M3SparseMoeBlock(nn.Module):
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [T, k] fp32, expert ids [T, k]): bias (if any) picks the experts, raw sigmoid weighs them."""
-        weights, chosen, _ = sigmoid_topk_route(self.gate, self.e_score_correction_bias, x, self.top_k)
+        weights, chosen, _ = sigmoid_topk_route(self.gate, self.e_score_correction_bias, x, self.top_k, self.gate_half)
         return weights, chosen
 
     def _expert(self, expert: int, x: torch.Tensor) -> torch.Tensor:

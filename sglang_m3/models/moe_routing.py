@@ -7,6 +7,13 @@ probabilities for the choice of the top-k experts only: the chosen experts are w
 raw probabilities, renormalised over the chosen k. Evaluating the router in fp32 keeps the choice
 independent of the model's dtype.
 
+On CUDA with 16-bit activations the fp32 linear runs on CUDA cores (an SGEMM of the upcast
+activations: 2.9 ms of every 32K-token prefill at TP2 on an H200, against 0.4 ms for upstream's
+bf16 router). Where the loaded weight is exactly a 16-bit tensor (a bf16 checkpoint's router),
+the logits come from a 16-bit tensor-core GEMM with fp32 accumulation and output instead: every
+product of two 16-bit values is exact in fp32, so the logits are the fp32 router's up to the
+order of the fp32 sums. A weight that 16 bits cannot hold keeps the fp32 linear.
+
 The parameters are registered on the MoE block itself (``gate.weight``,
 ``e_score_correction_bias``), the names the checkpoint loader maps onto.
 """
@@ -23,17 +30,39 @@ def add_router_parameters(block: nn.Module, spec: M3TextSpec) -> None:
     """``block.gate`` (fp32 linear, hidden -> experts) and ``block.e_score_correction_bias`` (or None)."""
     e, h = spec.num_experts, spec.hidden_size
     block.gate = nn.Linear(h, e, bias=False, dtype=torch.float32)
+    block.gate_half = None  # see prepare_half_router
     if spec.use_routing_bias:
         block.e_score_correction_bias = nn.Parameter(torch.zeros(e, dtype=torch.float32), requires_grad=False)
     else:
         block.register_parameter("e_score_correction_bias", None)
 
 
+def prepare_half_router(block: nn.Module, dtype: torch.dtype) -> bool:
+    """After loading: give ``block`` the 16-bit router weight (``gate_half``) when the weight is
+    on CUDA, ``dtype`` is 16-bit and the weight is exactly representable in it; else None.
+    Returns whether it did. Run once per load (it compares on the device: a host sync)."""
+    weight = block.gate.weight.detach()
+    block.gate_half = None
+    if dtype not in (torch.bfloat16, torch.float16) or not weight.is_cuda:
+        return False
+    half = weight.to(dtype)
+    if torch.equal(half.float(), weight):
+        block.gate_half = half
+    return block.gate_half is not None
+
+
+def router_logits(gate: nn.Linear, x: torch.Tensor, gate_half: torch.Tensor | None = None) -> torch.Tensor:
+    """Router logits [T, E] in fp32: from the 16-bit weight when there is one for ``x``'s dtype."""
+    if gate_half is not None and x.dtype == gate_half.dtype:
+        return torch.mm(x, gate_half.t(), out_dtype=torch.float32)
+    return gate(x.float())
+
+
 def sigmoid_topk_route(
-    gate: nn.Linear, bias: torch.Tensor | None, x: torch.Tensor, top_k: int
+    gate: nn.Linear, bias: torch.Tensor | None, x: torch.Tensor, top_k: int, gate_half: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(weights [T, k] fp32 summing to 1 per token, expert ids [T, k] int64, router logits [T, E] fp32)."""
-    logits = gate(x.float())
+    logits = router_logits(gate, x, gate_half)
     probs = torch.sigmoid(logits)
     scores = probs if bias is None else probs + bias
     _, chosen = torch.topk(scores, top_k, dim=-1, sorted=False)

@@ -107,7 +107,7 @@ class M3Mxfp8MoeBlock(nn.Module):
 
     def routed(self, x: torch.Tensor) -> torch.Tensor:
         """This rank's experts' share of the routed sum for ``x``, already scaled."""
-        weights, chosen, _ = sigmoid_topk_route(self.gate, self.e_score_correction_bias, x, self.top_k)
+        weights, chosen, _ = sigmoid_topk_route(self.gate, self.e_score_correction_bias, x, self.top_k, self.gate_half)
         return mxfp8_fused_experts(
             x, self.w13, self.w13_scale, self.w2, self.w2_scale, weights * self.scaling, chosen, self.alpha, self.limit,
             first_expert=self.local_experts.start,

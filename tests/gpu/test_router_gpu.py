@@ -1,0 +1,77 @@
+"""The MoE router's 16-bit GEMM on CUDA against the fp32 router it replaces.
+
+With a router weight exactly representable in bf16 (or fp16) and activations in that dtype, every
+product is exact in fp32, so the 16-bit GEMM's fp32 logits differ from the fp32 linear's only by
+the order of the fp32 sums: a few ulps of the logits' magnitude, and the same top-k experts except
+where two scores tie within that. A weight 16 bits cannot hold keeps the fp32 path. Also: the path
+inside a captured CUDA graph. Skipped without CUDA.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from sglang_m3.models.moe_routing import add_router_parameters, prepare_half_router, router_logits, sigmoid_topk_route
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+EXPERTS, HIDDEN, TOP_K = 128, 6144, 4
+
+
+def _block(dtype: torch.dtype, exact: bool) -> nn.Module:
+    block = nn.Module()
+    add_router_parameters(block, SimpleNamespace(num_experts=EXPERTS, hidden_size=HIDDEN, use_routing_bias=True))
+    block.cuda()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    weight = torch.randn(EXPERTS, HIDDEN, device="cuda", generator=gen) * HIDDEN**-0.5
+    with torch.no_grad():
+        block.gate.weight.copy_(weight.to(dtype).float() if exact else weight)
+        block.e_score_correction_bias.copy_(torch.rand(EXPERTS, device="cuda", generator=gen) * 1e-2)
+    return block
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("tokens", [1, 16, 8192])
+def test_half_router_equals_the_fp32_router_up_to_summation_order(dtype, tokens):
+    block = _block(dtype, exact=True)
+    assert prepare_half_router(block, dtype)
+    x = torch.randn(tokens, HIDDEN, device="cuda", generator=torch.Generator(device="cuda").manual_seed(tokens)).to(dtype)
+    fp32 = router_logits(block.gate, x)
+    half = router_logits(block.gate, x, block.gate_half)
+    assert half.dtype == torch.float32
+    # |logit| is O(1) here; fp32 sums of 6144 exact products in another order differ by ~1e-6
+    assert (half - fp32).abs().max().item() <= 2e-5 * fp32.abs().max().item()
+    _, chosen32, _ = sigmoid_topk_route(block.gate, block.e_score_correction_bias, x, TOP_K)
+    _, chosen16, _ = sigmoid_topk_route(block.gate, block.e_score_correction_bias, x, TOP_K, block.gate_half)
+    same = (chosen32.sort(-1).values == chosen16.sort(-1).values).all(-1)
+    assert same.float().mean().item() >= 0.999, f"{(~same).sum().item()} of {tokens} tokens chose other experts"
+
+
+def test_a_weight_that_bf16_cannot_hold_keeps_the_fp32_router():
+    block = _block(torch.bfloat16, exact=False)
+    assert not prepare_half_router(block, torch.bfloat16)
+    assert block.gate_half is None
+
+
+def test_half_router_replays_in_a_cuda_graph():
+    block = _block(torch.bfloat16, exact=True)
+    assert prepare_half_router(block, torch.bfloat16)
+    x = torch.zeros(16, HIDDEN, device="cuda", dtype=torch.bfloat16)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        router_logits(block.gate, x, block.gate_half)  # warm-up outside capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = router_logits(block.gate, x, block.gate_half)
+    x.copy_(torch.randn(16, HIDDEN, device="cuda").bfloat16())
+    graph.replay()
+    torch.testing.assert_close(out, router_logits(block.gate, x, block.gate_half), rtol=0, atol=0)
