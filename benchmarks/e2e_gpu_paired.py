@@ -139,6 +139,12 @@ def summary(values: dict[str, list[float]], metric: str = "tpot_ms") -> dict:
     }
 
 
+def print_summary(what: str, s: dict, metric: str, form: str, rounds: int) -> None:
+    """One line per :func:`summary` of ``metric``: each label's median, the speed-up, the rounds won."""
+    print(f"{what}: " + ", ".join(f"{label} {form.format(value)} ms" for label, value in s[f"median_{metric}"].items()) + ", "
+          f"speed-up {s['speedup_of_medians']:.3f}x; ours faster in {s['rounds_ours_faster']} of {rounds} rounds", flush=True)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="folder for the result and the server logs")
@@ -186,13 +192,9 @@ def main(argv=None) -> int:
     with open(path, "w", encoding="utf-8") as handle:
         json.dump(result, handle, indent=2)
     for c, s in by_concurrency.items():
-        medians = s["median_tpot_ms"]
-        print(f"c{c} median tpot: " + ", ".join(f"{label} {value:.3f} ms" for label, value in medians.items()) + ", "
-              f"speed-up {s['speedup_of_medians']:.3f}x; ours faster in {s['rounds_ours_faster']} of {args.rounds} rounds", flush=True)
+        print_summary(f"c{c} median tpot", s, "tpot_ms", "{:.3f}", args.rounds)
     for tokens, s in by_length.items():
-        medians = s["median_ttft_ms"]
-        print(f"{tokens}-token median ttft: " + ", ".join(f"{label} {value:.1f} ms" for label, value in medians.items()) + ", "
-              f"speed-up {s['speedup_of_medians']:.3f}x; ours faster in {s['rounds_ours_faster']} of {args.rounds} rounds", flush=True)
+        print_summary(f"{tokens}-token median ttft", s, "ttft_ms", "{:.1f}", args.rounds)
     print(f"wrote {path}", flush=True)
     return 0
 

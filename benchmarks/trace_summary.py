@@ -63,16 +63,20 @@ def kernel_summary(events: list[dict], steps: int = 1, top: int = 40) -> dict:
     }
 
 
-def gpu_gaps(events: list[dict], min_us: float = 20.0) -> list[tuple[float, float, str, str]]:
-    """``(start, end, kernel before, kernel after)`` of every stretch of at least ``min_us`` in
-    which no kernel ran (kernels overlapping in time count as busy), in time order."""
-    kernels = sorted(
+def timed_kernels(events: list[dict]) -> list[tuple[float, float, str]]:
+    """``(start, end, name)`` of every GPU kernel with a start time, in time order (microseconds)."""
+    return sorted(
         (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)), e["name"])
         for e in events if e.get("ph") == "X" and e.get("cat") == "kernel" and "ts" in e
     )
+
+
+def gpu_gaps(events: list[dict], min_us: float = 20.0) -> list[tuple[float, float, str, str]]:
+    """``(start, end, kernel before, kernel after)`` of every stretch of at least ``min_us`` in
+    which no kernel ran (kernels overlapping in time count as busy), in time order."""
     gaps = []
     busy_until, previous = None, None
-    for start, end, name in kernels:
+    for start, end, name in timed_kernels(events):
         if busy_until is not None and start - busy_until >= min_us:
             gaps.append((busy_until, start, previous, name))
         if busy_until is None or end > busy_until:
@@ -99,16 +103,12 @@ def idle_gaps(events: list[dict], min_us: float = 20.0, top: int = 25) -> dict:
 def collective_waits(events: list[dict], step_kernel: str, collective: str = "nccl") -> dict:
     """Per step (from one ``step_kernel`` launch to the next): the first kernel whose name holds
     ``collective`` and the later ones, in microseconds, with their medians."""
-    kernels = sorted(
-        (float(e["ts"]), float(e.get("dur", 0.0)), e["name"])
-        for e in events if e.get("ph") == "X" and e.get("cat") == "kernel" and "ts" in e
-    )
     steps: list[list[float]] = []
-    for _start, duration, name in kernels:
+    for start, end, name in timed_kernels(events):
         if step_kernel in name:
             steps.append([])
         elif steps and collective.lower() in name.lower():
-            steps[-1].append(duration)
+            steps[-1].append(end - start)
     steps = [step for step in steps if step]
     if not steps:
         raise ValueError(f"no step starting with {step_kernel!r} holds a {collective!r} kernel")

@@ -250,7 +250,7 @@ class MiniMaxM3SparseForCausalLM(nn.Module):
         blocks = [m for m in self.modules() if hasattr(m, "gate_half")]
         dtype = self.model.embed_tokens.weight.dtype
         half = sum(prepare_half_router(block, dtype) for block in blocks)
-        if blocks and half:
+        if half:
             logger.info("router logits from a %s GEMM in %d of %d MoE layers", dtype, half, len(blocks))
 
 
