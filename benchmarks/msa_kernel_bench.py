@@ -513,7 +513,8 @@ def breakdown() -> dict:
         out = torch.empty_like(q)
         selected = api.decode_select(plan, iq, ik)
         r["attention_and_merge"] = graph_us(lambda: api._attention(
-            tiles, plan.page_table, q, k, v, selected, out, plan.attn_splits, D ** -0.5, 128, tickets=plan.tickets))
+            tiles, plan.page_table, q, k, v, selected, out, plan.attn_splits, D ** -0.5, 128, tickets=plan.tickets,
+            token_tiles=plan.attn_token_tiles))
         r["empty_graph_kernel_us"] = graph_us(lambda: scores[:1, :1, :1].zero_())
         res[key] = r
         print(key, json.dumps({a: round(b, 1) for a, b in r.items()}), flush=True)
@@ -648,7 +649,7 @@ DECODE_SHAPES = [  # (batch, L, q_len)
     (1, 32 * K, 4), (8, 32 * K, 4), (8, 128 * K, 4),
 ]
 PREFILL_SHAPES = [(8 * K, 0), (32 * K, 0), (128 * K, 0), (4 * K, 124 * K)]  # (N, prefix)
-QUICK_DECODE = [(1, 32 * K, 1), (8, 128 * K, 1), (8, 32 * K, 1), (8, 32 * K, 4), (32, 32 * K, 1)]
+QUICK_DECODE = [(1, 32 * K, 1), (8, 128 * K, 1), (8, 32 * K, 1), (8, 32 * K, 4), (32, 32 * K, 1), (1, 32 * K, 4)]
 QUICK_PREFILL = [(8 * K, 0), (4 * K, 124 * K)]
 
 

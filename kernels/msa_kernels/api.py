@@ -99,27 +99,33 @@ def _tree_args(tree: DraftTree | None, tiles: Tiles, block_size: int):
 def _attention(
     plan_tiles: Tiles, page_table, q, k_cache, v_cache, selected, out, splits: int, sm_scale: float, block_size: int,
     tickets: torch.Tensor | None = None, k_scale: float = 1.0, v_scale: float = 1.0, tree: DraftTree | None = None,
+    token_tiles: int = 1,
 ) -> None:
     """Sparse GQA over each tile's union of chosen blocks; split + LSE merge when ``splits > 1``.
 
     ``k_scale`` / ``v_scale``: an fp8 cache's per-layer scales (values = stored * scale).
     ``tree``: the tiles are requests whose tokens form draft trees (decode plans only).
+    ``token_tiles`` (decode chains, :func:`msa_kernels.plan.attention_token_tiles`): each tile's
+    ``max_tokens`` tokens attend as that many one-token tiles.
 
     With one token per tile the merge runs in the last-arriving split program of each
     (tile, kv head), counted in ``tickets`` (int32 zeros, ``tiles x kv_heads``, left zero
     afterwards); taller tiles merge in a separate launch (in-kernel it measured slower at
     q_len 4, benchmarks/KERNEL_NOTES.md v7).
     """
-    num_tiles = plan_tiles.count
+    if token_tiles not in (1, plan_tiles.max_tokens) or (token_tiles > 1 and tree is not None):
+        raise ValueError(f"token_tiles must be 1 or a chain's {plan_tiles.max_tokens} tokens, got {token_tiles}")
+    num_tiles = plan_tiles.count * token_tiles
+    tile_tokens = plan_tiles.max_tokens // token_tiles
     hkv = k_cache.shape[1]
     group = q.shape[1] // hkv
     gp = _pow2(group)
-    rows = max(16, plan_tiles.max_tokens * gp)
+    rows = max(16, tile_tokens * gp)
     topk = selected.shape[-1]
     d = q.shape[-1]
     partial = splits > 1
-    union_slots = _pow2(plan_tiles.max_tokens * topk)
-    single = plan_tiles.max_tokens == 1
+    union_slots = _pow2(tile_tokens * topk)
+    single = tile_tokens == 1
     merge_in_kernel = partial and single
     union = torch.empty(1 if single else num_tiles * hkv * splits * union_slots, dtype=torch.int32, device=q.device)
     if partial:
@@ -146,11 +152,11 @@ def _attention(
         sm_scale * k_scale * _LOG2E, v_scale,
         G=group, GP=gp, ROWS=rows, D=d, BLOCK=block_size,
         TOPK=topk, KP=_pow2(topk), UP=union_slots, SPLITS=splits, WRITE_PARTIAL=partial,
-        SINGLE_TOKEN=single, **tree_flags,
+        SINGLE_TOKEN=single, **tree_flags, TOKEN_TILES=token_tiles,
         num_warps=4 if rows <= 64 else 8, num_stages=2,
     )
     if partial and not merge_in_kernel:
-        merge_splits_kernel[(num_tiles, hkv, plan_tiles.max_tokens)](
+        merge_splits_kernel[(num_tiles, hkv, tile_tokens)](
             part_o, part_lse, out,
             plan_tiles.tok0, plan_tiles.ntok,
             part_o.stride(0), part_o.stride(1), part_o.stride(2), part_o.stride(3),
@@ -397,7 +403,7 @@ def decode_attention(
     _attention(
         tiles, table, q, k_cache, v_cache, selected, out,
         splits=plan.attn_splits, sm_scale=_scale(sm_scale, q.shape[-1]), block_size=p.block_size,
-        tickets=plan.tickets, k_scale=k_scale, v_scale=v_scale, tree=plan.tree,
+        tickets=plan.tickets, k_scale=k_scale, v_scale=v_scale, tree=plan.tree, token_tiles=plan.attn_token_tiles,
     )
     return out
 

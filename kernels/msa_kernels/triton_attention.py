@@ -4,9 +4,10 @@ One program serves a *tile* (consecutive query tokens of one request) and one KV
 are (token, query head of the group). It walks the union of the blocks its tokens chose, loads
 each block's K and V once for all of them, and masks per row the blocks that row's token did not
 choose, plus the token-level causal mask. Decode splits the union over several programs and
-merges their partial outputs by log-sum-exp: for one-token tiles (q_len 1) the last split to
-finish (an atomic ticket per (tile, head)) merges, saving a dependent launch; taller tiles merge
-in a separate launch. Prefill runs one program per tile.
+merges their partial outputs by log-sum-exp: for one-token tiles the last split to finish (an
+atomic ticket per (tile, head)) merges, saving a dependent launch; taller tiles (draft trees)
+merge in a separate launch. A chain verify (q_len > 1, ``TOKEN_TILES`` = q_len) runs each token
+of a request tile as its own one-token tile. Prefill runs one program per tile.
 
 fp8 KV caches (SGLang's ``--kv-cache-dtype fp8_e4m3``: stored = value / scale, one scale per layer
 for K and one for V): each K/V tile is widened to the query's dtype right after its load (exact),
@@ -40,17 +41,23 @@ def sparse_attention_kernel(
     G: tl.constexpr, GP: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
     TOPK: tl.constexpr, KP: tl.constexpr, UP: tl.constexpr, SPLITS: tl.constexpr, WRITE_PARTIAL: tl.constexpr,
     SINGLE_TOKEN: tl.constexpr, TREE: tl.constexpr, NW: tl.constexpr, WB: tl.constexpr,
+    TOKEN_TILES: tl.constexpr = 1,
 ):
-    """See the module docstring. ``TREE`` (draft-tree verify, one tile per request): the chosen
+    """See the module docstring. ``TOKEN_TILES``: one-token tiles per tile of the tile tensors
+    (the grid's first axis counts the one-token tiles; needs ``SINGLE_TOKEN``). ``TREE`` (draft-tree verify, one tile per request): the chosen
     blocks are read up to the request's prefix (``j < pos0``), then the tile's own tokens are
     attended from their slots (``tslot``), each row only along its path (``anc`` bits), ancestor
     ``a`` counted in block ``(pos0 + depth[a]) // BLOCK`` (split 0 does that step; ``NW`` tokens
     at most, spanning ``WB`` blocks)."""
-    tile = tl.program_id(0)
+    tile = tl.program_id(0)  # with TOKEN_TILES > 1: token ``tile % TOKEN_TILES`` of request tile ``tile // TOKEN_TILES``
     h = tl.program_id(1)
     split = tl.program_id(2)
-    req = tl.load(tile_req_ptr + tile)
-    tok0, pos0, ntok = load_tile(tile_tok0_ptr, tile_pos0_ptr, tile_ntok_ptr, tile)
+    req = tl.load(tile_req_ptr + tile // TOKEN_TILES)
+    tok0, pos0, ntok = load_tile(tile_tok0_ptr, tile_pos0_ptr, tile_ntok_ptr, tile // TOKEN_TILES)
+    if TOKEN_TILES > 1:
+        tok0 += tile % TOKEN_TILES
+        pos0 += tile % TOKEN_TILES
+        ntok = (tile % TOKEN_TILES < ntok).to(tl.int32)
     rows = tl.arange(0, ROWS)
     t = rows // GP
     g = rows % GP

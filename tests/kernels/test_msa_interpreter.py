@@ -101,7 +101,9 @@ def test_split_index_matches_reference(interpreted_api, init_blocks, hq, hkv, se
 
 @pytest.mark.parametrize("q_len, ragged", [(1, False), (3, True)])
 def test_decode_matches_reference(interpreted_api, q_len, ragged):
-    """Both split merges: in the attention's last split (q_len 1) and as its own launch (q_len > 1)."""
+    """Split attention merged in each one-token tile's last split: decode tokens, and the tokens of a
+    verify chain (q_len > 1), each its own tile (draft trees, whose tiles are taller, merge in a
+    launch of their own: test_msa_tree_verify)."""
     params = MSAParams(block_size=BLOCK, topk=4, local_blocks=1, init_blocks=0)
     seq_lens = [40, 150, 17, 129]
     max_context = 160  # the page table covers more blocks than any live request uses
@@ -110,9 +112,10 @@ def test_decode_matches_reference(interpreted_api, q_len, ragged):
     if q_lens is not None:
         batch.extend_lens = q_lens.tolist()
     plan = plan_decode(
-        params, _page_table(batch, max_context), torch.tensor(seq_lens), q_len=q_len, q_lens=q_lens, num_kv_heads=2, num_sms=8
+        params, _page_table(batch, max_context), torch.tensor(seq_lens), q_len=q_len, q_lens=q_lens, num_kv_heads=2, num_sms=24
     )
     assert plan.attn_splits > 1  # the split + merge path is exercised
+    assert plan.attn_token_tiles == q_len
     out, selected = interpreted_api.run_decode(plan, batch.q, batch.k_cache, batch.v_cache, batch.iq, batch.ik_cache)
     agreement = compare_with_reference(batch, params, out, selected, rel_tol=1e-4)
     assert agreement.ok, agreement.failures

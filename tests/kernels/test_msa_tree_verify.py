@@ -36,12 +36,16 @@ def _tree_batch(prefixes, trees, block, seed, fp8_index_keys=False):
     return batch.with_fp8_index_keys() if fp8_index_keys else batch
 
 
-def _run(api, batch, params):
+def _plan(batch, params, num_sms=2):
     table = page_table_from_req_to_token(batch.req_to_token, torch.arange(len(batch.seq_lens)), max(batch.seq_lens), params.block_size)
-    plan = plan_decode(
-        params, table, torch.tensor(batch.seq_lens), q_len=batch.row_stride, num_kv_heads=HKV, num_sms=2,
+    return plan_decode(
+        params, table, torch.tensor(batch.seq_lens), q_len=batch.row_stride, num_kv_heads=HKV, num_sms=num_sms,
         tree=batch.draft_tree(),
     )
+
+
+def _run(api, batch, params, num_sms=2):
+    plan = _plan(batch, params, num_sms)
     return api.run_decode(plan, batch.q, batch.k_cache, batch.v_cache, batch.iq, batch.ik_cache, ik_scale=batch.ik_scale)
 
 
@@ -64,6 +68,18 @@ def test_tree_verify_answers_each_token_as_the_decode_of_its_path(interpreted_ap
     agreement = compare_with_reference(batch, params, out, selected, rel_tol=1e-4)
     assert agreement.ok, agreement.failures
     assert agreement.rows == len(prefixes) * batch.row_stride * HKV
+
+
+def test_split_attention_merged_in_its_own_launch(interpreted_api):
+    """A tree's tile holds all its tokens, so its attention splits merge in a separate launch."""
+    params = MSAParams(block_size=16, topk=3, local_blocks=1, init_blocks=0)
+    batch = _tree_batch([75, 93, 62], [TREES["top3"], TREES["deep"], TREES["top3"]], 16, seed=19)
+    plan = _plan(batch, params, num_sms=16)
+    assert plan.attn_splits > 1 and plan.attn_token_tiles == 1
+    out, selected = _run(interpreted_api, batch, params, num_sms=16)
+    agreement = compare_with_reference(batch, params, out, selected, rel_tol=1e-4)
+    assert agreement.ok, agreement.failures
+    assert agreement.rows == 3 * batch.row_stride * HKV
 
 
 def test_fp8_index_keys_and_init_blocks(interpreted_api):
