@@ -30,10 +30,10 @@ must use page size == MSA block size (128 on M3): a block is one page, addressed
 caches. ``params`` is :class:`MSAParams` (block, top-k, local and init blocks).
 
 Kernels (see each module): decode = index scan with the block's keys on the MMA's M side split
-over blocks -> top-k per (request, head, token) -> sparse attention split over the chosen blocks
-with the log-sum-exp merge in each (request, head)'s last split at q_len 1 (3 launches; the plan
-holds its self-resetting arrival tickets) or as a 4th launch at q_len > 1; fixed grids for
-CUDA-graph capture. Draft trees (``plan.tree``): the scan and the attention's block loop read each
+over blocks -> top-k per (request, head, token) -> sparse attention, one tile per query token
+(verify tokens too), split over the token's chosen blocks with the log-sum-exp merge in each
+(token, head)'s last split (3 launches; the plan holds its self-resetting arrival tickets); fixed
+grids for CUDA-graph capture. Draft trees (``plan.tree``): the scan and the attention's block loop read each
 request's prefix, one more launch scores every token's own path into its blocks, and the
 attention adds the path's keys (ancestors only) from their slots; every token is answered as the
 decode query at the end of its root-to-token path (position prefix + depth). Prefill = fused index scan + causal block-max + running top-k (no score

@@ -9,7 +9,7 @@ import torch
 import triton
 
 from msa_kernels.plan import DecodePlan, DraftTree, PrefillPlan, Tiles
-from msa_kernels.triton_attention import merge_splits_kernel, sparse_attention_kernel
+from msa_kernels.triton_attention import sparse_attention_kernel
 from msa_kernels.triton_block_major import block_major_attention_kernel, merge_block_partials_kernel
 from msa_kernels.triton_index import (
     decode_index_scores_kernel,
@@ -105,18 +105,19 @@ def _attention(
 
     ``k_scale`` / ``v_scale``: an fp8 cache's per-layer scales (values = stored * scale).
     ``tree``: the tiles are requests whose tokens form draft trees (decode plans only).
-    ``token_tiles`` (decode chains, :func:`msa_kernels.plan.attention_token_tiles`): each tile's
-    ``max_tokens`` tokens attend as that many one-token tiles.
+    ``token_tiles`` (decode plans: their ``q_len``): each tile's ``max_tokens`` tokens attend as
+    that many one-token tiles.
 
-    With one token per tile the merge runs in the last-arriving split program of each
+    Splits need one-token tiles: the merge runs in the last-arriving split program of each
     (tile, kv head), counted in ``tickets`` (int32 zeros, ``tiles x kv_heads``, left zero
-    afterwards); taller tiles merge in a separate launch (in-kernel it measured slower at
-    q_len 4, benchmarks/KERNEL_NOTES.md v7).
+    afterwards).
     """
-    if token_tiles not in (1, plan_tiles.max_tokens) or (token_tiles > 1 and tree is not None):
-        raise ValueError(f"token_tiles must be 1 or a chain's {plan_tiles.max_tokens} tokens, got {token_tiles}")
+    if token_tiles not in (1, plan_tiles.max_tokens):
+        raise ValueError(f"token_tiles must be 1 or the tiles' {plan_tiles.max_tokens} tokens, got {token_tiles}")
     num_tiles = plan_tiles.count * token_tiles
     tile_tokens = plan_tiles.max_tokens // token_tiles
+    if splits > 1 and tile_tokens > 1:
+        raise ValueError(f"split attention needs one-token tiles, got tiles of {tile_tokens} tokens")
     hkv = k_cache.shape[1]
     group = q.shape[1] // hkv
     gp = _pow2(group)
@@ -126,19 +127,18 @@ def _attention(
     partial = splits > 1
     union_slots = _pow2(tile_tokens * topk)
     single = tile_tokens == 1
-    merge_in_kernel = partial and single
     union = torch.empty(1 if single else num_tiles * hkv * splits * union_slots, dtype=torch.int32, device=q.device)
     if partial:
         part_o = torch.empty(num_tiles, hkv, splits, rows, d, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(num_tiles, hkv, splits, rows, dtype=torch.float32, device=q.device)
     else:
         part_o = part_lse = torch.empty(1, 1, 1, 1, dtype=torch.float32, device=q.device)
-    if merge_in_kernel and (tickets is None or tickets.numel() < num_tiles * hkv):
+    if partial and (tickets is None or tickets.numel() < num_tiles * hkv):
         raise ValueError(f"split attention needs {num_tiles * hkv} zeroed int32 tickets")
     tree_tensors, tree_flags = _tree_args(tree, plan_tiles, block_size)
     sparse_attention_kernel[(num_tiles, hkv, splits)](
         q, k_cache, v_cache, page_table, selected, union,
-        out, part_o, part_lse, tickets if merge_in_kernel else union,
+        out, part_o, part_lse, tickets if partial else union,
         *_tile_args(plan_tiles),
         *tree_tensors,
         q.stride(0), q.stride(1),
@@ -155,16 +155,6 @@ def _attention(
         SINGLE_TOKEN=single, **tree_flags, TOKEN_TILES=token_tiles,
         num_warps=4 if rows <= 64 else 8, num_stages=2,
     )
-    if partial and not merge_in_kernel:
-        merge_splits_kernel[(num_tiles, hkv, tile_tokens)](
-            part_o, part_lse, out,
-            plan_tiles.tok0, plan_tiles.ntok,
-            part_o.stride(0), part_o.stride(1), part_o.stride(2), part_o.stride(3),
-            part_lse.stride(0), part_lse.stride(1), part_lse.stride(2),
-            out.stride(0), out.stride(1),
-            G=group, GP=gp, D=d, SPLITS=splits,
-            num_warps=4,
-        )
 
 
 # Query rows per block-major tile ((token, slot) pairs x query heads of the group) and the warps of
@@ -403,7 +393,7 @@ def decode_attention(
     _attention(
         tiles, table, q, k_cache, v_cache, selected, out,
         splits=plan.attn_splits, sm_scale=_scale(sm_scale, q.shape[-1]), block_size=p.block_size,
-        tickets=plan.tickets, k_scale=k_scale, v_scale=v_scale, tree=plan.tree, token_tiles=plan.attn_token_tiles,
+        tickets=plan.tickets, k_scale=k_scale, v_scale=v_scale, tree=plan.tree, token_tiles=tiles.max_tokens,
     )
     return out
 

@@ -102,17 +102,15 @@ class DecodePlan:
     num_tokens: int  # rows of q (batch * max_q_len, padded rows are never written)
     max_blocks: int
     index_splits: int  # programs per request in the index scan
-    attn_splits: int  # programs per (attention tile, kv head) in the sparse attention
+    attn_splits: int  # programs per (query token, kv head) in the sparse attention
     num_kv_heads: int
-    # int32 zeros, one arrival counter per (attention tile, kv head): the last split of the
-    # attention to arrive merges the partial outputs and resets its counter to 0.
+    # int32 zeros, one arrival counter per (query token, kv head): the attention runs every token
+    # as its own tile, and the last of its splits to arrive merges the partial outputs and resets
+    # the counter to 0.
     tickets: torch.Tensor
     # the rows of each request form a draft tree (speculative verification of EAGLE trees), or
     # None for a chain (row t at position pos0 + t attends every row before it)
     tree: DraftTree | None = None
-    # attention tiles per request tile: a chain of q_len > 1 tokens attends as q_len single-token
-    # tiles (each token reads its own blocks; see :func:`attention_token_tiles`), else 1
-    attn_token_tiles: int = 1
 
 
 @dataclass(frozen=True)
@@ -200,26 +198,13 @@ def plan_decode(
         params,
         page_table.to(torch.int32).contiguous(),
         tiles,
-        torch.zeros(batch * num_kv_heads * attention_token_tiles(q_len, tree is not None), dtype=torch.int32, device=device),
+        torch.zeros(batch * q_len * num_kv_heads, dtype=torch.int32, device=device),
         num_kv_heads,
         num_sms,
         index_programs_per_sm,
         attn_programs_per_sm,
         tree,
     )
-
-
-def attention_token_tiles(q_len: int, tree: bool) -> int:
-    """Attention tiles per request of a decode plan: ``q_len`` for a chain, 1 for a draft tree.
-
-    A chain's tokens attend as single-token tiles, each over its own chosen blocks with its
-    splits merged in the kernel, rather than as one tile over the union of the request's
-    choices: the union tile computes every block for all its rows, masking the tokens that did
-    not choose it, and needs a merge launch. Tokens of one request that chose the same block
-    read it concurrently, so the repeat reads come from L2. Draft trees keep the request tile,
-    whose tokens also attend their ancestors among the drafts.
-    """
-    return 1 if tree else q_len
 
 
 def assemble_decode_plan(
@@ -238,7 +223,7 @@ def assemble_decode_plan(
     A CUDA graph keeps the addresses its kernels were captured with, so a caller that refreshes
     ``page_table``, ``tiles`` (and ``tree``) in place between replays builds its plan here once
     per shape. ``page_table`` must be int32 with unit stride along blocks (row stride is free);
-    ``tickets`` int32 zeros, at least ``batch * num_kv_heads * attention_token_tiles(q_len, tree)``.
+    ``tickets`` int32 zeros, at least ``batch * q_len * num_kv_heads`` of them.
     """
     batch = tiles.count
     _check_page_table(page_table, batch)
@@ -247,15 +232,17 @@ def assemble_decode_plan(
     if page_table.dtype != torch.int32 or page_table.stride(1) != 1:
         raise ValueError(f"page_table must be int32 with unit stride along blocks, got {page_table.dtype}, strides {page_table.stride()}")
     q_len = tiles.max_tokens
-    token_tiles = attention_token_tiles(q_len, tree is not None)
-    needed = batch * num_kv_heads * token_tiles
+    needed = batch * q_len * num_kv_heads
     if tickets.dtype != torch.int32 or tickets.numel() < needed:
         raise ValueError(f"tickets must be >= {needed} int32 zeros, got {tickets.numel()} {tickets.dtype}")
     max_blocks = page_table.shape[1]
     index_splits = max(1, min(max_blocks, (index_programs_per_sm * num_sms + batch - 1) // batch))
-    union_slots = q_len // token_tiles * params.topk
-    per_split = batch * token_tiles * num_kv_heads
-    attn_splits = max(1, min(union_slots, (attn_programs_per_sm * num_sms + per_split - 1) // per_split))
+    # The attention runs each query token as its own tile (a verify request's tokens too: each
+    # reads only the blocks it chose, where one tile over the union of a request's choices
+    # computes every block for all its tokens and needs a merge launch, KERNEL_NOTES.md);
+    # tokens of one request that chose the same block read it at about the same time, from L2.
+    per_split = batch * q_len * num_kv_heads
+    attn_splits = max(1, min(params.topk, (attn_programs_per_sm * num_sms + per_split - 1) // per_split))
     return DecodePlan(
         params=params,
         page_table=page_table,
@@ -267,7 +254,6 @@ def assemble_decode_plan(
         num_kv_heads=num_kv_heads,
         tickets=tickets,
         tree=tree,
-        attn_token_tiles=token_tiles,
     )
 
 

@@ -3,11 +3,11 @@
 One program serves a *tile* (consecutive query tokens of one request) and one KV head: its rows
 are (token, query head of the group). It walks the union of the blocks its tokens chose, loads
 each block's K and V once for all of them, and masks per row the blocks that row's token did not
-choose, plus the token-level causal mask. Decode splits the union over several programs and
-merges their partial outputs by log-sum-exp: for one-token tiles the last split to finish (an
-atomic ticket per (tile, head)) merges, saving a dependent launch; taller tiles (draft trees)
-merge in a separate launch. A chain verify (q_len > 1, ``TOKEN_TILES`` = q_len) runs each token
-of a request tile as its own one-token tile. Prefill runs one program per tile.
+choose, plus the token-level causal mask. Prefill runs one program per tile. Decode runs every
+query token as its own one-token tile (``TOKEN_TILES`` = the plan's q_len: a verify request's
+tokens, chain or draft tree, each over the blocks it chose), splits those blocks over several
+programs and merges their partial outputs by log-sum-exp in the last split to finish (an atomic
+ticket per (tile, head)), saving a dependent launch.
 
 fp8 KV caches (SGLang's ``--kv-cache-dtype fp8_e4m3``: stored = value / scale, one scale per layer
 for K and one for V): each K/V tile is widened to the query's dtype right after its load (exact),
@@ -44,20 +44,24 @@ def sparse_attention_kernel(
     TOKEN_TILES: tl.constexpr = 1,
 ):
     """See the module docstring. ``TOKEN_TILES``: one-token tiles per tile of the tile tensors
-    (the grid's first axis counts the one-token tiles; needs ``SINGLE_TOKEN``). ``TREE`` (draft-tree verify, one tile per request): the chosen
-    blocks are read up to the request's prefix (``j < pos0``), then the tile's own tokens are
-    attended from their slots (``tslot``), each row only along its path (``anc`` bits), ancestor
-    ``a`` counted in block ``(pos0 + depth[a]) // BLOCK`` (split 0 does that step; ``NW`` tokens
-    at most, spanning ``WB`` blocks)."""
+    (the grid's first axis counts the one-token tiles; needs ``SINGLE_TOKEN``). ``TREE``
+    (draft-tree verify, the tile tensors holding one tile per request): the chosen blocks are read
+    up to the request's prefix (``j < pos0``), then the request's draft tokens are attended from
+    their slots (``tslot``), each row only along its path (``anc`` bits), ancestor ``a`` counted
+    in block ``(pos0 + depth[a]) // BLOCK`` (split 0 does that step; ``NW`` tokens at most,
+    spanning ``WB`` blocks)."""
     tile = tl.program_id(0)  # with TOKEN_TILES > 1: token ``tile % TOKEN_TILES`` of request tile ``tile // TOKEN_TILES``
     h = tl.program_id(1)
     split = tl.program_id(2)
     req = tl.load(tile_req_ptr + tile // TOKEN_TILES)
-    tok0, pos0, ntok = load_tile(tile_tok0_ptr, tile_pos0_ptr, tile_ntok_ptr, tile // TOKEN_TILES)
+    req_tok0, pos0, req_ntok = load_tile(tile_tok0_ptr, tile_pos0_ptr, tile_ntok_ptr, tile // TOKEN_TILES)
+    token = tile % TOKEN_TILES  # this tile's first token among its request tile's
+    tok0 = req_tok0 + token
+    ntok = req_ntok
     if TOKEN_TILES > 1:
-        tok0 += tile % TOKEN_TILES
-        pos0 += tile % TOKEN_TILES
-        ntok = (tile % TOKEN_TILES < ntok).to(tl.int32)
+        ntok = (token < req_ntok).to(tl.int32)
+        if not TREE:  # a chain's token sits at pos0 + token; a tree's main pass reads the prefix before pos0
+            pos0 += token
     rows = tl.arange(0, ROWS)
     t = rows // GP
     g = rows % GP
@@ -105,7 +109,7 @@ def sparse_attention_kernel(
     if TREE:
         if split == 0:
             m_i, l_i, acc = _attend_tree_path(
-                q, m_i, l_i, acc, k_ptr, v_ptr, depth_ptr, anc_ptr, tslot_ptr, row_sel, tok0, pos0, ntok, t, row_ok, h,
+                q, m_i, l_i, acc, k_ptr, v_ptr, depth_ptr, anc_ptr, tslot_ptr, row_sel, req_tok0, pos0, req_ntok, token + t, row_ok, h,
                 s_k_slot, s_k_h, s_v_slot, s_v_h, qk_scale_log2, D, BLOCK, NW, WB,
             )
     has_any = l_i > 0
@@ -140,8 +144,9 @@ def _attend_tree_path(
     s_k_slot, s_k_h, s_v_slot, s_v_h, qk_scale_log2,
     D: tl.constexpr, BLOCK: tl.constexpr, NW: tl.constexpr, WB: tl.constexpr,
 ):
-    """One more online-softmax step over a draft tree's tokens: row (token t) attends token ``i``
-    when ``i`` is on its path and the row chose the block of ``i``'s position ``pos0 + depth[i]``."""
+    """One more online-softmax step over a draft tree's tokens: row (token t of the request's
+    ``ntok`` from row ``tok0`` on) attends token ``i`` when ``i`` is on its path and the row chose
+    the block of ``i``'s position ``pos0 + depth[i]``."""
     i = tl.arange(0, NW)
     i_ok = i < ntok
     slots = tl.load(tslot_ptr + tok0 + i, mask=i_ok, other=0)
@@ -193,29 +198,3 @@ def merge_splits(
         total += w
     out = acc / tl.where(total > 0, total, 1.0)[:, None]
     tl.store(out_ptrs, out.to(out_ptrs.dtype.element_ty), mask=row_ok[:, None])
-
-
-@triton.jit
-def merge_splits_kernel(
-    part_o_ptr, part_lse_ptr, out_ptr,
-    tile_tok0_ptr, tile_ntok_ptr,
-    s_po_t, s_po_h, s_po_s, s_po_r,
-    s_pl_t, s_pl_h, s_pl_s,
-    s_o_t, s_o_h,
-    G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, SPLITS: tl.constexpr,
-):
-    """The split merge as its own launch, one program per (tile, head, token) of multi-token tiles."""
-    tile = tl.program_id(0)
-    h = tl.program_id(1)
-    t = tl.program_id(2)
-    tok0 = tl.load(tile_tok0_ptr + tile)
-    ntok = tl.load(tile_ntok_ptr + tile)
-    g = tl.arange(0, GP)
-    rows = t * GP + g
-    d = tl.arange(0, D)
-    merge_splits(
-        part_o_ptr + tile * s_po_t + h * s_po_h + rows[:, None] * s_po_r + d[None, :],
-        part_lse_ptr + tile * s_pl_t + h * s_pl_h + rows, s_po_s, s_pl_s,
-        out_ptr + (tok0 + t) * s_o_t + (h * G + g)[:, None] * s_o_h + d[None, :],
-        (g < G) & (t < ntok), GP, D, SPLITS,
-    )

@@ -25,15 +25,7 @@ output rows, which the runner discards.
 from __future__ import annotations
 
 import torch
-from msa_kernels.plan import (
-    DecodePlan,
-    DraftTree,
-    Tiles,
-    assemble_decode_plan,
-    attention_token_tiles,
-    draft_tree,
-    page_table_from_req_to_token,
-)
+from msa_kernels.plan import DecodePlan, DraftTree, Tiles, assemble_decode_plan, draft_tree, page_table_from_req_to_token
 from msa_kernels.reference import MSAParams
 
 from sglang_m3.msa.batch_shape import attended_lens
@@ -55,8 +47,7 @@ class GraphDecodePlans:
         self.page_table = torch.zeros(max_bs, max_blocks, dtype=torch.int32, device=self.device)
         self.pos0 = torch.zeros(max_bs, dtype=torch.int32, device=self.device)
         self.req = torch.arange(max_bs, dtype=torch.int32, device=self.device)
-        # attention tiles per request -> the attention's merge tickets (zero between launches)
-        self._tickets: dict[int, torch.Tensor] = {}
+        self._tickets: dict[int, torch.Tensor] = {}  # q_len -> the attention's merge tickets (zero between launches)
         self._tok0: dict[int, torch.Tensor] = {}  # q_len -> first q row of each request
         self._ntok: dict[int, torch.Tensor] = {}  # q_len -> query tokens of each request
         self._trees: dict[int, DraftTree] = {}  # q_len -> draft-tree buffers of max_bs requests
@@ -81,6 +72,7 @@ class GraphDecodePlans:
             if q_len not in self._tok0:
                 self._tok0[q_len] = self.req * q_len
                 self._ntok[q_len] = torch.full_like(self.req, q_len)
+                self._tickets[q_len] = torch.zeros(self.max_bs * q_len * self.num_kv_heads, dtype=torch.int32, device=self.device)
             if tree and q_len not in self._trees:
                 rows = self.max_bs * q_len
                 self._trees[q_len] = DraftTree(
@@ -95,13 +87,8 @@ class GraphDecodePlans:
                 ntok=self._ntok[q_len][:batch],
                 max_tokens=q_len,
             )
-            token_tiles = attention_token_tiles(q_len, tree)
-            if token_tiles not in self._tickets:
-                self._tickets[token_tiles] = torch.zeros(
-                    self.max_bs * token_tiles * self.num_kv_heads, dtype=torch.int32, device=self.device
-                )
             self._plans[key] = assemble_decode_plan(
-                self.params, self.page_table[:batch], tiles, self._tickets[token_tiles], self.num_kv_heads, self.num_sms,
+                self.params, self.page_table[:batch], tiles, self._tickets[q_len], self.num_kv_heads, self.num_sms,
                 tree=self._tree_rows(q_len, batch * q_len) if tree else None,
             )
         return self._plans[key]

@@ -115,7 +115,6 @@ def test_decode_matches_reference(interpreted_api, q_len, ragged):
         params, _page_table(batch, max_context), torch.tensor(seq_lens), q_len=q_len, q_lens=q_lens, num_kv_heads=2, num_sms=24
     )
     assert plan.attn_splits > 1  # the split + merge path is exercised
-    assert plan.attn_token_tiles == q_len
     out, selected = interpreted_api.run_decode(plan, batch.q, batch.k_cache, batch.v_cache, batch.iq, batch.ik_cache)
     agreement = compare_with_reference(batch, params, out, selected, rel_tol=1e-4)
     assert agreement.ok, agreement.failures

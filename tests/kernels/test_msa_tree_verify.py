@@ -70,13 +70,14 @@ def test_tree_verify_answers_each_token_as_the_decode_of_its_path(interpreted_ap
     assert agreement.rows == len(prefixes) * batch.row_stride * HKV
 
 
-def test_split_attention_merged_in_its_own_launch(interpreted_api):
-    """A tree's tile holds all its tokens, so its attention splits merge in a separate launch."""
+def test_split_attention_per_tree_token(interpreted_api):
+    """Every tree token attends as its own tile, its blocks split over programs whose partials
+    the last to finish merges (the path step in split 0 only)."""
     params = MSAParams(block_size=16, topk=3, local_blocks=1, init_blocks=0)
     batch = _tree_batch([75, 93, 62], [TREES["top3"], TREES["deep"], TREES["top3"]], 16, seed=19)
-    plan = _plan(batch, params, num_sms=16)
-    assert plan.attn_splits > 1 and plan.attn_token_tiles == 1
-    out, selected = _run(interpreted_api, batch, params, num_sms=16)
+    plan = _plan(batch, params, num_sms=64)
+    assert plan.attn_splits > 1
+    out, selected = _run(interpreted_api, batch, params, num_sms=64)
     agreement = compare_with_reference(batch, params, out, selected, rel_tol=1e-4)
     assert agreement.ok, agreement.failures
     assert agreement.rows == 3 * batch.row_stride * HKV
