@@ -514,7 +514,7 @@ def breakdown() -> dict:
         selected = api.decode_select(plan, iq, ik)
         r["attention_and_merge"] = graph_us(lambda: api._attention(
             tiles, plan.page_table, q, k, v, selected, out, plan.attn_splits, D ** -0.5, 128, tickets=plan.tickets,
-            token_tiles=T))
+            per_token=True))
         r["empty_graph_kernel_us"] = graph_us(lambda: scores[:1, :1, :1].zero_())
         res[key] = r
         print(key, json.dumps({a: round(b, 1) for a, b in r.items()}), flush=True)

@@ -99,21 +99,19 @@ def _tree_args(tree: DraftTree | None, tiles: Tiles, block_size: int):
 def _attention(
     plan_tiles: Tiles, page_table, q, k_cache, v_cache, selected, out, splits: int, sm_scale: float, block_size: int,
     tickets: torch.Tensor | None = None, k_scale: float = 1.0, v_scale: float = 1.0, tree: DraftTree | None = None,
-    token_tiles: int = 1,
+    per_token: bool = False,
 ) -> None:
     """Sparse GQA over each tile's union of chosen blocks; split + LSE merge when ``splits > 1``.
 
     ``k_scale`` / ``v_scale``: an fp8 cache's per-layer scales (values = stored * scale).
     ``tree``: the tiles are requests whose tokens form draft trees (decode plans only).
-    ``token_tiles`` (decode plans: their ``q_len``): each tile's ``max_tokens`` tokens attend as
-    that many one-token tiles.
+    ``per_token`` (decode plans): each tile's ``max_tokens`` tokens attend as one-token tiles.
 
     Splits need one-token tiles: the merge runs in the last-arriving split program of each
     (tile, kv head), counted in ``tickets`` (int32 zeros, ``tiles x kv_heads``, left zero
     afterwards).
     """
-    if token_tiles not in (1, plan_tiles.max_tokens):
-        raise ValueError(f"token_tiles must be 1 or the tiles' {plan_tiles.max_tokens} tokens, got {token_tiles}")
+    token_tiles = plan_tiles.max_tokens if per_token else 1
     num_tiles = plan_tiles.count * token_tiles
     tile_tokens = plan_tiles.max_tokens // token_tiles
     if splits > 1 and tile_tokens > 1:
@@ -393,7 +391,7 @@ def decode_attention(
     _attention(
         tiles, table, q, k_cache, v_cache, selected, out,
         splits=plan.attn_splits, sm_scale=_scale(sm_scale, q.shape[-1]), block_size=p.block_size,
-        tickets=plan.tickets, k_scale=k_scale, v_scale=v_scale, tree=plan.tree, token_tiles=tiles.max_tokens,
+        tickets=plan.tickets, k_scale=k_scale, v_scale=v_scale, tree=plan.tree, per_token=True,
     )
     return out
 

@@ -53,8 +53,9 @@ def sparse_attention_kernel(
     tile = tl.program_id(0)  # with TOKEN_TILES > 1: token ``tile % TOKEN_TILES`` of request tile ``tile // TOKEN_TILES``
     h = tl.program_id(1)
     split = tl.program_id(2)
-    req = tl.load(tile_req_ptr + tile // TOKEN_TILES)
-    req_tok0, pos0, req_ntok = load_tile(tile_tok0_ptr, tile_pos0_ptr, tile_ntok_ptr, tile // TOKEN_TILES)
+    request_tile = tile // TOKEN_TILES
+    req = tl.load(tile_req_ptr + request_tile)
+    req_tok0, pos0, req_ntok = load_tile(tile_tok0_ptr, tile_pos0_ptr, tile_ntok_ptr, request_tile)
     token = tile % TOKEN_TILES  # this tile's first token among its request tile's
     tok0 = req_tok0 + token
     ntok = req_ntok
