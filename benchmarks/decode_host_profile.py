@@ -12,12 +12,16 @@ TPOT, and per process the functions holding the most samples (self and inclusive
     scripts/gpu/run.sh exec python benchmarks/decode_host_profile.py --out $OUT --py-spy PATH [--impl ours]
 
 Extra ``KEY=VALUE`` pairs of ``--env`` reach the server (e.g. ``SGLANG_M3_FULL_SELECTION_DENSE=0``).
+``--copy-draft chain3`` (or ``tree8``) serves the speculative benchmark's EAGLE3 lm-head-copy draft
+with its settings and prompts (``speculative_gpu``), so a TPOT there is a draft-verify cycle over
+its accepted tokens.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import json
 import os
 import subprocess
@@ -29,8 +33,10 @@ import requests
 
 sys.path.insert(0, os.path.dirname(__file__))
 from e2e_gpu import THROUGHPUT_PROMPT, start_server, stop_server, warm_up  # noqa: E402
-from midsize_m3 import write_midsize_checkpoint  # noqa: E402
+from midsize_draft import write_copy_draft  # noqa: E402
+from midsize_m3 import midsize_text_config, write_midsize_checkpoint  # noqa: E402
 from serving_client import random_prompt, single_stream_tpot_ms  # noqa: E402
+from speculative_gpu import DRAFTS, hot_prompt, speculative_args  # noqa: E402
 
 
 def summarize(collapsed_path: str, top: int = 25) -> dict:
@@ -184,6 +190,8 @@ def main(argv=None) -> int:
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size (GPUs)")
     parser.add_argument("--ep", type=int, default=1, help="expert-parallel size (at most --tp)")
     parser.add_argument("--label", default="")
+    parser.add_argument("--copy-draft", choices=[name for name in DRAFTS if name != "none"],
+                        help="serve with the speculative benchmark's EAGLE3 copy draft in this shape, on its prompts")
     parser.add_argument("--server-arg", action="append", default=[], help="an extra server flag (repeat; e.g. --server-arg=--gc-warning-threshold-secs=0.001)")
     parser.add_argument("--freeze-gc", action="store_true", help="POST /freeze_gc after the warm-up (SGLang's own, after its start-up warm-up, is kept either way)")
     parser.add_argument("--then-freeze-gc", action="store_true",
@@ -200,25 +208,29 @@ def main(argv=None) -> int:
         os.environ["M3_GC_STATS_DIR"] = gc_dir
         os.environ["PYTHONPATH"] = os.pathsep.join([GC_ACCOUNTING_DIR, *filter(None, [os.environ.get("PYTHONPATH")])])
     model_dir = write_midsize_checkpoint(tempfile.mkdtemp(prefix="m3-midsize-"), 1, 3)
+    extra_args, prompt = tuple(args.server_arg), functools.partial(random_prompt, THROUGHPUT_PROMPT)
+    if args.copy_draft:
+        draft_vocab = 32000
+        draft_dir = write_copy_draft(tempfile.mkdtemp(prefix="m3-midsize-draft-"), midsize_text_config(1, 3), draft_vocab)
+        extra_args += speculative_args(args.copy_draft, draft_dir)
+        prompt = functools.partial(hot_prompt, THROUGHPUT_PROMPT, draft_vocab=draft_vocab)
     process, base_url, startup_s, _ = start_server(args.impl, model_dir, args.out, args.tp, args.ep, label=f"hostprof-{label}", env=env,
-                                                    extra_args=tuple(args.server_arg))
+                                                    extra_args=extra_args)
     try:
         seed = iter(range(10**6))
         warm_up(base_url, seed)
         if args.freeze_gc:
             requests.post(f"{base_url}/freeze_gc", timeout=60).raise_for_status()
-        phases = {label: decode_phase(args, base_url, process, [random_prompt(THROUGHPUT_PROMPT, next(seed)) for _ in range(args.requests)],
-                                      label, gc_dir)}
+        phases = {label: decode_phase(args, base_url, process, [prompt(next(seed)) for _ in range(args.requests)], label, gc_dir)}
         if args.then_freeze_gc:
             requests.post(f"{base_url}/freeze_gc", timeout=60).raise_for_status()
             time.sleep(1)
-            phases[f"{label}-frozen"] = decode_phase(args, base_url, process,
-                                                     [random_prompt(THROUGHPUT_PROMPT, next(seed)) for _ in range(args.requests)],
+            phases[f"{label}-frozen"] = decode_phase(args, base_url, process, [prompt(next(seed)) for _ in range(args.requests)],
                                                      f"{label}-frozen", gc_dir)
     finally:
         stop_server(process)
     for name, phase in phases.items():
-        result = {"impl": args.impl, "tp": args.tp, "ep": args.ep, "env": env, "startup_s": startup_s, "tokens": args.tokens, **phase}
+        result = {"impl": args.impl, "tp": args.tp, "ep": args.ep, "env": env, "copy_draft": args.copy_draft, "startup_s": startup_s, "tokens": args.tokens, **phase}
         with open(os.path.join(args.out, f"host_profile_{name}.json"), "w", encoding="utf-8") as handle:
             json.dump(result, handle, indent=1)
         report(name, phase)

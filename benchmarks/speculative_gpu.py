@@ -43,6 +43,9 @@ DRAFTS = {
 PROMPT_TOKENS, OUTPUT_TOKENS, CONCURRENCY = 2048, 256, (1, 16)
 SINGLE_RUNS = 5  # concurrency 1: the median of this many requests, one at a time
 PROFILE_STEPS = 20
+#: the profiled request's length: still running 0.5 s in plus 20 steps at 4 accepted tokens per
+#: cycle (at 400 tokens a chain's request ended as the profiler started, and no trace came)
+PROFILE_TOKENS = 2000
 #: greedy-identity prompts: short, several MSA blocks (128 tokens each), and a long chunked one
 IDENTITY_LENGTHS, IDENTITY_TOKENS = (5, 700, 3000, 9000), 48
 
@@ -98,7 +101,7 @@ def bench_draft(draft: str, model_dir: str, draft_dir: str, out_dir: str, draft_
                 # 20 steps of one request 0.5 s in (its 2K prefill is long done): a step is a
                 # decode step without a draft, a whole draft-verify cycle with one.
                 result["profile_c1"] = profile_steps(
-                    base_url, out_dir, f"spec-{draft}", PROMPT_TOKENS, 400, PROFILE_STEPS, 0.5,
+                    base_url, out_dir, f"spec-{draft}", PROMPT_TOKENS, PROFILE_TOKENS, PROFILE_STEPS, 0.5,
                     prompt=hot_prompt(PROMPT_TOKENS, 10**7, draft_vocab))
         finally:
             stop_server(process)
