@@ -12,7 +12,9 @@ the KV layout SGLang caches (tokens, heads, dim): torch SDPA restricted to one b
 imports; each row records them all (``dense_backends``, microseconds; a backend that refuses the
 shape is null with its reason in ``dense_backend_errors``) and takes the fastest as ``dense_us``
 (``dense_backend`` names it). Causal masks are lower-right aligned where queries are fewer than
-keys (a chunk after a prefix, speculative rows). Decode rows come twice, ``index_dtype`` "bf16"
+keys (a chunk after a prefix, speculative rows). Speculative rows (decode, q_len > 1) also time
+FlexAttention (``flex_dense``): SDPA's backends have no fast path for a few queries under that
+mask, and Flex's split-KV decoding kernel reads the K/V once. Decode rows come twice, ``index_dtype`` "bf16"
 and "fp8" (our kernels with fp8 index keys + per-token scales; the SGLang and dense anchors do
 not depend on it and are shared).
 
@@ -44,6 +46,8 @@ from msa_kernels.plan import page_table_from_req_to_token, plan_decode, plan_pre
 from msa_kernels.reference import MSAParams, quantize_index_keys
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
+
+from flex_dense import FlexDense  # noqa: E402  (beside this script)
 
 HQ, HKV, D, DI, BLOCK, TOPK = 64, 4, 128, 128, 128, 16
 PARAMS = MSAParams(block_size=BLOCK, topk=TOPK, local_blocks=1, init_blocks=0)
@@ -376,8 +380,12 @@ def bench_decode(pool: Pool, sgl: SGLang | None, batch: int, L: int, q_len: int)
               torch.randn(batch, L, HKV, D, device="cuda", dtype=torch.bfloat16),
               torch.randn(batch, L, HKV, D, device="cuda", dtype=torch.bfloat16)) for _ in range(dense_sets)]
 
+    flex = FlexDense(q_len, L, "cuda") if q_len > 1 else None
+
     def make_fns():
         fns = {name: (lambda b=backend: sdpa_attention(b, *dense[0])) for name, backend in SDPA_BACKENDS.items()}
+        if flex is not None:
+            fns["flex"] = lambda: flex(*dense[0])
         fi = _flashinfer()
         if fi is not None:
             try:
@@ -390,6 +398,8 @@ def bench_decode(pool: Pool, sgl: SGLang | None, batch: int, L: int, q_len: int)
         if name == "flashinfer":
             fi_run = FlashInferDense(_flashinfer(), batch, q_len, L)
             return graph_replay_us(lambda i: fi_run(*dense[i]), dense_sets)
+        if name == "flex":
+            return graph_replay_us(lambda i: flex(*dense[i]), dense_sets)
         backend = SDPA_BACKENDS[name]
         return graph_replay_us(lambda i: sdpa_attention(backend, *dense[i]), dense_sets)
 
@@ -593,7 +603,7 @@ def write_markdown(path: str, meta: dict, rows: list[dict]) -> None:
             f"{_fmt(ms(r['sglang_us']), 2)} | {_fmt(ms(r['sglang_index_us']), 2)} | {_fmt(ms(r['dense_us']), 2)} {r['dense_backend'] or ''} | "
             f"{_fmt(sg, 2)} | {_fmt(dense_ratio, 2)} | {_fmt(r['frac_flops'], 3)} | {_fmt(r['index_frac_flops'], 3)} |"
         )
-    lines += ["", "## Dense backends per row (us; - = refused, reason in the JSON)", ""]
+    lines += ["", "## Dense backends per row (us; - = refused, reason in the JSON, or not run: flex runs on q_len > 1 only)", ""]
     names = sorted({name for r in rows for name in r.get("dense_backends", {})})
     lines += ["| phase | batch | L | q_len / N | " + " | ".join(names) + " |", "|---|---|---|---|" + "---|" * len(names)]
     for r in rows:

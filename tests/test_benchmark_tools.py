@@ -13,6 +13,7 @@ import os
 import sys
 
 import pytest
+import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 import e2e_gpu_report  # noqa: E402
@@ -428,3 +429,30 @@ def test_moe_tables_are_listed_for_the_gpu_that_reads_them():
     assert e2e_gpu.tables_for_gpu(paths, "NVIDIA B200") == []
     shipped = e2e_gpu.ours_moe_tables()
     assert shipped and e2e_gpu.tables_for_gpu(shipped, "NVIDIA H100 80GB HBM3") == shipped
+
+
+@pytest.mark.parametrize("q_len, kv_len", [(4, 300), (3, 257), (1, 200), (8, 8)])
+def test_flex_dense_anchor_is_lower_right_causal_gqa(q_len, kv_len):
+    """The speculative rows' Flex anchor computes what SDPA computes under ``causal_lower_right``."""
+    from flex_dense import FlexDense
+    from torch.nn.attention.bias import causal_lower_right
+
+    generator = torch.Generator().manual_seed(q_len * 1000 + kv_len)
+    q = torch.randn(2, q_len, 8, 64, generator=generator)
+    k, v = (torch.randn(2, kv_len, 2, 64, generator=generator) for _ in range(2))
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=causal_lower_right(q_len, kv_len), enable_gqa=True)
+    got = FlexDense(q_len, kv_len, "cpu", compiled=False)(q, k, v)
+    assert got.shape == (2, 8, q_len, 64)
+    torch.testing.assert_close(got, expected, atol=2e-6, rtol=2e-6)
+
+
+def test_flex_dense_refuses_shapes_it_was_not_built_for():
+    from flex_dense import FlexDense, lower_right_causal_mask
+
+    with pytest.raises(ValueError, match="q_len <= kv_len"):
+        lower_right_causal_mask(5, 4, "cpu")
+    flex = FlexDense(2, 64, "cpu", compiled=False)
+    q, kv = torch.zeros(1, 3, 4, 16), torch.zeros(1, 64, 2, 16)
+    with pytest.raises(ValueError, match=r"built for \(q_len, kv_len\) \(2, 64\)"):
+        flex(q, kv, kv)
