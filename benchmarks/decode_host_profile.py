@@ -39,10 +39,21 @@ from serving_client import random_prompt, single_stream_tpot_ms  # noqa: E402
 from speculative_gpu import DRAFTS, hot_prompt, speculative_args  # noqa: E402
 
 
+#: the project's own code, as py-spy names a frame's file (relative to the import path)
+PROJECT_PACKAGES = ("sglang_m3/", "msa_kernels/")
+
+
+def is_project_frame(frame: str) -> bool:
+    """A frame of the plugin or its kernels (py-spy writes ``function (path:line)``)."""
+    return any(f"({package}" in frame for package in PROJECT_PACKAGES)
+
+
 def summarize(collapsed_path: str, top: int = 25) -> dict:
-    """Per process, the functions with the most self and inclusive samples. With
-    ``--subprocesses`` py-spy roots each stack at its process chain (``process PID:"NAME"``
-    frames, parent first): a sample belongs to the innermost process of its chain."""
+    """Per process, the functions with the most self and inclusive samples, and the samples whose
+    stack passes through the project's code (``project``, with the outermost such frame of each:
+    where SGLang called in). With ``--subprocesses`` py-spy roots each stack at its process chain
+    (``process PID:"NAME"`` frames, parent first): a sample belongs to the innermost process of
+    its chain."""
     processes: dict[str, dict] = {}
     with open(collapsed_path, encoding="utf-8", errors="replace") as handle:
         for line in handle:
@@ -53,14 +64,19 @@ def summarize(collapsed_path: str, top: int = 25) -> dict:
             chain = [frame for frame in frames if frame.startswith("process ")]
             calls = [frame for frame in frames if not frame.startswith("process ")]
             name = chain[-1] if chain else "(unknown process)"
-            process = processes.setdefault(name, {"samples": 0, "self": collections.Counter(), "inclusive": collections.Counter()})
+            process = processes.setdefault(name, {"samples": 0, "self": collections.Counter(), "inclusive": collections.Counter(),
+                                                  "project": collections.Counter()})
             samples = int(count)
             process["samples"] += samples
             process["self"][calls[-1] if calls else "(no Python frame)"] += samples
             for frame in set(calls):
                 process["inclusive"][frame] += samples
+            entry = next((frame for frame in calls if is_project_frame(frame)), None)
+            if entry is not None:
+                process["project"][entry] += samples
     return {
-        name: {"samples": p["samples"], "self": p["self"].most_common(top), "inclusive": p["inclusive"].most_common(top)}
+        name: {"samples": p["samples"], "self": p["self"].most_common(top), "inclusive": p["inclusive"].most_common(top),
+               "project_samples": sum(p["project"].values()), "project_entries": p["project"].most_common(top)}
         for name, p in sorted(processes.items(), key=lambda item: -item[1]["samples"])
     }
 
@@ -173,7 +189,8 @@ def report(label: str, phase: dict) -> None:
     for name, gc_phase in phase["gc"].items():
         print(f"  gc {name}: collections {gc_phase['collections']} ms {gc_phase['ms']}", flush=True)
     for name, process_summary in list(phase["processes"].items())[:4]:
-        print(f"  {name[:90]}: {process_summary['samples']} samples; top self:", flush=True)
+        share = process_summary["project_samples"] / max(process_summary["samples"], 1)
+        print(f"  {name[:90]}: {process_summary['samples']} samples, {share:.1%} through the project's code; top self:", flush=True)
         for frame, samples in process_summary["self"][:12]:
             print(f"    {samples:6d} {frame[:150]}", flush=True)
 

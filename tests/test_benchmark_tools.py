@@ -267,6 +267,23 @@ def test_host_profile_gives_each_sample_to_its_innermost_process(tmp_path):
     assert scheduler["self"] == [("step (s.py:9)", 6), ("loop (s.py:1)", 2), ("(no Python frame)", 1)]
     assert scheduler["inclusive"] == [("loop (s.py:1)", 8), ("step (s.py:9)", 6)]
     assert summary['process 1:"launch_server"']["inclusive"] == [("serve (h.py:3)", 3)]
+    assert scheduler["project_samples"] == 0
+
+
+def test_host_profile_counts_samples_through_the_projects_code_at_their_entry(tmp_path):
+    from decode_host_profile import summarize
+
+    collapsed = tmp_path / "stacks.txt"
+    collapsed.write_text(
+        'process 2:"sched";loop (s.py:1);init (sglang_m3/msa/hybrid.py:47);plan (msa_kernels/plan.py:9);mm (t.py:2) 5\n'
+        'process 2:"sched";loop (s.py:1);init (sglang_m3/msa/hybrid.py:47) 1\n'
+        'process 2:"sched";loop (s.py:1);run (msa_kernels/api.py:3) 2\n'
+        'process 2:"sched";loop (s.py:1);step (not_sglang_m3/x.py:1) 4\n'
+    )
+    scheduler = summarize(str(collapsed))['process 2:"sched"']
+    assert scheduler["samples"] == 12
+    assert scheduler["project_samples"] == 8
+    assert scheduler["project_entries"] == [("init (sglang_m3/msa/hybrid.py:47)", 6), ("run (msa_kernels/api.py:3)", 2)]
 
 
 def test_host_profile_phase_deltas_name_busy_threads_and_collections():
