@@ -448,24 +448,35 @@ def test_moe_tables_are_listed_for_the_gpu_that_reads_them():
     assert shipped and e2e_gpu.tables_for_gpu(shipped, "NVIDIA H100 80GB HBM3") == shipped
 
 
+def _lower_right_sdpa(q, k, v):
+    """SDPA's answer in the benchmark layout: ``q [B, lq, HQ, D]``, ``k/v [B, L, HKV, D]`` -> ``[B, HQ, lq, D]``."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    lq, lk = q.shape[1], k.shape[1]
+    return torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=causal_lower_right(lq, lk), enable_gqa=True)
+
+
+def _verify_inputs(batch, q_len, kv_len, seed, dtype=torch.float32):
+    generator = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, q_len, 8, 64, generator=generator, dtype=dtype)
+    k, v = (torch.randn(batch, kv_len, 2, 64, generator=generator, dtype=dtype) for _ in range(2))
+    return q, k, v
+
+
 @pytest.mark.parametrize("q_len, kv_len", [(4, 300), (3, 257), (1, 200), (8, 8)])
 def test_flex_dense_anchor_is_lower_right_causal_gqa(q_len, kv_len):
     """The speculative rows' Flex anchor computes what SDPA computes under ``causal_lower_right``."""
-    from flex_dense import FlexDense
-    from torch.nn.attention.bias import causal_lower_right
+    from verify_dense import FlexDense
 
-    generator = torch.Generator().manual_seed(q_len * 1000 + kv_len)
-    q = torch.randn(2, q_len, 8, 64, generator=generator)
-    k, v = (torch.randn(2, kv_len, 2, 64, generator=generator) for _ in range(2))
-    expected = torch.nn.functional.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=causal_lower_right(q_len, kv_len), enable_gqa=True)
+    q, k, v = _verify_inputs(2, q_len, kv_len, seed=q_len * 1000 + kv_len)
     got = FlexDense(q_len, kv_len, "cpu", compiled=False)(q, k, v)
     assert got.shape == (2, 8, q_len, 64)
-    torch.testing.assert_close(got, expected, atol=2e-6, rtol=2e-6)
+    torch.testing.assert_close(got, _lower_right_sdpa(q, k, v), atol=2e-6, rtol=2e-6)
 
 
 def test_flex_dense_refuses_shapes_it_was_not_built_for():
-    from flex_dense import FlexDense, lower_right_causal_mask
+    from verify_dense import FlexDense, lower_right_causal_mask
 
     with pytest.raises(ValueError, match="q_len <= kv_len"):
         lower_right_causal_mask(5, 4, "cpu")
@@ -473,3 +484,55 @@ def test_flex_dense_refuses_shapes_it_was_not_built_for():
     q, kv = torch.zeros(1, 3, 4, 16), torch.zeros(1, 64, 2, 16)
     with pytest.raises(ValueError, match=r"built for \(q_len, kv_len\) \(2, 64\)"):
         flex(q, kv, kv)
+
+
+def test_folding_the_batch_into_heads_keeps_each_requests_attention():
+    """Requests folded into heads (queries and keys alike) attend as they did one by one, GQA included."""
+    from verify_dense import fold_batch_into_heads
+
+    q, k, v = _verify_inputs(3, 5, 40, seed=7)
+    folded = [fold_batch_into_heads(x) for x in (q, k, v)]
+    assert folded[0].shape == (5, 3 * 8, 64) and folded[1].shape == (40, 3 * 2, 64)
+    torch.testing.assert_close(folded[1][:, 2:4], k[1])  # request 1's two key heads
+    got = _lower_right_sdpa(*(x[None] for x in folded))[0]  # [B * HQ, lq, D]
+    torch.testing.assert_close(got.view(3, 8, 5, 64), _lower_right_sdpa(q, k, v), atol=2e-6, rtol=2e-6)
+
+
+@pytest.mark.parametrize("batch, q_len, kv_len", [(1, 4, 300), (3, 4, 129), (2, 8, 64)])
+def test_cudnn_prefix_split_anchor_is_lower_right_causal_gqa(monkeypatch, batch, q_len, kv_len):
+    """The prefix-split anchor over folded requests is each request's verify attention (its cuDNN
+    call stood in by the definition, as in tests/msa/test_dense_prefill.py; on the GPU the
+    benchmark compares its output with SDPA's on every row)."""
+    from sglang_m3.msa import dense_prefill
+    from verify_dense import CudnnPrefixSplitDense
+
+    def attention_with_lse(q, keys, values, scale, causal):
+        group = q.shape[1] // keys.shape[1]
+        k, v = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
+        scores = torch.einsum("nhd,lhd->hnl", q, k) * scale
+        if causal:
+            scores = scores.masked_fill(torch.ones(q.shape[0], k.shape[0], dtype=torch.bool).triu(1), float("-inf"))
+        return torch.einsum("hnl,lhd->nhd", torch.softmax(scores, -1), v), torch.logsumexp(scores, -1).transpose(0, 1)[..., None]
+
+    monkeypatch.setattr(dense_prefill, "_cudnn_attention_with_lse", attention_with_lse)
+    sets = [_verify_inputs(batch, q_len, kv_len, seed=seed, dtype=torch.float64) for seed in (1, 2)]
+    split = CudnnPrefixSplitDense(sets)
+    for index, (q, k, v) in enumerate(sets):
+        got = split(index)
+        assert got.shape == (batch, 8, q_len, 64)
+        torch.testing.assert_close(got, _lower_right_sdpa(q, k, v), atol=1e-10, rtol=1e-10)
+
+
+def test_dense_anchor_skips_a_backend_that_computes_something_else():
+    """A dense backend whose output differs from the first one's (another mask) is not timed, so it
+    cannot become the anchor however fast it is."""
+    import msa_kernel_bench as bench
+
+    reference = torch.zeros(1, bench.HQ, 2, bench.D)
+    fns = {"first": lambda: reference, "same": lambda: reference + 1e-4, "wrong": lambda: reference + 0.5}
+    times = {"first": 30.0, "same": 20.0, "wrong": 1.0}
+    row = {}
+    bench.time_dense(row, lambda: fns, lambda name, fn: times[name])
+    assert row["dense_backends"] == {"first": 30.0, "same": 20.0, "wrong": None}
+    assert row["dense_backend"] == "same" and row["dense_us"] == 20.0
+    assert "differs from the first backend's by 0.5" in row["dense_backend_errors"]["wrong"]
