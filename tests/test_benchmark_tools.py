@@ -503,18 +503,12 @@ def test_cudnn_prefix_split_anchor_is_lower_right_causal_gqa(monkeypatch, batch,
     """The prefix-split anchor over folded requests is each request's verify attention (its cuDNN
     call stood in by the definition, as in tests/msa/test_dense_prefill.py; on the GPU the
     benchmark compares its output with SDPA's on every row)."""
-    from sglang_m3.msa import dense_prefill
+    from attention_definitions import math_attention_with_lse
     from verify_dense import CudnnPrefixSplitDense
 
-    def attention_with_lse(q, keys, values, scale, causal):
-        group = q.shape[1] // keys.shape[1]
-        k, v = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
-        scores = torch.einsum("nhd,lhd->hnl", q, k) * scale
-        if causal:
-            scores = scores.masked_fill(torch.ones(q.shape[0], k.shape[0], dtype=torch.bool).triu(1), float("-inf"))
-        return torch.einsum("hnl,lhd->nhd", torch.softmax(scores, -1), v), torch.logsumexp(scores, -1).transpose(0, 1)[..., None]
+    from sglang_m3.msa import dense_prefill
 
-    monkeypatch.setattr(dense_prefill, "_cudnn_attention_with_lse", attention_with_lse)
+    monkeypatch.setattr(dense_prefill, "_cudnn_attention_with_lse", math_attention_with_lse)
     sets = [_verify_inputs(batch, q_len, kv_len, seed=seed, dtype=torch.float64) for seed in (1, 2)]
     split = CudnnPrefixSplitDense(sets)
     for index, (q, k, v) in enumerate(sets):

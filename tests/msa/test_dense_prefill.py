@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from attention_definitions import math_attention_with_lse
 from forward_batch_doubles import forward_batch_for
 
 from sglang_m3.msa.dense_prefill import ENV, SDPADensePrefill, sdpa_dense_prefill_enabled
@@ -150,18 +151,6 @@ def test_enabled_on_cuda_only_and_the_switch_is_checked(monkeypatch):
         sdpa_dense_prefill_enabled(torch.device("cuda"))
 
 
-def _math_attention_with_lse(q, keys, values, scale, causal):
-    """What the cuDNN call returns, from the definition in float64: top-left causal when asked."""
-    group = q.shape[1] // keys.shape[1]
-    k, v = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
-    scores = torch.einsum("nhd,lhd->hnl", q, k) * scale
-    if causal:
-        scores = scores.masked_fill(torch.ones(q.shape[0], k.shape[0], dtype=torch.bool).triu(1), float("-inf"))
-    lse = torch.logsumexp(scores, -1)
-    out = torch.einsum("hnl,lhd->nhd", torch.softmax(scores, -1), v)
-    return out, lse.transpose(0, 1)[..., None]
-
-
 @pytest.mark.parametrize("prefix, n", [(1, 1), (1, 7), (37, 5), (5, 37), (64, 64)])
 def test_prefix_split_merges_to_causal_attention_over_prefix_and_chunk(monkeypatch, prefix, n):
     """The prefix attended unmasked and the chunk causally, merged by their log-sum-exp, is the
@@ -169,7 +158,7 @@ def test_prefix_split_merges_to_causal_attention_over_prefix_and_chunk(monkeypat
     itself is checked on the GPU, tests/gpu/test_full_selection_gpu.py)."""
     from sglang_m3.msa import dense_prefill
 
-    monkeypatch.setattr(dense_prefill, "_cudnn_attention_with_lse", _math_attention_with_lse)
+    monkeypatch.setattr(dense_prefill, "_cudnn_attention_with_lse", math_attention_with_lse)
     gen = torch.Generator().manual_seed(prefix * 100 + n)
     keys, values = (torch.randn(prefix + n, HKV, D, generator=gen, dtype=torch.float64) for _ in range(2))
     q = torch.randn(n, HQ, D, generator=gen, dtype=torch.float64) * 3  # peaked softmax: the merge weights matter
