@@ -15,17 +15,26 @@ GPU each, so the pair fits two H100s; at TP1 the pair needs an H200). ``--agains
 pairs ours with ours under that environment variable instead of upstream (an A/B of one of the
 plugin's switches, e.g. ``SGLANG_M3_MOE_OVERLAP=0``).
 
+``--draft chain3`` (or ``tree8``) pairs ours with an EAGLE3 draft against ours without one: the
+speculative benchmark's lm-head-copy draft and settings (``speculative_gpu``), prompts from the
+draft's vocabulary for both servers, each server's greedy output of the speculative benchmark's
+identity prompts compared, and the draft's acceptance length measured. Its speed-up is the
+TPOT without the draft over the TPOT with it, taken in the same minutes: the speculative
+benchmark's servers run one after another, and its concurrency-1 ratio moved from 1.53x to 1.87x
+between three device calls of one session on the H200 (``results/speculative_gpu_h200.md``).
+
 ``--ttft-tokens 32768 131072`` pairs time to first token the same way, one prompt of that length
 at a time: each server's first prompt of the length is kept apart (``first_ttft_ms``: what a
 server compiles or plans on first sight of the length, which a user's first such prompt pays),
 then ``--rounds`` ABBA pairs.
 
-    scripts/gpu/run.sh exec python benchmarks/e2e_gpu_paired.py --out $OUT [--rounds 8] [--tp 2 --ep 2] [--concurrency 1 16] [--ttft-tokens 32768] [--against KEY=VALUE]
+    scripts/gpu/run.sh exec python benchmarks/e2e_gpu_paired.py --out $OUT [--rounds 8] [--tp 2 --ep 2] [--concurrency 1 16] [--ttft-tokens 32768] [--against KEY=VALUE | --draft chain3]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import signal
@@ -39,18 +48,25 @@ sys.path.insert(0, os.path.dirname(__file__))
 from e2e_gpu import THROUGHPUT_OUTPUT, THROUGHPUT_PROMPT, commit, gpu_name, start_server, stop_server, warm_up  # noqa: E402
 from midsize_m3 import midsize_text_config, write_midsize_checkpoint  # noqa: E402
 from serving_client import random_prompt, run_group, stream_generate  # noqa: E402
+from speculative_gpu import DRAFTS, IDENTITY_LENGTHS, IDENTITY_TOKENS, hot_prompt, speculative_args  # noqa: E402
+from spec_requests import accept_length, generate, generate_concurrently  # noqa: E402  (on the path speculative_gpu sets)
 
 #: KV slots per server: two pools fit on one H100 beside both models, and a 2K request needs few
 KV_TOKENS_PER_SERVER = 262144
 
 
+#: the copy draft's vocabulary (the speculative benchmark's default), and the prompts drawn from it
+DRAFT_VOCAB = 32000
+
+
 @dataclass(frozen=True)
 class Contender:
-    """One of the two servers: its label in the results, its implementation and extra environment."""
+    """One of the two servers: its label in the results, its implementation, extra environment and flags."""
 
     label: str
     impl: str
     env: dict = field(default_factory=dict)
+    server_args: tuple[str, ...] = ()
 
 
 #: the default pair; the first contender is always ours (``speedup_of_medians`` is second / first)
@@ -68,6 +84,13 @@ def contenders(against: str | None) -> tuple[Contender, Contender]:
     return Contender("ours", "ours"), Contender(label, "ours", {key: value})
 
 
+def draft_contenders(draft: str, draft_dir: str) -> tuple[Contender, Contender]:
+    """Ours with the EAGLE3 copy draft in ``draft``'s shape first (the speed-up is over it), ours without second."""
+    if draft not in DRAFTS or draft == "none":
+        raise ValueError(f"--draft takes one of {[name for name in DRAFTS if name != 'none']}, got {draft!r}")
+    return Contender(draft, "ours", server_args=speculative_args(draft, draft_dir)), Contender("none", "ours")
+
+
 def start_both(model_dir: str, out_dir: str, tp: int = 1, ep: int = 1, pair: tuple[Contender, ...] = OURS_VS_UPSTREAM) -> dict[str, tuple]:
     """Both servers started at once (start-up is not measured here), keyed by label; raises if either fails."""
     started: dict[str, tuple] = {}
@@ -77,7 +100,7 @@ def start_both(model_dir: str, out_dir: str, tp: int = 1, ep: int = 1, pair: tup
         try:
             started[contender.label] = start_server(
                 contender.impl, model_dir, out_dir, tp, ep, label=f"paired-{contender.label}",
-                extra_args=("--max-total-tokens", str(KV_TOKENS_PER_SERVER)), env=contender.env,
+                extra_args=("--max-total-tokens", str(KV_TOKENS_PER_SERVER), *contender.server_args), env=contender.env,
             )
         except BaseException as error:  # reported below, after the other start ends
             errors[contender.label] = error
@@ -94,16 +117,20 @@ def start_both(model_dir: str, out_dir: str, tp: int = 1, ep: int = 1, pair: tup
     return started
 
 
-def paired_rounds(urls: dict[str, str], rounds: int, seed, concurrency: int = 1) -> dict[str, list[float]]:
+def throughput_prompt(seed: int) -> list[int]:
+    return random_prompt(THROUGHPUT_PROMPT, seed)
+
+
+def paired_rounds(urls: dict[str, str], rounds: int, seed, concurrency: int = 1, make_prompt=throughput_prompt) -> dict[str, list[float]]:
     """``rounds`` pairs of request groups in ABBA order over the two servers of ``urls`` (label ->
-    URL, in pair order); each request gets its own random prompt. Returns each group's mean TPOT
-    in ms per label."""
+    URL, in pair order); each request gets its own prompt, ``make_prompt(seed)`` (by default a
+    random one of the throughput length). Returns each group's mean TPOT in ms per label."""
     labels = list(urls)
     tpot_ms: dict[str, list[float]] = {label: [] for label in labels}
     for round_index in range(rounds):
         order = labels if round_index % 2 == 0 else labels[::-1]
         for label in order:
-            prompts = [random_prompt(THROUGHPUT_PROMPT, next(seed)) for _ in range(concurrency)]
+            prompts = [make_prompt(next(seed)) for _ in range(concurrency)]
             tpot_ms[label].append(run_group(urls[label], prompts, THROUGHPUT_OUTPUT).mean_tpot_ms)
         print(f"  c{concurrency} round {round_index}: " + ", ".join(f"{label} {tpot_ms[label][-1]:.2f} ms" for label in labels), flush=True)
     return tpot_ms
@@ -125,6 +152,17 @@ def paired_ttft_rounds(urls: dict[str, str], rounds: int, seed, tokens: int) -> 
             ttfts[label].append(ttft_ms(label))
         print(f"  {tokens}-token round {round_index}: " + ", ".join(f"{label} {ttfts[label][-1]:.1f} ms" for label in labels), flush=True)
     return first, ttfts
+
+
+def draft_checks(urls: dict[str, str], draft_label: str) -> dict:
+    """Greedy output of the speculative benchmark's identity prompts on both servers (identical when
+    the draft changes no token) and the draft's acceptance length over four concurrent requests."""
+    outputs = {label: {str(length): generate(url, hot_prompt(length, 7 + length, DRAFT_VOCAB), IDENTITY_TOKENS)["output_ids"]
+                       for length in IDENTITY_LENGTHS}
+               for label, url in urls.items()}
+    reference = next(outputs[label] for label in urls if label != draft_label)
+    answers = generate_concurrently(urls[draft_label], [hot_prompt(THROUGHPUT_PROMPT, 10**6 + i, DRAFT_VOCAB) for i in range(4)], 64)
+    return {"greedy_identical": outputs[draft_label] == reference, "accept_len": accept_length(answers)}
 
 
 def summary(values: dict[str, list[float]], metric: str = "tpot_ms") -> dict:
@@ -152,7 +190,10 @@ def main(argv=None) -> int:
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size of both servers")
     parser.add_argument("--ep", type=int, default=1, help="expert-parallel size of both servers (inside the TP group)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1], help="requests per group (default: 1)")
-    parser.add_argument("--against", metavar="KEY=VALUE", help="pair ours with ours under this environment variable, not upstream")
+    choice = parser.add_mutually_exclusive_group()
+    choice.add_argument("--against", metavar="KEY=VALUE", help="pair ours with ours under this environment variable, not upstream")
+    choice.add_argument("--draft", choices=[name for name in DRAFTS if name != "none"],
+                        help="pair ours with the speculative benchmark's EAGLE3 copy draft in this shape against ours without")
     parser.add_argument("--ttft-tokens", type=int, nargs="*", default=[], help="prompt lengths whose TTFT is paired too (after decode)")
     args = parser.parse_args(argv)
     try:
@@ -162,13 +203,23 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(f"stopped by signal {signum}"))
     model_dir = write_midsize_checkpoint(tempfile.mkdtemp(prefix="m3-midsize-"), 1, 3)
+    make_prompt, checks = throughput_prompt, {}
+    if args.draft:
+        from midsize_draft import write_copy_draft
+
+        draft_dir = write_copy_draft(tempfile.mkdtemp(prefix="m3-midsize-draft-"), midsize_text_config(1, 3), DRAFT_VOCAB)
+        pair = draft_contenders(args.draft, draft_dir)
+        make_prompt = functools.partial(hot_prompt, THROUGHPUT_PROMPT, draft_vocab=DRAFT_VOCAB)
     servers = start_both(model_dir, args.out, args.tp, args.ep, pair)
     try:
         urls = {contender.label: servers[contender.label][1] for contender in pair}
         seed = iter(range(10**6))
         for url in urls.values():
             warm_up(url, seed)
-        by_concurrency = {c: summary(paired_rounds(urls, args.rounds, seed, c)) for c in args.concurrency}
+        if args.draft:
+            checks = draft_checks(urls, args.draft)
+            print(f"draft checks: {checks}", flush=True)
+        by_concurrency = {c: summary(paired_rounds(urls, args.rounds, seed, c, make_prompt)) for c in args.concurrency}
         by_length = {}
         for tokens in args.ttft_tokens:
             first, ttfts = paired_ttft_rounds(urls, args.rounds, seed, tokens)
@@ -183,11 +234,12 @@ def main(argv=None) -> int:
                 + (f"; TTFT of lone prompts of each length in ttft_prompt_tokens, {args.rounds} ABBA rounds after each server's first"
                    if by_length else ""),
         "max_total_tokens": KV_TOKENS_PER_SERVER,
-        "pair": [{"label": c.label, "impl": c.impl, "env": c.env} for c in pair],
+        "pair": [{"label": c.label, "impl": c.impl, "env": c.env, "server_args": list(c.server_args)} for c in pair],
+        **({"draft": args.draft, "draft_vocab": DRAFT_VOCAB, **checks} if args.draft else {}),
         "concurrency": {str(c): s for c, s in by_concurrency.items()},
         "ttft_prompt_tokens": {str(tokens): s for tokens, s in by_length.items()},
     }
-    suffix = "" if args.against is None else f"_vs_{pair[1].label}"
+    suffix = f"_{args.draft}_vs_none" if args.draft else "" if args.against is None else f"_vs_{pair[1].label}"
     path = os.path.join(args.out, f"e2e_gpu_paired_tp{args.tp}_ep{args.ep}{suffix}.json")
     with open(path, "w", encoding="utf-8") as handle:
         json.dump(result, handle, indent=2)

@@ -363,6 +363,68 @@ def test_paired_ttft_keeps_each_servers_first_prompt_apart_then_alternates_abba(
     assert result["speedup_of_medians"] == pytest.approx(1.5) and result["rounds_ours_faster"] == 2
 
 
+def test_paired_draft_puts_the_drafted_server_first_with_the_speculative_benchmarks_flags(monkeypatch):
+    """``--draft``: the speed-up (second over first) is TPOT without the draft over TPOT with it, and
+    the drafted server starts with the speculative benchmark's flags beside the pair's KV cap."""
+    import e2e_gpu_paired
+    from speculative_gpu import speculative_args
+
+    drafted, plain = e2e_gpu_paired.draft_contenders("chain3", "/tmp/draft")
+    assert (drafted.label, drafted.impl, drafted.server_args) == ("chain3", "ours", speculative_args("chain3", "/tmp/draft"))
+    assert (plain.label, plain.impl, plain.server_args) == ("none", "ours", ())
+    for bad in ("none", "tree3"):
+        with pytest.raises(ValueError, match="--draft takes one of"):
+            e2e_gpu_paired.draft_contenders(bad, "/tmp/draft")
+
+    started = {}
+
+    def fake_start(impl, model_dir, out_dir, tp, ep, label="", extra_args=(), env=None):
+        started[label] = extra_args
+        return (object(), f"url-{label}", 1.0, "log")
+
+    monkeypatch.setattr(e2e_gpu_paired, "start_server", fake_start)
+    servers = e2e_gpu_paired.start_both("model", "out", pair=(drafted, plain))
+    assert set(servers) == {"chain3", "none"}
+    cap = ("--max-total-tokens", str(e2e_gpu_paired.KV_TOKENS_PER_SERVER))
+    assert started == {"paired-chain3": (*cap, *drafted.server_args), "paired-none": cap}
+
+    tpot = {"chain3": [1.0, 1.1, 0.9], "none": [2.0, 2.1, 1.9]}
+    result = e2e_gpu_paired.summary(tpot)
+    assert result["speedup_of_medians"] == pytest.approx(2.0) and result["rounds_ours_faster"] == 3
+
+
+def test_paired_rounds_draw_each_prompt_from_the_given_maker(monkeypatch):
+    import e2e_gpu_paired
+    from serving_client import GroupTiming, RequestTiming
+
+    sent = []
+
+    def fake_group(url, prompts, tokens):
+        sent.append((url, prompts))
+        return GroupTiming([RequestTiming(0.1, 0.2, tokens) for _ in prompts], 1.0)
+
+    monkeypatch.setattr(e2e_gpu_paired, "run_group", fake_group)
+    e2e_gpu_paired.paired_rounds({"a": "u-a", "b": "u-b"}, 2, iter(range(100)), 2, make_prompt=lambda seed: [-seed])
+    assert sent == [("u-a", [[0], [-1]]), ("u-b", [[-2], [-3]]), ("u-b", [[-4], [-5]]), ("u-a", [[-6], [-7]])]
+
+
+def test_draft_checks_compare_greedy_outputs_and_measure_acceptance(monkeypatch):
+    import e2e_gpu_paired
+
+    def fake_generate(url, prompt, tokens):
+        differs = url == "u-draft" and len(prompt) == e2e_gpu_paired.IDENTITY_LENGTHS[-1] and broken
+        return {"output_ids": [prompt[-1]] * tokens if not differs else [0] * tokens}
+
+    answers = [{"output_ids": [1] * 64, "meta_info": {"spec_verify_ct": 16}} for _ in range(4)]
+    monkeypatch.setattr(e2e_gpu_paired, "generate", fake_generate)
+    monkeypatch.setattr(e2e_gpu_paired, "generate_concurrently", lambda url, prompts, tokens: answers if url == "u-draft" else None)
+    urls = {"chain3": "u-draft", "none": "u-plain"}
+    broken = False
+    assert e2e_gpu_paired.draft_checks(urls, "chain3") == {"greedy_identical": True, "accept_len": 4.0}
+    broken = True
+    assert e2e_gpu_paired.draft_checks(urls, "chain3")["greedy_identical"] is False
+
+
 def test_paired_contenders_default_to_upstream_and_take_one_environment_variable():
     import e2e_gpu_paired
 
