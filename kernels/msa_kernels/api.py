@@ -99,13 +99,14 @@ def _tree_args(tree: DraftTree | None, tiles: Tiles, block_size: int):
 def _attention(
     plan_tiles: Tiles, page_table, q, k_cache, v_cache, selected, out, splits: int, sm_scale: float, block_size: int,
     tickets: torch.Tensor | None = None, k_scale: float = 1.0, v_scale: float = 1.0, tree: DraftTree | None = None,
-    per_token: bool = False,
+    per_token: bool = False, dense: bool = False,
 ) -> None:
     """Sparse GQA over each tile's union of chosen blocks; split + LSE merge when ``splits > 1``.
 
     ``k_scale`` / ``v_scale``: an fp8 cache's per-layer scales (values = stored * scale).
     ``tree``: the tiles are requests whose tokens form draft trees (decode plans only).
     ``per_token`` (decode plans): each tile's ``max_tokens`` tokens attend as one-token tiles.
+    ``dense`` (one-token tiles): every block up to each token's position, ``selected`` unread.
 
     Splits need one-token tiles: the merge runs in the last-arriving split program of each
     (tile, kv head), counted in ``tickets`` (int32 zeros, ``tiles x kv_heads``, left zero
@@ -114,13 +115,13 @@ def _attention(
     token_tiles = plan_tiles.max_tokens if per_token else 1
     num_tiles = plan_tiles.count * token_tiles
     tile_tokens = plan_tiles.max_tokens // token_tiles
-    if splits > 1 and tile_tokens > 1:
-        raise ValueError(f"split attention needs one-token tiles, got tiles of {tile_tokens} tokens")
+    if (splits > 1 or dense) and tile_tokens > 1:
+        raise ValueError(f"split and dense attention need one-token tiles, got tiles of {tile_tokens} tokens")
     hkv = k_cache.shape[1]
     group = q.shape[1] // hkv
     gp = _pow2(group)
     rows = max(16, tile_tokens * gp)
-    topk = selected.shape[-1]
+    topk = 1 if dense else selected.shape[-1]  # a dense tile reads no choice
     d = q.shape[-1]
     partial = splits > 1
     union_slots = _pow2(tile_tokens * topk)
@@ -150,7 +151,7 @@ def _attention(
         sm_scale * k_scale * _LOG2E, v_scale,
         G=group, GP=gp, ROWS=rows, D=d, BLOCK=block_size,
         TOPK=topk, KP=_pow2(topk), UP=union_slots, SPLITS=splits, WRITE_PARTIAL=partial,
-        SINGLE_TOKEN=single, **tree_flags, TOKEN_TILES=token_tiles,
+        SINGLE_TOKEN=single, **tree_flags, TOKEN_TILES=token_tiles, DENSE=dense,
         num_warps=4 if rows <= 64 else 8, num_stages=2,
     )
 
@@ -356,13 +357,14 @@ def decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    selected: torch.Tensor,
+    selected: torch.Tensor | None,
     out: torch.Tensor | None = None,
     sm_scale: float | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     page_table: torch.Tensor | None = None,
     requests: tuple[int, int] | None = None,
+    dense: bool = False,
 ) -> torch.Tensor:
     """The attention half of :func:`run_decode`: sparse GQA over the blocks ``selected`` chose.
 
@@ -372,8 +374,24 @@ def decode_attention(
     only the blocks a request selected are read through it. ``requests = (first, last)``: attend
     requests ``first .. last - 1`` only (one launch over those tiles; their results are those of
     the whole batch, bit for bit). Returns ``out`` (allocated when None).
+
+    ``dense`` (``selected`` None): a dense-attention layer over the same plan. M3's dense layers
+    (the first three) share the batch's pages with its sparse layers, so each query token attends
+    every block up to its position (a draft tree's token: the prefix, then its path among the
+    drafts), split over ``plan.dense_splits`` programs and merged in the last. For a verify batch
+    that reads the K/V once per (token, kv head) split, where an extend kernel without a split
+    over the keys gives each (request, head) one program.
     """
     p = plan.params
+    if dense:
+        if selected is not None or requests is not None or page_table is not None:
+            raise ValueError("dense attention reads every block of the plan's own table: no selected, requests or page_table")
+        if q.dim() != 3 or q.shape[0] < plan.num_tokens or q.shape[1] % k_cache.shape[1]:
+            raise ValueError(f"q must be [tokens>={plan.num_tokens}, q_heads (a multiple of kv heads), head_dim], got {tuple(q.shape)}")
+        if k_cache.shape[1] != plan.num_kv_heads:
+            raise ValueError(f"k_cache has {k_cache.shape[1]} kv heads, the plan was made for {plan.num_kv_heads}")
+    elif selected is None:
+        raise ValueError("sparse decode attention needs the blocks each token selected (selected), or dense=True")
     table = plan.page_table if page_table is None else page_table
     _check_page_table_like(plan.page_table, table, k_cache, p.block_size)
     _check_kv_scales(k_cache, v_cache, k_scale, v_scale)
@@ -389,9 +407,9 @@ def decode_attention(
         tiles = Tiles(req=tiles.req[first:last], tok0=tiles.tok0[first:last], pos0=tiles.pos0[first:last],
                       ntok=tiles.ntok[first:last], max_tokens=tiles.max_tokens)
     _attention(
-        tiles, table, q, k_cache, v_cache, selected, out,
-        splits=plan.attn_splits, sm_scale=_scale(sm_scale, q.shape[-1]), block_size=p.block_size,
-        tickets=plan.tickets, k_scale=k_scale, v_scale=v_scale, tree=plan.tree, per_token=True,
+        tiles, table, q, k_cache, v_cache, table if dense else selected, out,
+        splits=plan.dense_splits if dense else plan.attn_splits, sm_scale=_scale(sm_scale, q.shape[-1]), block_size=p.block_size,
+        tickets=plan.tickets, k_scale=k_scale, v_scale=v_scale, tree=plan.tree, per_token=True, dense=dense,
     )
     return out
 

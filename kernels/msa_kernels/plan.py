@@ -103,6 +103,7 @@ class DecodePlan:
     max_blocks: int
     index_splits: int  # programs per request in the index scan
     attn_splits: int  # programs per (query token, kv head) in the sparse attention
+    dense_splits: int  # programs per (query token, kv head) when a dense layer attends every block
     num_kv_heads: int
     # int32 zeros, one arrival counter per (query token, kv head): the attention runs every token
     # as its own tile, and the last of its splits to arrive merges the partial outputs and resets
@@ -243,6 +244,8 @@ def assemble_decode_plan(
     # tokens of one request that chose the same block read it at about the same time, from L2.
     per_split = batch * q_len * num_kv_heads
     attn_splits = max(1, min(params.topk, (attn_programs_per_sm * num_sms + per_split - 1) // per_split))
+    # A dense layer reads up to every block of the table: as many programs, not more than one per block.
+    dense_splits = max(1, min(max_blocks, (attn_programs_per_sm * num_sms + per_split - 1) // per_split))
     return DecodePlan(
         params=params,
         page_table=page_table,
@@ -251,6 +254,7 @@ def assemble_decode_plan(
         max_blocks=max_blocks,
         index_splits=index_splits,
         attn_splits=attn_splits,
+        dense_splits=dense_splits,
         num_kv_heads=num_kv_heads,
         tickets=tickets,
         tree=tree,

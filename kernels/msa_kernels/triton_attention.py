@@ -9,6 +9,10 @@ tokens, chain or draft tree, each over the blocks it chose), splits those blocks
 programs and merges their partial outputs by log-sum-exp in the last split to finish (an atomic
 ticket per (tile, head)), saving a dependent launch.
 
+``DENSE`` (M3's dense-attention layers in a decode / verify batch, the same plan): every block up
+to a token's position is read, in order, instead of the blocks it chose; the rest is the same
+(splits, merge, draft trees along their paths).
+
 fp8 KV caches (SGLang's ``--kv-cache-dtype fp8_e4m3``: stored = value / scale, one scale per layer
 for K and one for V): each K/V tile is widened to the query's dtype right after its load (exact),
 so the MMAs run as for a 16-bit cache and accumulate in fp32; the K scale is folded into the
@@ -41,7 +45,7 @@ def sparse_attention_kernel(
     G: tl.constexpr, GP: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
     TOPK: tl.constexpr, KP: tl.constexpr, UP: tl.constexpr, SPLITS: tl.constexpr, WRITE_PARTIAL: tl.constexpr,
     SINGLE_TOKEN: tl.constexpr, TREE: tl.constexpr, NW: tl.constexpr, WB: tl.constexpr,
-    TOKEN_TILES: tl.constexpr = 1,
+    TOKEN_TILES: tl.constexpr = 1, DENSE: tl.constexpr = False,
 ):
     """See the module docstring. ``TOKEN_TILES``: one-token tiles per tile of the tile tensors
     (the grid's first axis counts the one-token tiles; needs ``SINGLE_TOKEN``). ``TREE``
@@ -71,14 +75,20 @@ def sparse_attention_kernel(
     d = tl.arange(0, D)
     q = tl.load(q_ptr + (tok0 + t)[:, None] * s_q_t + (h * G + g)[:, None] * s_q_h + d[None, :], mask=row_ok[:, None], other=0.0)
     slot = tl.arange(0, KP)
-    row_sel = tl.load(
-        sel_ptr + (tok0 + t)[:, None] * s_sel_t + h * s_sel_h + slot[None, :],
-        mask=row_ok[:, None] & (slot[None, :] < TOPK),
-        other=-1,
-    )  # [ROWS, KP]: the blocks each row's token chose
+    if DENSE:  # no choice to read
+        row_sel = tl.full([ROWS, KP], -1, tl.int32)
+    else:
+        row_sel = tl.load(
+            sel_ptr + (tok0 + t)[:, None] * s_sel_t + h * s_sel_h + slot[None, :],
+            mask=row_ok[:, None] & (slot[None, :] < TOPK),
+            other=-1,
+        )  # [ROWS, KP]: the blocks each row's token chose
     # The block list is read from memory inside the loop (not extracted from registers) so that
     # the software pipeliner can prefetch the next block's K/V while this one is computed.
-    if SINGLE_TOKEN:  # the token's own sorted choice, -1 padded
+    if DENSE:  # every block up to the token's newest key (a tile with no token has none)
+        list_ptr = sel_ptr
+        count = tl.where(ntok > 0, (last_pos + BLOCK) // BLOCK, 0)
+    elif SINGLE_TOKEN:  # the token's own sorted choice, -1 padded
         list_ptr = sel_ptr + tok0 * s_sel_t + h * s_sel_h
         count = tl.sum((tl.max(row_sel, axis=0) >= 0).to(tl.int32), 0)
     else:  # union of the tile's choices, built in registers, staged in this program's scratch row
@@ -94,7 +104,10 @@ def sparse_attention_kernel(
     l_i = tl.zeros([ROWS], tl.float32)
     acc = tl.zeros([ROWS, D], tl.float32)
     for i in range(split, count, SPLITS):
-        blk = tl.load(list_ptr + i)
+        if DENSE:
+            blk = i
+        else:
+            blk = tl.load(list_ptr + i)
         page = tl.load(page_ptr + req * s_pg_b + blk).to(tl.int64)
         kpos = blk * BLOCK + keys
         key_ok = kpos <= last_pos  # never touch rows past the newest token (may hold garbage)
@@ -111,7 +124,7 @@ def sparse_attention_kernel(
         if split == 0:
             m_i, l_i, acc = _attend_tree_path(
                 q, m_i, l_i, acc, k_ptr, v_ptr, depth_ptr, anc_ptr, tslot_ptr, row_sel, req_tok0, pos0, req_ntok, token + t, row_ok, h,
-                s_k_slot, s_k_h, s_v_slot, s_v_h, qk_scale_log2, D, BLOCK, NW, WB,
+                s_k_slot, s_k_h, s_v_slot, s_v_h, qk_scale_log2, D, BLOCK, NW, WB, DENSE,
             )
     has_any = l_i > 0
     o = acc / tl.where(has_any, l_i, 1.0)[:, None] * v_scale
@@ -143,23 +156,24 @@ def sparse_attention_kernel(
 def _attend_tree_path(
     q, m_i, l_i, acc, k_ptr, v_ptr, depth_ptr, anc_ptr, tslot_ptr, row_sel, tok0, pos0, ntok, t, row_ok, h,
     s_k_slot, s_k_h, s_v_slot, s_v_h, qk_scale_log2,
-    D: tl.constexpr, BLOCK: tl.constexpr, NW: tl.constexpr, WB: tl.constexpr,
+    D: tl.constexpr, BLOCK: tl.constexpr, NW: tl.constexpr, WB: tl.constexpr, DENSE: tl.constexpr = False,
 ):
     """One more online-softmax step over a draft tree's tokens: row (token t of the request's
     ``ntok`` from row ``tok0`` on) attends token ``i`` when ``i`` is on its path and the row chose
-    the block of ``i``'s position ``pos0 + depth[i]``."""
+    the block of ``i``'s position ``pos0 + depth[i]`` (``DENSE``: every block counts as chosen)."""
     i = tl.arange(0, NW)
     i_ok = i < ntok
     slots = tl.load(tslot_ptr + tok0 + i, mask=i_ok, other=0)
-    blk_of = (pos0 + tl.load(depth_ptr + tok0 + i, mask=i_ok, other=0)) // BLOCK
     ancestors = tl.load(anc_ptr + tok0 + t, mask=row_ok, other=0)
     allowed = (((ancestors[:, None] >> i[None, :].to(tl.int64)) & 1) != 0) & i_ok[None, :]
-    chose = tl.zeros(allowed.shape, tl.int1)
-    for w in tl.static_range(WB):
-        blk = pos0 // BLOCK + w
-        chose_blk = tl.max((row_sel == blk).to(tl.int32), axis=1) > 0
-        chose = chose | (chose_blk[:, None] & (blk_of == blk)[None, :])
-    allowed = allowed & chose
+    if not DENSE:
+        blk_of = (pos0 + tl.load(depth_ptr + tok0 + i, mask=i_ok, other=0)) // BLOCK
+        chose = tl.zeros(allowed.shape, tl.int1)
+        for w in tl.static_range(WB):
+            blk = pos0 // BLOCK + w
+            chose_blk = tl.max((row_sel == blk).to(tl.int32), axis=1) > 0
+            chose = chose | (chose_blk[:, None] & (blk_of == blk)[None, :])
+        allowed = allowed & chose
     d = tl.arange(0, D)
     k_t = tl.load(k_ptr + slots[None, :] * s_k_slot + h * s_k_h + d[:, None], mask=i_ok[None, :], other=0.0)
     s = tl.where(allowed, tl.dot(q, k_t.to(q.dtype)) * qk_scale_log2, float("-inf"))

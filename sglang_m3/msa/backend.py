@@ -64,6 +64,14 @@ def stored_kv_scales(layer, q: torch.Tensor, k_cache: torch.Tensor) -> tuple[flo
     return float(layer.k_scale_float), float(layer.v_scale_float)
 
 
+def store_kv(pool, layer, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """``layer``'s K and V at cache slots ``loc``, cast (and divided by its scales) as SGLang's pool does."""
+    if layer.k_scale is None:
+        pool.set_kv_buffer(layer, KVWriteLoc(loc, None), k, v)
+    else:  # the pool divides by the scales in place: the model's k and v stay intact
+        pool.set_kv_buffer(layer, KVWriteLoc(loc, None), k.clone(), v.clone(), layer.k_scale, layer.v_scale)
+
+
 class MSATorchBackend(AttentionBackend):
     def __init__(self, model_runner, spec: M3TextSpec):
         super().__init__()
@@ -86,10 +94,7 @@ class MSATorchBackend(AttentionBackend):
         # On CUDA one Triton launch writes K, V and the index key (sglang_m3.models.fused_attn_ops).
         if fused_attn_ops_on(k) and isinstance(pool, M3IndexedKVPool) and pool.store_fused(layer.layer_id, loc, k, v, index_k):
             return
-        if layer.k_scale is None:
-            pool.set_kv_buffer(layer, KVWriteLoc(loc, None), k, v)
-        else:  # the pool divides by the scales in place: the model's k and v stay intact
-            pool.set_kv_buffer(layer, KVWriteLoc(loc, None), k.clone(), v.clone(), layer.k_scale, layer.v_scale)
+        store_kv(pool, layer, loc, k, v)
         pool.set_index_k(layer.layer_id, loc, index_k)
 
     def _attend(self, q, layer, index_q) -> torch.Tensor:

@@ -20,6 +20,9 @@ copied into the plan out of the graph, before every replay: the runner keeps no 
 tree mask in its input buffers, the real ``spec_info`` holds it. Extend batches are never
 graphed here: their plans depend on host-side lengths.
 
+With ``SGLANG_M3_DENSE_VERIFY=msa`` the model's dense-attention layers of verify batches run here
+too, over every block of the same plan (:mod:`sglang_m3.msa.dense_verify`).
+
 Extend requests that hold at most ``topk * block_size`` tokens (2,048 on M3) select every
 visible block, so their MSA is dense causal attention: they run SDPA per request
 (:mod:`sglang_m3.msa.full_selection`, ``SGLANG_M3_FULL_SELECTION_DENSE=0`` turns it off) and
@@ -44,6 +47,7 @@ from msa_kernels.plan import (
 
 from sglang_m3.msa.backend import MSATorchBackend
 from sglang_m3.msa.batch_shape import attended_lens, host_extend_lens, is_target_verify, uniform_query_shape
+from sglang_m3.msa import dense_verify
 from sglang_m3.msa.dense_prefill import serves_batch
 from sglang_m3.msa.full_selection import (
     ENV as FULL_SELECTION_ENV,
@@ -87,7 +91,15 @@ class MSATritonBackend(MSATorchBackend):
         # extend requests attended densely (every block selected), None when the batch has none
         self.full_selection: FullSelectionPlan | None = None
         self.full_selection_dense = full_selection_dense_enabled()
+        self.dense_verify = dense_verify.dense_verify_enabled()  # dense layers of verify batches here too
         self._full_selection_logged = [False, False]  # the switch, its first use
+
+    def takes_dense_layer(self, layer, forward_batch, extra: dict) -> bool:
+        """Whether this backend attends a dense layer's call (``sglang_m3.msa.dense_verify``)."""
+        return self.dense_verify and dense_verify.takes(layer, forward_batch, self.kernel_plan, extra)
+
+    def forward_dense_layer(self, q, k, v, layer, forward_batch, save_kv_cache=True) -> torch.Tensor:
+        return dense_verify.attend(self.token_to_kv_pool, self.kernel_plan, q, k, v, layer, forward_batch, save_kv_cache)
 
     def _draft_trees(self, forward_batch, q_len: int):
         """``(visible rows, slots)`` of a verify batch's draft trees, None for any other batch."""

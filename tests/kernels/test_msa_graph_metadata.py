@@ -8,13 +8,14 @@ value and pool row 0; ``init_forward_metadata_out_graph`` (``in_capture=True`` o
 plan's tensors keep their addresses from capture on, and real rows equal the torch reference.
 """
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from msa_kernels.paged_batch import make_paged_batch, reference_request
-from msa_triton_fakes import BLOCK, D, HKV, HQ, PARAMS, SPEC, attend, fake_runner
+from msa_triton_fakes import BLOCK, D, HKV, HQ, LAYER, PARAMS, SPEC, attend, fake_runner
 
 MAX_BS = 4
 CONTEXT = 160  # model context_len; req_to_token is wider, as SGLang's (+4 + draft tokens)
@@ -123,6 +124,26 @@ def test_capture_then_replays_keep_addresses_and_match_reference(backend_module,
         _assert_real_rows_match(runner, out)
         if last:  # the padded rows did read the poisoned page, and it stayed in their own rows
             assert out[len(kv_lens) * q_len :].isnan().any()
+
+
+def test_dense_layers_of_graphed_verify_batches_read_the_same_static_plan(backend_module, monkeypatch):
+    """``SGLANG_M3_DENSE_VERIFY=msa``: a dense layer of a graphed verify batch runs on the static
+    plan the sparse layers refreshed (captured once, then replayed), every block before each draft."""
+    monkeypatch.setenv("SGLANG_M3_DENSE_VERIFY", "msa")
+    runner = GraphRunnerDouble(backend_module, "TARGET_VERIFY", 2, 1)
+    every_block = dataclasses.replace(PARAMS, topk=1 << 10)
+    for i, (kv_lens, pool_rows) in enumerate([([41, 150, 18], [5, 0, 3]), ([CONTEXT + 2, 33, 2, 96], [1, 2, 6, 7])]):
+        runner.load(kv_lens, pool_rows, seed=10 + i)
+        runner.step(MAX_BS, in_capture=i == 0)
+        fb = runner.view(MAX_BS)
+        assert runner.backend.takes_dense_layer(LAYER, fb, {})
+        padded_rows = MAX_BS * 2 - runner.batch.q.shape[0]
+        q = torch.cat([runner.batch.q, torch.randn(padded_rows, HQ, D, generator=torch.Generator().manual_seed(i))])
+        out = runner.backend.forward_dense_layer(q.reshape(MAX_BS * 2, -1), None, None, LAYER, fb, save_kv_cache=False)
+        out = out.view(-1, HQ, D)
+        for b in range(len(kv_lens)):
+            want, _, _ = reference_request(runner.batch, b, every_block)
+            torch.testing.assert_close(out[runner.batch.rows_of(b)], want, rtol=1e-4, atol=1e-4)
 
 
 def test_eager_plans_are_unchanged_between_replays(backend_module):

@@ -1,0 +1,101 @@
+"""Dense-attention layers of verify batches through the hybrid backend onto the MSA kernels
+(``SGLANG_M3_DENSE_VERIFY=msa``), on the CPU under the Triton interpreter.
+
+The hybrid routes a dense layer's call of a verify batch to the MSA Triton backend when the switch
+is on and to SGLang's dense backend otherwise (the default); what the MSA backend returns is the
+layer's causal attention over every key before each draft (the torch reference with every block
+chosen), and it writes the layer's K/V first as SGLang's pool expects.
+"""
+
+import dataclasses
+import pytest
+import torch
+
+from msa_kernels.paged_batch import make_paged_batch, reference_request
+from msa_triton_fakes import BLOCK, D, HKV, HQ, LAYER, PARAMS, forward_batch, make_backend
+
+SPARSE_LAYER_IDS = (1, 2)
+DENSE_LAYER = LAYER  # layer 0: not among SPARSE_LAYER_IDS
+
+
+class RecordingDense:
+    """SGLang's dense backend as the hybrid sees it: planning is a no-op, every call is recorded."""
+
+    def __init__(self):
+        self.calls = []
+        self.kv_index_translator = None
+
+    def init_forward_metadata(self, forward_batch):
+        pass
+
+    def forward(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+        self.calls.append(("forward", layer.layer_id))
+        return torch.zeros(q.shape[0], HQ * D)
+
+    forward_extend = forward
+
+
+def _hybrid(backend_module, batch, monkeypatch, switch):
+    from sglang_m3.msa.dense_verify import ENV
+    from sglang_m3.msa.hybrid import M3HybridAttnBackend
+
+    if switch is None:
+        monkeypatch.delenv(ENV, raising=False)
+    else:
+        monkeypatch.setenv(ENV, switch)
+    dense = RecordingDense()
+    return M3HybridAttnBackend(dense, make_backend(backend_module, batch), SPARSE_LAYER_IDS), dense
+
+
+def _verify_batch(q_len, seed):
+    return make_paged_batch(
+        [41, 150, 18], [q_len] * 3, HQ, HKV, D, D, BLOCK, torch.float32, "cpu",
+        decode_q_len=q_len, generator=torch.Generator().manual_seed(seed),
+    )
+
+
+@pytest.mark.parametrize("q_len", [2, 4])
+def test_dense_layer_of_a_verify_batch_runs_on_the_msa_kernels_when_switched_on(backend_module, monkeypatch, q_len):
+    batch = _verify_batch(q_len, seed=q_len)
+    hybrid, dense = _hybrid(backend_module, batch, monkeypatch, "msa")
+    fb = forward_batch("TARGET_VERIFY", batch)
+    hybrid.init_forward_metadata(fb)
+    q = batch.q.reshape(batch.q.shape[0], -1)
+    out = hybrid.forward(q, None, None, DENSE_LAYER, fb, save_kv_cache=False).view(-1, HQ, D)
+    assert dense.calls == []
+    every_block = dataclasses.replace(PARAMS, topk=1 << 10)
+    for b in range(3):
+        want, _, _ = reference_request(batch, b, every_block)
+        torch.testing.assert_close(out[batch.rows_of(b)], want, rtol=1e-4, atol=1e-4)
+
+
+def test_the_dense_layer_writes_its_kv_before_attending(backend_module, monkeypatch):
+    """With ``save_kv_cache`` the layer's K/V go to the batch's slots through ``set_kv_buffer``."""
+    batch = _verify_batch(2, seed=9)
+    hybrid, _ = _hybrid(backend_module, batch, monkeypatch, "msa")
+    writes = []
+    hybrid.sparse.token_to_kv_pool.set_kv_buffer = lambda layer, loc, k, v, *scales: writes.append((layer.layer_id, loc.loc, k, v))
+    fb = forward_batch("TARGET_VERIFY", batch)
+    hybrid.init_forward_metadata(fb)
+    k, v = torch.randn(batch.q.shape[0], HKV, D), torch.randn(batch.q.shape[0], HKV, D)
+    hybrid.forward(batch.q.reshape(batch.q.shape[0], -1), k, v, DENSE_LAYER, fb)
+    (layer_id, loc, written_k, written_v), = writes
+    assert layer_id == 0 and torch.equal(loc, fb.out_cache_loc)
+    assert written_k is k and written_v is v
+
+
+@pytest.mark.parametrize("switch, mode", [(None, "TARGET_VERIFY"), ("sglang", "TARGET_VERIFY"), ("msa", "DECODE")])
+def test_dense_layers_stay_on_sglangs_backend_otherwise(backend_module, monkeypatch, switch, mode):
+    """Off by default (and with ``sglang``); decode batches keep SGLang's split decode kernel."""
+    batch = _verify_batch(2 if mode == "TARGET_VERIFY" else 1, seed=3)
+    hybrid, dense = _hybrid(backend_module, batch, monkeypatch, switch)
+    fb = forward_batch(mode, batch)
+    hybrid.init_forward_metadata(fb)
+    hybrid.forward(batch.q.reshape(batch.q.shape[0], -1), None, None, DENSE_LAYER, fb, save_kv_cache=False)
+    assert dense.calls == [("forward", 0)]
+
+
+def test_a_bad_switch_value_is_refused_with_the_variable_named(backend_module, monkeypatch):
+    batch = _verify_batch(2, seed=1)
+    with pytest.raises(ValueError, match="SGLANG_M3_DENSE_VERIFY='on'"):
+        _hybrid(backend_module, batch, monkeypatch, "on")
