@@ -120,6 +120,51 @@ def test_decode_draft_trees_bf16(hq, hkv):
     _assert_agrees(compare_with_reference(batch, params, out, selected, rel_tol=REL_TOL))
 
 
+def _assert_dense(batch, params, out):
+    """Each request's rows against the reference with every block chosen (dense causal attention)."""
+    import dataclasses
+
+    from msa_kernels.paged_batch import reference_request
+
+    every_block = dataclasses.replace(params, topk=1 << 12)
+    for b in range(len(batch.seq_lens)):
+        expected, _, _ = reference_request(batch, b, every_block)
+        got = out[batch.rows_of(b)].float().cpu()
+        err = (got - expected).norm(dim=-1) / expected.norm(dim=-1).clamp_min(1e-6)
+        assert torch.isfinite(got).all() and float(err.max()) <= REL_TOL, f"request {b}: rel err {float(err.max()):.3g}"
+
+
+@pytest.mark.parametrize("q_len", [1, 4])
+@pytest.mark.parametrize("hq, hkv", [(64, 4), (16, 1)])
+def test_dense_decode_bf16(q_len, hq, hkv):
+    """M3's dense layers over a decode / verify plan (``SGLANG_M3_DENSE_VERIFY=msa``): every key
+    before each token, split over the keys, at M3 shapes, ragged chains included."""
+    from msa_kernels.api import decode_attention
+
+    params = MSAParams(block_size=BLOCK, topk=16, local_blocks=1, init_blocks=0)
+    seq_lens = [9, 128, 129, 2049, 5000, 33000]
+    batch = _batch(seq_lens, [q_len] * len(seq_lens), hq, hkv, seed=10 + q_len, decode_q_len=q_len, max_context=40960)
+    q_lens = torch.tensor([min(q_len, s) for s in seq_lens], device="cuda")
+    q_lens[1] = 1
+    batch.extend_lens = q_lens.tolist()
+    plan = plan_decode(params, _table(batch, 40960), torch.tensor(seq_lens, device="cuda"), q_len=q_len, q_lens=q_lens, num_kv_heads=hkv)
+    _assert_dense(batch, params, decode_attention(plan, batch.q, batch.k_cache, batch.v_cache, None, dense=True))
+
+
+def test_dense_decode_draft_trees_bf16():
+    from msa_kernels.api import decode_attention
+
+    params = MSAParams(block_size=BLOCK, topk=16, local_blocks=1, init_blocks=0)
+    prefixes = [5, 128, 2045, 20477]
+    trees = [[-1, 0, 0, 0, 1, 1, 4, 2], [-1, 0, 1, 1, 3, 4, 2, 6]] * 2
+    seq_lens = [p + 8 for p in prefixes]
+    batch = _batch(seq_lens, [8] * 4, 64, 4, seed=21, decode_q_len=8, max_context=24576).with_draft_trees(trees)
+    plan = plan_decode(
+        params, _table(batch, 24576), torch.tensor(seq_lens, device="cuda"), q_len=8, num_kv_heads=4, tree=batch.draft_tree(),
+    )
+    _assert_dense(batch, params, decode_attention(plan, batch.q, batch.k_cache, batch.v_cache, None, dense=True))
+
+
 def test_decode_graph_replay_matches_eager():
     """A captured decode step replays to the eager result after the inputs change in place."""
     from msa_kernels.api import run_decode
