@@ -327,6 +327,12 @@ def gpu_name() -> str:
     return torch.cuda.get_device_name(0)
 
 
+def plugin_switches() -> dict[str, str]:
+    """The plugin's environment switches (``SGLANG_M3_*``) this run's servers inherit: an A/B run
+    names the side it measured."""
+    return {name: value for name, value in sorted(os.environ.items()) if name.startswith("SGLANG_M3_")}
+
+
 def commit() -> str:
     """``M3_COMMIT`` when the caller names it (a device run of an exported tree: any enclosing
     checkout's HEAD would be the wrong commit), else this checkout's HEAD."""

@@ -45,7 +45,7 @@ import threading
 from dataclasses import dataclass, field
 
 sys.path.insert(0, os.path.dirname(__file__))
-from e2e_gpu import THROUGHPUT_OUTPUT, THROUGHPUT_PROMPT, commit, gpu_name, start_server, stop_server, warm_up  # noqa: E402
+from e2e_gpu import THROUGHPUT_OUTPUT, THROUGHPUT_PROMPT, commit, gpu_name, plugin_switches, start_server, stop_server, warm_up  # noqa: E402
 from midsize_m3 import midsize_text_config, write_midsize_checkpoint  # noqa: E402
 from serving_client import random_prompt, run_group, stream_generate  # noqa: E402
 from speculative_gpu import DRAFTS, IDENTITY_LENGTHS, IDENTITY_TOKENS, hot_prompt, speculative_args  # noqa: E402
@@ -228,7 +228,7 @@ def main(argv=None) -> int:
         for process, *_ in servers.values():
             stop_server(process)
     result = {
-        "gpu": gpu_name(), "commit": commit(), "model": midsize_text_config(1, 3), "tp": args.tp, "ep": args.ep,
+        "gpu": gpu_name(), "commit": commit(), "switches": plugin_switches(), "model": midsize_text_config(1, 3), "tp": args.tp, "ep": args.ep,
         "what": f"mean TPOT of groups of {THROUGHPUT_PROMPT}-token-prompt requests with {THROUGHPUT_OUTPUT} output tokens, "
                 f"both servers alive on the same GPUs, ABBA order, {args.rounds} rounds per concurrency"
                 + (f"; TTFT of lone prompts of each length in ttft_prompt_tokens, {args.rounds} ABBA rounds after each server's first"

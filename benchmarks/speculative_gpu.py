@@ -26,7 +26,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
-from e2e_gpu import PeakGpuMemory, commit, gpu_name, graphs_captured, profile_steps, start_server, stop_server  # noqa: E402
+from e2e_gpu import PeakGpuMemory, commit, gpu_name, graphs_captured, plugin_switches, profile_steps, start_server, stop_server  # noqa: E402
 from e2e_gpu_report import gpu_key  # noqa: E402
 from midsize_draft import hot_ids, write_copy_draft  # noqa: E402
 from midsize_m3 import midsize_text_config, write_midsize_checkpoint  # noqa: E402
@@ -126,7 +126,7 @@ def main(argv=None) -> int:
     if "none" not in drafts:
         drafts.insert(0, "none")  # the greedy-identity reference and the TPOT anchor
     path = os.path.join(args.out, f"speculative_gpu_{gpu_key(gpu_name())}.json")
-    summary = {"gpu": gpu_name(), "commit": commit(), "quick": args.quick, "draft_vocab": args.draft_vocab,
+    summary = {"gpu": gpu_name(), "commit": commit(), "switches": plugin_switches(), "quick": args.quick, "draft_vocab": args.draft_vocab,
                "model": config, "servers": {}, "rows": [], "greedy_identical": None}
     failures = 0
     for draft in drafts:

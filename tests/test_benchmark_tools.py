@@ -425,6 +425,15 @@ def test_draft_checks_compare_greedy_outputs_and_measure_acceptance(monkeypatch)
     assert e2e_gpu_paired.draft_checks(urls, "chain3")["greedy_identical"] is False
 
 
+def test_runs_record_the_plugin_switches_their_servers_inherit(monkeypatch):
+    import e2e_gpu
+
+    monkeypatch.setenv("SGLANG_M3_DENSE_VERIFY", "msa")
+    monkeypatch.setenv("SGLANG_OTHER", "1")
+    assert e2e_gpu.plugin_switches().get("SGLANG_M3_DENSE_VERIFY") == "msa"
+    assert "SGLANG_OTHER" not in e2e_gpu.plugin_switches()
+
+
 def test_paired_contenders_default_to_upstream_and_take_one_environment_variable():
     import e2e_gpu_paired
 
