@@ -32,10 +32,12 @@ def dense_verify_enabled() -> bool:
 
 def takes(layer, forward_batch, plan, extra: dict) -> bool:
     """Whether a dense layer's call in this batch is one the decode kernels compute as SGLang's
-    backend would: a verify batch planned for the decode kernels, plain causal attention."""
+    backend would: a verify batch planned for the decode kernels, as many KV heads as the plan
+    was made for (its merge tickets count them), plain causal attention."""
     return (
         is_target_verify(forward_batch.forward_mode)
         and isinstance(plan, DecodePlan)
+        and getattr(layer, "tp_k_head_num", plan.num_kv_heads) == plan.num_kv_heads
         and not extra
         and getattr(layer, "logit_cap", 0) in (0, 0.0, None)
         and getattr(layer, "sliding_window_size", -1) in (-1, None)

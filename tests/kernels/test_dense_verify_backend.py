@@ -8,6 +8,8 @@ chosen), and it writes the layer's K/V first as SGLang's pool expects.
 """
 
 import dataclasses
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -92,6 +94,17 @@ def test_dense_layers_stay_on_sglangs_backend_otherwise(backend_module, monkeypa
     fb = forward_batch(mode, batch)
     hybrid.init_forward_metadata(fb)
     hybrid.forward(batch.q.reshape(batch.q.shape[0], -1), None, None, DENSE_LAYER, fb, save_kv_cache=False)
+    assert dense.calls == [("forward", 0)]
+
+
+def test_a_dense_layer_of_other_kv_heads_stays_on_sglangs_backend(backend_module, monkeypatch):
+    """The plan's merge tickets count its KV heads: a layer with another count is not taken."""
+    batch = _verify_batch(2, seed=4)
+    hybrid, dense = _hybrid(backend_module, batch, monkeypatch, "msa")
+    fb = forward_batch("TARGET_VERIFY", batch)
+    hybrid.init_forward_metadata(fb)
+    other_heads = SimpleNamespace(**{**vars(DENSE_LAYER), "tp_k_head_num": HKV * 2})
+    hybrid.forward(batch.q.reshape(batch.q.shape[0], -1), None, None, other_heads, fb, save_kv_cache=False)
     assert dense.calls == [("forward", 0)]
 
 
