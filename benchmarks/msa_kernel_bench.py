@@ -14,8 +14,10 @@ shape is null with its reason in ``dense_backend_errors``) and takes the fastest
 (``dense_backend`` names it). Causal masks are lower-right aligned where queries are fewer than
 keys (a chunk after a prefix, speculative rows). Speculative rows (decode, q_len > 1) also time
 two dense forms that read the K/V once (``verify_dense``), since SDPA's backends have no fast path
-for a few queries under that mask: FlexAttention with the mask as a block mask, and the serving
-path's cuDNN prefix split (unmasked over the shared keys, causal over the queries' own, merged). Decode rows come twice, ``index_dtype`` "bf16"
+for a few queries under that mask: FlexAttention with the mask as a block mask, the serving
+path's cuDNN prefix split (unmasked over the shared keys, causal over the queries' own, merged),
+and the MSA decode kernels reading every block (what ``SGLANG_M3_DENSE_VERIFY=msa`` serves M3's
+dense layers with; the project's own kernel, listed beside the others, the fastest the anchor). Decode rows come twice, ``index_dtype`` "bf16"
 and "fp8" (our kernels with fp8 index keys + per-token scales; the SGLang and dense anchors do
 not depend on it and are shared).
 
@@ -48,7 +50,7 @@ from msa_kernels.reference import MSAParams, quantize_index_keys
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
-from verify_dense import CudnnPrefixSplitDense, FlexDense  # noqa: E402  (beside this script)
+from verify_dense import CudnnPrefixSplitDense, FlexDense, MsaDenseDecode  # noqa: E402  (beside this script)
 
 HQ, HKV, D, DI, BLOCK, TOPK = 64, 4, 128, 128, 128, 16
 PARAMS = MSAParams(block_size=BLOCK, topk=TOPK, local_blocks=1, init_blocks=0)
@@ -392,12 +394,14 @@ def bench_decode(pool: Pool, sgl: SGLang | None, batch: int, L: int, q_len: int)
 
     flex = FlexDense(q_len, L, "cuda") if q_len > 1 else None
     split = CudnnPrefixSplitDense(dense) if q_len > 1 else None
+    msa_dense = MsaDenseDecode(dense, PARAMS, torch.cuda.get_device_properties(0).multi_processor_count) if q_len > 1 else None
 
     def make_fns():
         fns = {name: (lambda b=backend: sdpa_attention(b, *dense[0])) for name, backend in SDPA_BACKENDS.items()}
         if q_len > 1:
             fns["flex"] = lambda: flex(*dense[0])
             fns["cudnn_prefix_split"] = lambda: split(0)
+            fns["msa_dense_decode"] = lambda: msa_dense(0)
         fi = _flashinfer()
         if fi is not None:
             try:
@@ -414,11 +418,13 @@ def bench_decode(pool: Pool, sgl: SGLang | None, batch: int, L: int, q_len: int)
             return graph_replay_us(lambda i: flex(*dense[i]), dense_sets)
         if name == "cudnn_prefix_split":
             return graph_replay_us(split, dense_sets)
+        if name == "msa_dense_decode":
+            return graph_replay_us(msa_dense, dense_sets)
         backend = SDPA_BACKENDS[name]
         return graph_replay_us(lambda i: sdpa_attention(backend, *dense[i]), dense_sets)
 
     time_dense(row, make_fns, timer)
-    del dense, split
+    del dense, split, msa_dense
     rows = [row, {**row, **fp8}]
     for r in rows:
         r["frac_bw"] = r["model_bytes"] / (r["ours_us"] * 1e-6) / CEILINGS["copy_bytes_per_s"]
@@ -617,7 +623,7 @@ def write_markdown(path: str, meta: dict, rows: list[dict]) -> None:
             f"{_fmt(ms(r['sglang_us']), 2)} | {_fmt(ms(r['sglang_index_us']), 2)} | {_fmt(ms(r['dense_us']), 2)} {r['dense_backend'] or ''} | "
             f"{_fmt(sg, 2)} | {_fmt(dense_ratio, 2)} | {_fmt(r['frac_flops'], 3)} | {_fmt(r['index_frac_flops'], 3)} |"
         )
-    lines += ["", "## Dense backends per row (us; - = refused, reason in the JSON, or not run: flex and cudnn_prefix_split run on q_len > 1 only)", ""]
+    lines += ["", "## Dense backends per row (us; - = refused, reason in the JSON, or not run: flex, cudnn_prefix_split and msa_dense_decode run on q_len > 1 only)", ""]
     names = sorted({name for r in rows for name in r.get("dense_backends", {})})
     lines += ["| phase | batch | L | q_len / N | " + " | ".join(names) + " |", "|---|---|---|---|" + "---|" * len(names)]
     for r in rows:

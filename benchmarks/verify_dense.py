@@ -10,6 +10,10 @@ read the K/V once:
 * :class:`CudnnPrefixSplitDense`: the serving path's own :func:`prefix_split_sdpa` (cuDNN over
   the keys every query sees, unmasked, and over the queries' own keys, causally, merged by
   log-sum-exp), with the batch folded into the heads so each part is one cuDNN call.
+* :class:`MsaDenseDecode`: the MSA decode kernels reading every block
+  (``decode_attention(dense=True)``, what ``SGLANG_M3_DENSE_VERIFY=msa`` serves M3's dense layers
+  with), over each request's K/V as consecutive pages. It is the project's own kernel, so it is
+  listed beside the others rather than in place of them; the anchor is the fastest dense form.
 """
 
 from __future__ import annotations
@@ -88,3 +92,38 @@ class CudnnPrefixSplitDense:
         q, k, v = self.folded[index]
         out = prefix_split_sdpa(q, k, v, self.scale)  # [q_len, B * HQ, D]
         return out.view(out.shape[0], self.batch, self.heads, out.shape[-1]).permute(1, 2, 0, 3)
+
+
+class MsaDenseDecode:
+    """:func:`msa_kernels.api.decode_attention` with ``dense=True`` over every input set of a row.
+
+    ``sets`` as :class:`CudnnPrefixSplitDense` takes them; request ``b``'s K/V rows are its
+    ``kv_len / block`` consecutive pages of the flattened set, and its ``q_len`` queries the last
+    positions, as a verify batch's plan holds them. Calling with a set's index returns
+    ``[B, HQ, q_len, D]`` (SDPA's layout).
+    """
+
+    def __init__(self, sets: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], params, num_sms: int):
+        from msa_kernels.plan import plan_decode
+
+        batch, q_len, self.heads, dim = sets[0][0].shape
+        kv_len, kv_heads = sets[0][1].shape[1], sets[0][1].shape[2]
+        block = params.block_size
+        if kv_len % block:
+            raise ValueError(f"kv_len {kv_len} is not a whole number of {block}-token pages")
+        device = sets[0][0].device
+        pages = kv_len // block
+        table = torch.arange(batch * pages, dtype=torch.int32, device=device).view(batch, pages)
+        lengths = torch.full((batch,), kv_len, dtype=torch.int32, device=device)
+        self.plan = plan_decode(params, table, lengths, q_len=q_len, num_kv_heads=kv_heads, num_sms=num_sms)
+        self.shape = (batch, q_len, self.heads, dim)
+        self.flat = [(q.reshape(batch * q_len, self.heads, dim), k.reshape(-1, kv_heads, dim), v.reshape(-1, kv_heads, dim))
+                     for q, k, v in sets]
+
+    def __call__(self, index: int) -> torch.Tensor:
+        from msa_kernels.api import decode_attention
+
+        q, k, v = self.flat[index]
+        out = decode_attention(self.plan, q, k, v, None, dense=True)
+        return out.view(self.shape).transpose(1, 2)
+

@@ -588,6 +588,25 @@ def test_cudnn_prefix_split_anchor_is_lower_right_causal_gqa(monkeypatch, batch,
         torch.testing.assert_close(got, _lower_right_sdpa(q, k, v), atol=1e-10, rtol=1e-10)
 
 
+@pytest.mark.parametrize("batch, q_len, kv_len", [(1, 4, 64), (3, 2, 48)])
+def test_msa_dense_decode_anchor_is_lower_right_causal_gqa(batch, q_len, kv_len):
+    """The MSA kernels reading every block (under the Triton interpreter) over the rows' K/V laid
+    out as consecutive pages give SDPA's lower-right causal answer."""
+    from verify_dense import MsaDenseDecode
+
+    from msa_kernels.reference import MSAParams
+
+    sets = [_verify_inputs(batch, q_len, kv_len, seed=seed) for seed in (3, 4)]
+    dense = MsaDenseDecode(sets, MSAParams(block_size=16, topk=2), num_sms=8)
+    assert dense.plan.dense_splits > 1
+    for index, (q, k, v) in enumerate(sets):
+        got = dense(index)
+        assert got.shape == (batch, 8, q_len, 64)
+        torch.testing.assert_close(got, _lower_right_sdpa(q, k, v), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="whole number of 16-token pages"):
+        MsaDenseDecode([_verify_inputs(1, 2, 40, seed=1)], MSAParams(block_size=16, topk=2), num_sms=8)
+
+
 def test_dense_anchor_skips_a_backend_that_computes_something_else():
     """A dense backend whose output differs from the first one's (another mask) is not timed, so it
     cannot become the anchor however fast it is."""
