@@ -129,6 +129,11 @@ class MSAOffloadTritonBackend(MSATritonBackend):
         logger.info("M3 sparse offload: MSA Triton path, decode/verify in fetch rounds of %d request(s), "
                     "extend through a staging buffer", self.requests_per_round)
 
+    def takes_dense_layer(self, layer, forward_batch, extra: dict) -> bool:
+        """Never: under sparse offload the dense layers keep SGLang's backend whatever
+        ``SGLANG_M3_DENSE_VERIFY`` says (the switch is not tested with fetch rounds)."""
+        return False
+
     # -- metadata ---------------------------------------------------------------------------------
 
     def init_forward_metadata(self, forward_batch) -> None:

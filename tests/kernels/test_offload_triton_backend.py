@@ -219,6 +219,19 @@ def test_the_backend_counts_steps_out_of_the_graph_and_logs_totals(modules, monk
     assert "extend staging" in lines[0]
 
 
+def test_dense_layers_keep_sglangs_backend_under_offload_whatever_the_switch(modules, monkeypatch):
+    backend_module, offload_module = modules
+    monkeypatch.setenv("SGLANG_M3_DENSE_VERIFY", "msa")
+    shape = OffloadShape(cache_blocks=8, block_size=BLOCK, topk=TOPK, kv_heads=HKV, max_query_tokens=4)
+    paged = paged_requests(shared_pages=0, generator=torch.Generator().manual_seed(0))
+    backend = offload_module.MSAOffloadTritonBackend(runner(make_pool(kernel_pool_class(shape)), paged.req_to_token), SPEC)
+    paged.grow(0, 40)
+    fb = forward_batch_for("TARGET_VERIFY", paged.req_to_token, torch.tensor([0]), [40], [4])
+    backend.init_forward_metadata(fb)
+    layer = SimpleNamespace(layer_id=0, tp_k_head_num=HKV, logit_cap=0)
+    assert not backend.takes_dense_layer(layer, fb, {})
+
+
 def test_draft_trees_and_torch_pools_are_refused(modules):
     backend_module, offload_module = modules
     shape = OffloadShape(cache_blocks=8, block_size=BLOCK, topk=TOPK, kv_heads=HKV, max_query_tokens=1)
