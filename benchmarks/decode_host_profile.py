@@ -36,7 +36,7 @@ from e2e_gpu import THROUGHPUT_PROMPT, start_server, stop_server, warm_up  # noq
 from midsize_draft import write_copy_draft  # noqa: E402
 from midsize_m3 import midsize_text_config, write_midsize_checkpoint  # noqa: E402
 from serving_client import random_prompt, single_stream_tpot_ms  # noqa: E402
-from speculative_gpu import DRAFTS, hot_prompt, speculative_args  # noqa: E402
+from speculative_gpu import DRAFT_VOCAB, DRAFTS, hot_prompt, speculative_args  # noqa: E402
 
 
 #: the project's own code, as py-spy names a frame's file (relative to the import path)
@@ -227,10 +227,9 @@ def main(argv=None) -> int:
     model_dir = write_midsize_checkpoint(tempfile.mkdtemp(prefix="m3-midsize-"), 1, 3)
     extra_args, prompt = tuple(args.server_arg), functools.partial(random_prompt, THROUGHPUT_PROMPT)
     if args.copy_draft:
-        draft_vocab = 32000
-        draft_dir = write_copy_draft(tempfile.mkdtemp(prefix="m3-midsize-draft-"), midsize_text_config(1, 3), draft_vocab)
+        draft_dir = write_copy_draft(tempfile.mkdtemp(prefix="m3-midsize-draft-"), midsize_text_config(1, 3), DRAFT_VOCAB)
         extra_args += speculative_args(args.copy_draft, draft_dir)
-        prompt = functools.partial(hot_prompt, THROUGHPUT_PROMPT, draft_vocab=draft_vocab)
+        prompt = functools.partial(hot_prompt, THROUGHPUT_PROMPT, draft_vocab=DRAFT_VOCAB)
     process, base_url, startup_s, _ = start_server(args.impl, model_dir, args.out, args.tp, args.ep, label=f"hostprof-{label}", env=env,
                                                     extra_args=extra_args)
     try:

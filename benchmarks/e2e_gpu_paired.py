@@ -48,15 +48,11 @@ sys.path.insert(0, os.path.dirname(__file__))
 from e2e_gpu import THROUGHPUT_OUTPUT, THROUGHPUT_PROMPT, commit, gpu_name, plugin_switches, start_server, stop_server, warm_up  # noqa: E402
 from midsize_m3 import midsize_text_config, write_midsize_checkpoint  # noqa: E402
 from serving_client import random_prompt, run_group, stream_generate  # noqa: E402
-from speculative_gpu import DRAFTS, IDENTITY_LENGTHS, IDENTITY_TOKENS, hot_prompt, speculative_args  # noqa: E402
+from speculative_gpu import DRAFT_VOCAB, DRAFTS, IDENTITY_LENGTHS, IDENTITY_TOKENS, hot_prompt, speculative_args  # noqa: E402
 from spec_requests import accept_length, generate, generate_concurrently  # noqa: E402  (on the path speculative_gpu sets)
 
 #: KV slots per server: two pools fit on one H100 beside both models, and a 2K request needs few
 KV_TOKENS_PER_SERVER = 262144
-
-
-#: the copy draft's vocabulary (the speculative benchmark's default), and the prompts drawn from it
-DRAFT_VOCAB = 32000
 
 
 @dataclass(frozen=True)

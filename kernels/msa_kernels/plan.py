@@ -243,9 +243,10 @@ def assemble_decode_plan(
     # computes every block for all its tokens and needs a merge launch, KERNEL_NOTES.md);
     # tokens of one request that chose the same block read it at about the same time, from L2.
     per_split = batch * q_len * num_kv_heads
-    attn_splits = max(1, min(params.topk, (attn_programs_per_sm * num_sms + per_split - 1) // per_split))
+    splits = -(-attn_programs_per_sm * num_sms // per_split)
+    attn_splits = max(1, min(params.topk, splits))
     # A dense layer reads up to every block of the table: as many programs, not more than one per block.
-    dense_splits = max(1, min(max_blocks, (attn_programs_per_sm * num_sms + per_split - 1) // per_split))
+    dense_splits = max(1, min(max_blocks, splits))
     return DecodePlan(
         params=params,
         page_table=page_table,

@@ -88,6 +88,10 @@ class MSATorchBackend(AttentionBackend):
     def init_forward_metadata(self, forward_batch) -> None:
         self.plan = plan_forward_batch(forward_batch, self.req_to_token_pool.req_to_token)
 
+    def takes_dense_layer(self, layer, forward_batch, extra: dict) -> bool:
+        """Whether this backend attends a dense layer's call itself: never here (see the Triton backend)."""
+        return False
+
     def _store(self, layer, forward_batch, k, v, index_k) -> None:
         loc = forward_batch.out_cache_loc
         pool = self.token_to_kv_pool

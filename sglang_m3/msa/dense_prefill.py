@@ -73,6 +73,17 @@ def sdpa_dense_prefill_enabled(device: torch.device) -> bool:
     return device.type == "cuda" and env_choice(ENV, ("sdpa", "sglang")) == "sdpa"
 
 
+def plain_causal_call(layer, extra: dict) -> bool:
+    """A call of plain causal self-attention: no extra operands, logit cap, sliding window or
+    cross-attention, which the plugin's own dense paths do not compute."""
+    return (
+        not extra
+        and getattr(layer, "logit_cap", 0) in (0, 0.0, None)
+        and getattr(layer, "sliding_window_size", -1) in (-1, None)
+        and not getattr(layer, "is_cross_attention", False)
+    )
+
+
 def serves_batch(forward_batch) -> bool:
     """Plain extend batches (prefill, chunked prefill, mixed): not verify or draft batches."""
     return forward_batch.forward_mode in (ForwardMode.EXTEND, ForwardMode.MIXED)
@@ -107,15 +118,7 @@ class SDPADensePrefill:
 
     def takes(self, forward_batch, layer, extra: dict) -> bool:
         """Whether this call is one this path computes exactly as SGLang's backend would."""
-        return (
-            self.spans is not None
-            and serves_batch(forward_batch)
-            and not extra
-            and layer.k_scale is None
-            and getattr(layer, "logit_cap", 0) in (0, 0.0, None)
-            and getattr(layer, "sliding_window_size", -1) in (-1, None)
-            and not getattr(layer, "is_cross_attention", False)
-        )
+        return self.spans is not None and serves_batch(forward_batch) and layer.k_scale is None and plain_causal_call(layer, extra)
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
         if save_kv_cache:

@@ -22,6 +22,7 @@ from msa_kernels.plan import DecodePlan
 from sglang_m3.env_switch import env_choice
 from sglang_m3.msa.backend import stored_kv_scales, store_kv
 from sglang_m3.msa.batch_shape import is_target_verify
+from sglang_m3.msa.dense_prefill import plain_causal_call
 
 ENV = "SGLANG_M3_DENSE_VERIFY"
 
@@ -38,10 +39,7 @@ def takes(layer, forward_batch, plan, extra: dict) -> bool:
         is_target_verify(forward_batch.forward_mode)
         and isinstance(plan, DecodePlan)
         and getattr(layer, "tp_k_head_num", plan.num_kv_heads) == plan.num_kv_heads
-        and not extra
-        and getattr(layer, "logit_cap", 0) in (0, 0.0, None)
-        and getattr(layer, "sliding_window_size", -1) in (-1, None)
-        and not getattr(layer, "is_cross_attention", False)
+        and plain_causal_call(layer, extra)
     )
 
 

@@ -92,8 +92,7 @@ class M3HybridAttnBackend(AttentionBackend):
 
     def _sparse_takes_dense_layer(self, layer, forward_batch, kwargs) -> bool:
         """A dense layer the MSA backend attends itself (verify batches, ``sglang_m3.msa.dense_verify``)."""
-        takes = getattr(self.sparse, "takes_dense_layer", None)
-        return takes is not None and layer.layer_id not in self.sparse_layer_ids and takes(layer, forward_batch, kwargs)
+        return layer.layer_id not in self.sparse_layer_ids and self.sparse.takes_dense_layer(layer, forward_batch, kwargs)
 
     def forward(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
         if self._dense_prefill_takes(layer, forward_batch, kwargs):

@@ -45,9 +45,9 @@ from msa_kernels.plan import (
     verify_window_slots,
 )
 
+from sglang_m3.msa import dense_verify
 from sglang_m3.msa.backend import MSATorchBackend
 from sglang_m3.msa.batch_shape import attended_lens, host_extend_lens, is_target_verify, uniform_query_shape
-from sglang_m3.msa import dense_verify
 from sglang_m3.msa.dense_prefill import serves_batch
 from sglang_m3.msa.full_selection import (
     ENV as FULL_SELECTION_ENV,

@@ -35,7 +35,8 @@ def test_dense_layers_of_a_verify_batch_go_to_sglangs_backend():
         forward_extend=lambda *args, **kwargs: calls.append("dense"),
     )
     runner = SimpleNamespace(req_to_token_pool=SimpleNamespace(req_to_token=None), token_to_kv_pool=None)
-    hybrid = M3HybridAttnBackend(dense, SimpleNamespace(init_forward_metadata=lambda fb: None), [1], SDPADensePrefill(runner))
+    sparse = SimpleNamespace(init_forward_metadata=lambda fb: None, takes_dense_layer=lambda layer, fb, extra: False)
+    hybrid = M3HybridAttnBackend(dense, sparse, [1], SDPADensePrefill(runner))
     hybrid.init_forward_metadata(forward_batch)
     layer = SimpleNamespace(layer_id=0, k_scale=None)
     hybrid.forward(None, None, None, layer, forward_batch)
