@@ -92,6 +92,7 @@ class MSATritonBackend(MSATorchBackend):
         self.full_selection: FullSelectionPlan | None = None
         self.full_selection_dense = full_selection_dense_enabled()
         self.dense_verify = dense_verify.dense_verify_enabled()  # dense layers of verify batches here too
+        self._dense_verify_logged = False  # its first use, so a server log says the switch took
         self._full_selection_logged = [False, False]  # the switch, its first use
 
     def takes_dense_layer(self, layer, forward_batch, extra: dict) -> bool:
@@ -99,6 +100,9 @@ class MSATritonBackend(MSATorchBackend):
         return self.dense_verify and dense_verify.takes(layer, forward_batch, self.kernel_plan, extra)
 
     def forward_dense_layer(self, q, k, v, layer, forward_batch, save_kv_cache=True) -> torch.Tensor:
+        if not self._dense_verify_logged:
+            self._dense_verify_logged = True
+            logger.info("%s=msa: a verify batch's dense layer %d runs on the MSA decode kernels", dense_verify.ENV, layer.layer_id)
         return dense_verify.attend(self.token_to_kv_pool, self.kernel_plan, q, k, v, layer, forward_batch, save_kv_cache)
 
     def _draft_trees(self, forward_batch, q_len: int):
