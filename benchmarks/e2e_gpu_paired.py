@@ -22,13 +22,16 @@ identity prompts compared, and the draft's acceptance length measured. Its speed
 TPOT without the draft over the TPOT with it, taken in the same minutes: the speculative
 benchmark's servers run one after another, and its concurrency-1 ratio moved from 1.53x to 1.87x
 between three device calls of one session on the H200 (``results/speculative_gpu_h200.md``).
+With ``--against KEY=VALUE`` too, both servers have the draft and the second runs under the
+variable: ``--draft chain3 --against SGLANG_M3_DENSE_VERIFY=msa`` times the dense layers' verify
+on the MSA kernels against SGLang's backend (speed-up above 1: SGLang's backend was faster).
 
 ``--ttft-tokens 32768 131072`` pairs time to first token the same way, one prompt of that length
 at a time: each server's first prompt of the length is kept apart (``first_ttft_ms``: what a
 server compiles or plans on first sight of the length, which a user's first such prompt pays),
 then ``--rounds`` ABBA pairs.
 
-    scripts/gpu/run.sh exec python benchmarks/e2e_gpu_paired.py --out $OUT [--rounds 8] [--tp 2 --ep 2] [--concurrency 1 16] [--ttft-tokens 32768] [--against KEY=VALUE | --draft chain3]
+    scripts/gpu/run.sh exec python benchmarks/e2e_gpu_paired.py --out $OUT [--rounds 8] [--tp 2 --ep 2] [--concurrency 1 16] [--ttft-tokens 32768] [--against KEY=VALUE] [--draft chain3]
 """
 
 from __future__ import annotations
@@ -69,22 +72,33 @@ class Contender:
 OURS_VS_UPSTREAM = (Contender("ours", "ours"), Contender("upstream", "upstream"))
 
 
+def switch(against: str) -> tuple[str, str, str]:
+    """``KEY=VALUE`` as ``(key, value, label part)``; the label part is also a file-name part."""
+    key, sep, value = against.partition("=")
+    if not sep or not key:
+        raise ValueError(f"--against takes KEY=VALUE, got {against!r}")
+    return key, value, "".join(ch if ch.isalnum() else "_" for ch in f"{key}_{value}")
+
+
 def contenders(against: str | None) -> tuple[Contender, Contender]:
     """Ours against upstream, or (``against`` = ``KEY=VALUE``) ours against ours under that variable."""
     if against is None:
         return OURS_VS_UPSTREAM
-    key, sep, value = against.partition("=")
-    if not sep or not key:
-        raise ValueError(f"--against takes KEY=VALUE, got {against!r}")
-    label = "ours_" + "".join(ch if ch.isalnum() else "_" for ch in f"{key}_{value}")  # also a file-name part
-    return Contender("ours", "ours"), Contender(label, "ours", {key: value})
+    key, value, label = switch(against)
+    return Contender("ours", "ours"), Contender(f"ours_{label}", "ours", {key: value})
 
 
-def draft_contenders(draft: str, draft_dir: str) -> tuple[Contender, Contender]:
-    """Ours with the EAGLE3 copy draft in ``draft``'s shape first (the speed-up is over it), ours without second."""
+def draft_contenders(draft: str, draft_dir: str, against: str | None = None) -> tuple[Contender, Contender]:
+    """Ours with the EAGLE3 copy draft in ``draft``'s shape first (the speed-up is over it), ours
+    without second; with ``against`` (``KEY=VALUE``), both with the draft and the second under
+    that variable: an A/B of a switch of speculative serving (``SGLANG_M3_DENSE_VERIFY=msa``)."""
     if draft not in DRAFTS or draft == "none":
         raise ValueError(f"--draft takes one of {[name for name in DRAFTS if name != 'none']}, got {draft!r}")
-    return Contender(draft, "ours", server_args=speculative_args(draft, draft_dir)), Contender("none", "ours")
+    drafted = Contender(draft, "ours", server_args=speculative_args(draft, draft_dir))
+    if against is None:
+        return drafted, Contender("none", "ours")
+    key, value, label = switch(against)
+    return drafted, Contender(f"{draft}_{label}", "ours", {key: value}, drafted.server_args)
 
 
 def start_both(model_dir: str, out_dir: str, tp: int = 1, ep: int = 1, pair: tuple[Contender, ...] = OURS_VS_UPSTREAM) -> dict[str, tuple]:
@@ -186,9 +200,9 @@ def main(argv=None) -> int:
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size of both servers")
     parser.add_argument("--ep", type=int, default=1, help="expert-parallel size of both servers (inside the TP group)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1], help="requests per group (default: 1)")
-    choice = parser.add_mutually_exclusive_group()
-    choice.add_argument("--against", metavar="KEY=VALUE", help="pair ours with ours under this environment variable, not upstream")
-    choice.add_argument("--draft", choices=[name for name in DRAFTS if name != "none"],
+    parser.add_argument("--against", metavar="KEY=VALUE",
+                        help="pair ours with ours under this environment variable, not upstream (with --draft: both drafted)")
+    parser.add_argument("--draft", choices=[name for name in DRAFTS if name != "none"],
                         help="pair ours with the speculative benchmark's EAGLE3 copy draft in this shape against ours without")
     parser.add_argument("--ttft-tokens", type=int, nargs="*", default=[], help="prompt lengths whose TTFT is paired too (after decode)")
     args = parser.parse_args(argv)
@@ -204,7 +218,7 @@ def main(argv=None) -> int:
         from midsize_draft import write_copy_draft
 
         draft_dir = write_copy_draft(tempfile.mkdtemp(prefix="m3-midsize-draft-"), midsize_text_config(1, 3), DRAFT_VOCAB)
-        pair = draft_contenders(args.draft, draft_dir)
+        pair = draft_contenders(args.draft, draft_dir, args.against)
         make_prompt = functools.partial(hot_prompt, THROUGHPUT_PROMPT, draft_vocab=DRAFT_VOCAB)
     servers = start_both(model_dir, args.out, args.tp, args.ep, pair)
     try:
@@ -235,7 +249,7 @@ def main(argv=None) -> int:
         "concurrency": {str(c): s for c, s in by_concurrency.items()},
         "ttft_prompt_tokens": {str(tokens): s for tokens, s in by_length.items()},
     }
-    suffix = f"_{args.draft}_vs_none" if args.draft else "" if args.against is None else f"_vs_{pair[1].label}"
+    suffix = f"_{args.draft}_vs_{pair[1].label}" if args.draft else "" if args.against is None else f"_vs_{pair[1].label}"
     path = os.path.join(args.out, f"e2e_gpu_paired_tp{args.tp}_ep{args.ep}{suffix}.json")
     with open(path, "w", encoding="utf-8") as handle:
         json.dump(result, handle, indent=2)

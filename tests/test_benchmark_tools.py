@@ -375,6 +375,12 @@ def test_paired_draft_puts_the_drafted_server_first_with_the_speculative_benchma
     for bad in ("none", "tree3"):
         with pytest.raises(ValueError, match="--draft takes one of"):
             e2e_gpu_paired.draft_contenders(bad, "/tmp/draft")
+    default, switched = e2e_gpu_paired.draft_contenders("chain3", "/tmp/draft", "SGLANG_M3_DENSE_VERIFY=msa")
+    assert (default.label, default.env, default.server_args) == ("chain3", {}, drafted.server_args)
+    assert (switched.label, switched.env, switched.server_args) == (
+        "chain3_SGLANG_M3_DENSE_VERIFY_msa", {"SGLANG_M3_DENSE_VERIFY": "msa"}, drafted.server_args)
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        e2e_gpu_paired.draft_contenders("chain3", "/tmp/draft", "SGLANG_M3_DENSE_VERIFY")
 
     started = {}
 
