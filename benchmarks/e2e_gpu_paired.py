@@ -23,8 +23,8 @@ TPOT without the draft over the TPOT with it, taken in the same minutes: the spe
 benchmark's servers run one after another, and its concurrency-1 ratio moved from 1.53x to 1.87x
 between three device calls of one session on the H200 (``results/speculative_gpu_h200.md``).
 With ``--against KEY=VALUE`` too, both servers have the draft and the second runs under the
-variable: ``--draft chain3 --against SGLANG_M3_DENSE_VERIFY=msa`` times the dense layers' verify
-on the MSA kernels against SGLang's backend (speed-up above 1: SGLang's backend was faster).
+variable: ``--draft chain3 --against SGLANG_M3_DENSE_VERIFY=sglang`` times the dense layers' verify
+on SGLang's backend against the MSA kernels, the default (speed-up above 1: the default was faster).
 
 ``--ttft-tokens 32768 131072`` pairs time to first token the same way, one prompt of that length
 at a time: each server's first prompt of the length is kept apart (``first_ttft_ms``: what a
@@ -91,7 +91,7 @@ def contenders(against: str | None) -> tuple[Contender, Contender]:
 def draft_contenders(draft: str, draft_dir: str, against: str | None = None) -> tuple[Contender, Contender]:
     """Ours with the EAGLE3 copy draft in ``draft``'s shape first (the speed-up is over it), ours
     without second; with ``against`` (``KEY=VALUE``), both with the draft and the second under
-    that variable: an A/B of a switch of speculative serving (``SGLANG_M3_DENSE_VERIFY=msa``)."""
+    that variable: an A/B of a switch of speculative serving (``SGLANG_M3_DENSE_VERIFY=sglang``)."""
     if draft not in DRAFTS or draft == "none":
         raise ValueError(f"--draft takes one of {[name for name in DRAFTS if name != 'none']}, got {draft!r}")
     drafted = Contender(draft, "ours", server_args=speculative_args(draft, draft_dir))

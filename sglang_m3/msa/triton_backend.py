@@ -20,8 +20,8 @@ copied into the plan out of the graph, before every replay: the runner keeps no 
 tree mask in its input buffers, the real ``spec_info`` holds it. Extend batches are never
 graphed here: their plans depend on host-side lengths.
 
-With ``SGLANG_M3_DENSE_VERIFY=msa`` the model's dense-attention layers of verify batches run here
-too, over every block of the same plan (:mod:`sglang_m3.msa.dense_verify`).
+The model's dense-attention layers of verify batches run here too, over every block of the same
+plan (:mod:`sglang_m3.msa.dense_verify`; ``SGLANG_M3_DENSE_VERIFY=sglang`` keeps SGLang's backend).
 
 Extend requests that hold at most ``topk * block_size`` tokens (2,048 on M3) select every
 visible block, so their MSA is dense causal attention: they run SDPA per request
@@ -102,7 +102,8 @@ class MSATritonBackend(MSATorchBackend):
     def forward_dense_layer(self, q, k, v, layer, forward_batch, save_kv_cache=True) -> torch.Tensor:
         if not self._dense_verify_logged:
             self._dense_verify_logged = True
-            logger.info("%s=msa: a verify batch's dense layer %d runs on the MSA decode kernels", dense_verify.ENV, layer.layer_id)
+            logger.info("a verify batch's dense layer %d runs on the MSA decode kernels (%s=sglang keeps SGLang's backend)",
+                        layer.layer_id, dense_verify.ENV)
         return dense_verify.attend(self.token_to_kv_pool, self.kernel_plan, q, k, v, layer, forward_batch, save_kv_cache)
 
     def _draft_trees(self, forward_batch, q_len: int):

@@ -1,8 +1,8 @@
 """Dense-attention layers of verify batches through the hybrid backend onto the MSA kernels
-(``SGLANG_M3_DENSE_VERIFY=msa``), on the CPU under the Triton interpreter.
+(the default, ``SGLANG_M3_DENSE_VERIFY=msa``), on the CPU under the Triton interpreter.
 
-The hybrid routes a dense layer's call of a verify batch to the MSA Triton backend when the switch
-is on and to SGLang's dense backend otherwise (the default); what the MSA backend returns is the
+The hybrid routes a dense layer's call of a verify batch to the MSA Triton backend unless the
+switch says ``sglang``, which keeps SGLang's dense backend; what the MSA backend returns is the
 layer's causal attention over every key before each draft (the torch reference with every block
 chosen), and it writes the layer's K/V first as SGLang's pool expects.
 """
@@ -56,10 +56,11 @@ def _verify_batch(q_len, seed):
     )
 
 
-@pytest.mark.parametrize("q_len", [2, 4])
-def test_dense_layer_of_a_verify_batch_runs_on_the_msa_kernels_when_switched_on(backend_module, monkeypatch, q_len):
+@pytest.mark.parametrize("q_len, switch", [(2, None), (4, None), (4, "msa")])
+def test_dense_layer_of_a_verify_batch_runs_on_the_msa_kernels(backend_module, monkeypatch, q_len, switch):
+    """By default (and with ``msa``)."""
     batch = _verify_batch(q_len, seed=q_len)
-    hybrid, dense = _hybrid(backend_module, batch, monkeypatch, "msa")
+    hybrid, dense = _hybrid(backend_module, batch, monkeypatch, switch)
     fb = forward_batch("TARGET_VERIFY", batch)
     hybrid.init_forward_metadata(fb)
     q = batch.q.reshape(batch.q.shape[0], -1)
@@ -86,9 +87,9 @@ def test_the_dense_layer_writes_its_kv_before_attending(backend_module, monkeypa
     assert written_k is k and written_v is v
 
 
-@pytest.mark.parametrize("switch, mode", [(None, "TARGET_VERIFY"), ("sglang", "TARGET_VERIFY"), ("msa", "DECODE")])
+@pytest.mark.parametrize("switch, mode", [("sglang", "TARGET_VERIFY"), ("msa", "DECODE"), (None, "DECODE")])
 def test_dense_layers_stay_on_sglangs_backend_otherwise(backend_module, monkeypatch, switch, mode):
-    """Off by default (and with ``sglang``); decode batches keep SGLang's split decode kernel."""
+    """With ``sglang``; decode batches keep SGLang's split decode kernel whatever the switch."""
     batch = _verify_batch(2 if mode == "TARGET_VERIFY" else 1, seed=3)
     hybrid, dense = _hybrid(backend_module, batch, monkeypatch, switch)
     fb = forward_batch(mode, batch)

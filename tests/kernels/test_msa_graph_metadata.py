@@ -127,7 +127,7 @@ def test_capture_then_replays_keep_addresses_and_match_reference(backend_module,
 
 
 def test_dense_layers_of_graphed_verify_batches_read_the_same_static_plan(backend_module, monkeypatch):
-    """``SGLANG_M3_DENSE_VERIFY=msa``: a dense layer of a graphed verify batch runs on the static
+    """``SGLANG_M3_DENSE_VERIFY=msa`` (the default): a dense layer of a graphed verify batch runs on the static
     plan the sparse layers refreshed (captured once, then replayed), every block before each draft."""
     monkeypatch.setenv("SGLANG_M3_DENSE_VERIFY", "msa")
     runner = GraphRunnerDouble(backend_module, "TARGET_VERIFY", 2, 1)
