@@ -91,7 +91,7 @@ class M3HybridAttnBackend(AttentionBackend):
         )
 
     def _sparse_takes_dense_layer(self, layer, forward_batch, kwargs) -> bool:
-        """A dense layer the MSA backend attends itself (verify batches, ``sglang_m3.msa.dense_verify``)."""
+        """A dense layer the MSA backend attends itself (verify and decode batches, ``sglang_m3.msa.dense_decode``)."""
         return layer.layer_id not in self.sparse_layer_ids and self.sparse.takes_dense_layer(layer, forward_batch, kwargs)
 
     def forward(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
@@ -109,4 +109,6 @@ class M3HybridAttnBackend(AttentionBackend):
         return self._owner(layer).forward_extend(q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+        if self._sparse_takes_dense_layer(layer, forward_batch, kwargs):
+            return self.sparse.forward_dense_layer(q, k, v, layer, forward_batch, save_kv_cache)
         return self._owner(layer).forward_decode(q, k, v, layer, forward_batch, save_kv_cache, **kwargs)

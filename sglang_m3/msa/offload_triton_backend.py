@@ -131,7 +131,7 @@ class MSAOffloadTritonBackend(MSATritonBackend):
 
     def takes_dense_layer(self, layer, forward_batch, extra: dict) -> bool:
         """Never: under sparse offload the dense layers keep SGLang's backend whatever
-        ``SGLANG_M3_DENSE_VERIFY`` says (the switch is not tested with fetch rounds)."""
+        ``SGLANG_M3_DENSE_VERIFY`` / ``SGLANG_M3_DENSE_DECODE`` say (not tested with fetch rounds)."""
         return False
 
     # -- metadata ---------------------------------------------------------------------------------

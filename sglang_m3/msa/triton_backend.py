@@ -20,8 +20,8 @@ copied into the plan out of the graph, before every replay: the runner keeps no 
 tree mask in its input buffers, the real ``spec_info`` holds it. Extend batches are never
 graphed here: their plans depend on host-side lengths.
 
-The model's dense-attention layers of verify batches run here too, over every block of the same
-plan (:mod:`sglang_m3.msa.dense_verify`; ``SGLANG_M3_DENSE_VERIFY=sglang`` keeps SGLang's backend).
+The model's dense-attention layers of verify batches (and, with ``SGLANG_M3_DENSE_DECODE=msa``, of
+decode batches) run here too, over every block of the same plan (:mod:`sglang_m3.msa.dense_decode`).
 
 Extend requests that hold at most ``topk * block_size`` tokens (2,048 on M3) select every
 visible block, so their MSA is dense causal attention: they run SDPA per request
@@ -45,7 +45,7 @@ from msa_kernels.plan import (
     verify_window_slots,
 )
 
-from sglang_m3.msa import dense_verify
+from sglang_m3.msa import dense_decode
 from sglang_m3.msa.backend import MSATorchBackend
 from sglang_m3.msa.batch_shape import attended_lens, host_extend_lens, is_target_verify, uniform_query_shape
 from sglang_m3.msa.dense_prefill import serves_batch
@@ -91,20 +91,22 @@ class MSATritonBackend(MSATorchBackend):
         # extend requests attended densely (every block selected), None when the batch has none
         self.full_selection: FullSelectionPlan | None = None
         self.full_selection_dense = full_selection_dense_enabled()
-        self.dense_verify = dense_verify.dense_verify_enabled()  # dense layers of verify batches here too
-        self._dense_verify_logged = False  # its first use, so a server log says the switch took
+        self.dense_batch_kinds = dense_decode.enabled_batch_kinds()  # whose dense layers run here too
+        self._dense_kinds_logged: set[str] = set()  # each kind's first use, so a server log says the switch took
         self._full_selection_logged = [False, False]  # the switch, its first use
 
     def takes_dense_layer(self, layer, forward_batch, extra: dict) -> bool:
-        """Whether this backend attends a dense layer's call (``sglang_m3.msa.dense_verify``)."""
-        return self.dense_verify and dense_verify.takes(layer, forward_batch, self.kernel_plan, extra)
+        """Whether this backend attends a dense layer's call (``sglang_m3.msa.dense_decode``)."""
+        return dense_decode.takes(layer, forward_batch, self.kernel_plan, extra, self.dense_batch_kinds)
 
     def forward_dense_layer(self, q, k, v, layer, forward_batch, save_kv_cache=True) -> torch.Tensor:
-        if not self._dense_verify_logged:
-            self._dense_verify_logged = True
-            logger.info("a verify batch's dense layer %d runs on the MSA decode kernels (%s=sglang keeps SGLang's backend)",
-                        layer.layer_id, dense_verify.ENV)
-        return dense_verify.attend(self.token_to_kv_pool, self.kernel_plan, q, k, v, layer, forward_batch, save_kv_cache)
+        kind = dense_decode.batch_kind(forward_batch.forward_mode)
+        if kind not in self._dense_kinds_logged:
+            self._dense_kinds_logged.add(kind)
+            switch = dense_decode.VERIFY_ENV if kind == "verify" else dense_decode.DECODE_ENV
+            logger.info("a %s batch's dense layer %d runs on the MSA decode kernels (%s=sglang keeps SGLang's backend)",
+                        kind, layer.layer_id, switch)
+        return dense_decode.attend(self.token_to_kv_pool, self.kernel_plan, q, k, v, layer, forward_batch, save_kv_cache)
 
     def _draft_trees(self, forward_batch, q_len: int):
         """``(visible rows, slots)`` of a verify batch's draft trees, None for any other batch."""

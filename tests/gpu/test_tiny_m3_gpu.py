@@ -1,7 +1,8 @@
 """The project's tiny M3 served by real SGLang on a CUDA GPU, against transformers (fp32, CPU).
 
 fp32: text-only tiny checkpoints in both config layouts, each served with decode CUDA graphs
-(the shipped layout with SGLang's breakable prefill graphs too), the MoE on the graph-safe static
+(the shipped layout with SGLang's breakable prefill graphs too, and once more with the dense
+layer of decode batches on the MSA kernels, ``SGLANG_M3_DENSE_DECODE=msa``), the MoE on the graph-safe static
 torch path (SGLang's Triton fused MoE computes in fp16 for fp32 activations), the MSA Triton
 backend (page size = MSA block = 16), a prefill chunk of 112 tokens (prompts end mid-block) and
 the radix cache: greedy tokens must be identical to transformers' and prompt logprobs within
@@ -67,57 +68,62 @@ def check(server, model_dir, prompt, label, result=None, logprob_start=0):
     return result
 
 
-# (layout, prefill graphs): the shipped layout also replays SGLang's padded prefill graphs.
-SERVED = [("shipped", True), ("hf", False)]
+DENSE_DECODE = {"SGLANG_M3_DENSE_DECODE": "msa"}  # sglang_m3.msa.dense_decode.DECODE_ENV (no SGLang import here)
+DENSE_DECODE_LOG = "a decode batch's dense layer 0 runs on the MSA decode kernels"
+
+# (name, layout, prefill graphs, environment): the shipped layout also replays SGLang's padded
+# prefill graphs; the third server attends the dense layer of decode batches on the MSA kernels.
+SERVED = [("shipped", "shipped", True, {}), ("hf", "hf", False, {}), ("dense-decode", "shipped", False, DENSE_DECODE)]
 
 
-@pytest.fixture(scope="module", params=SERVED, ids=[layout for layout, _ in SERVED])
+@pytest.fixture(scope="module", params=SERVED, ids=[name for name, *_ in SERVED])
 def served(request, tiny_checkpoint_factory, server_log_dir):
-    layout, prefill_graphs = request.param
+    name, layout, prefill_graphs, env = request.param
     model_dir = tiny_checkpoint_factory(layout=layout)
     with launch_gpu_server(
-        model_dir, server_log_dir, "--chunked-prefill-size", str(CHUNK), name=f"fp32-{layout}", prefill_graphs=prefill_graphs
+        model_dir, server_log_dir, "--chunked-prefill-size", str(CHUNK), name=f"fp32-{name}", prefill_graphs=prefill_graphs, env=env,
     ) as server:
-        yield server, model_dir, layout, prefill_graphs
+        yield server, model_dir, name, prefill_graphs
 
 
 def test_cuda_graphs_captured_and_static_moe_used(served):
-    server, _, _, prefill_graphs = served
+    server, _, served_as, prefill_graphs = served
     log = log_text(server)
     assert re.search(r"Capture .*decode.* end", log), "no decode CUDA graph capture in the server log"
     if prefill_graphs:
         assert re.search(r"Capture .*prefill.* end", log), "no prefill CUDA graph capture in the server log"
     assert "M3 MoE experts: static path" in log
+    assert (DENSE_DECODE_LOG in log) == (served_as == "dense-decode")
     info = requests.get(f"{server.base_url}/get_server_info", timeout=30).json()
     assert not info.get("disable_cuda_graph", False)
 
 
 @pytest.mark.parametrize("name", sorted(PROMPTS))
 def test_chunked_prefill_and_graphed_decode_match_transformers(served, name):
-    server, model_dir, layout, _ = served
-    check(server, model_dir, PROMPTS[name], f"{layout} {name}")
+    server, model_dir, served_as, _ = served
+    check(server, model_dir, PROMPTS[name], f"{served_as} {name}")
 
 
 def test_radix_cache_hit_matches_transformers(served):
-    server, model_dir, layout, _ = served
+    server, model_dir, served_as, _ = served
     shared = random_prompt(11, 203)
     generate(server, shared + random_prompt(12, 40))
     second = shared + random_prompt(13, 157)
     result = generate(server, second, logprob_start=len(shared))
     # The radix cache holds whole pages: the shared prefix's full pages are hit.
     assert result["meta_info"]["cached_tokens"] >= len(shared) // PAGE * PAGE
-    check(server, model_dir, second, f"{layout} radix", result=result)
+    check(server, model_dir, second, f"{served_as} radix", result=result)
 
 
 def test_sixteen_concurrent_requests_match_transformers(served):
-    server, model_dir, layout, _ = served
+    server, model_dir, served_as, _ = served
     prompts = [random_prompt(40 + i, 30 + 23 * i) for i in range(CONCURRENT)]
     with concurrent.futures.ThreadPoolExecutor(max_workers=CONCURRENT) as pool:
         results = list(pool.map(lambda p: generate(server, p, logprob_start=0), prompts))
     failures = []
     for prompt, result in zip(prompts, results):
         try:
-            check(server, model_dir, prompt, f"{layout} concurrent len {len(prompt)}", result=result)
+            check(server, model_dir, prompt, f"{served_as} concurrent len {len(prompt)}", result=result)
         except AssertionError as error:
             failures.append(str(error))
     assert not failures, failures

@@ -126,20 +126,25 @@ def test_capture_then_replays_keep_addresses_and_match_reference(backend_module,
             assert out[len(kv_lens) * q_len :].isnan().any()
 
 
-def test_dense_layers_of_graphed_verify_batches_read_the_same_static_plan(backend_module, monkeypatch):
-    """``SGLANG_M3_DENSE_VERIFY=msa`` (the default): a dense layer of a graphed verify batch runs on the static
-    plan the sparse layers refreshed (captured once, then replayed), every block before each draft."""
-    monkeypatch.setenv("SGLANG_M3_DENSE_VERIFY", "msa")
-    runner = GraphRunnerDouble(backend_module, "TARGET_VERIFY", 2, 1)
+@pytest.mark.parametrize("mode, q_len, switch, longest", [
+    ("TARGET_VERIFY", 2, "SGLANG_M3_DENSE_VERIFY", CONTEXT + 2),  # a full context plus its drafts
+    ("DECODE", 1, "SGLANG_M3_DENSE_DECODE", CONTEXT),
+])
+def test_dense_layers_of_graphed_batches_read_the_same_static_plan(backend_module, monkeypatch, mode, q_len, switch, longest):
+    """``SGLANG_M3_DENSE_VERIFY=msa`` (the default) / ``SGLANG_M3_DENSE_DECODE=msa``: a dense layer
+    of a graphed verify or decode batch runs on the static plan the sparse layers refreshed
+    (captured once, then replayed), every block up to each query token."""
+    monkeypatch.setenv(switch, "msa")
+    runner = GraphRunnerDouble(backend_module, mode, q_len, 1)
     every_block = dataclasses.replace(PARAMS, topk=1 << 10)
-    for i, (kv_lens, pool_rows) in enumerate([([41, 150, 18], [5, 0, 3]), ([CONTEXT + 2, 33, 2, 96], [1, 2, 6, 7])]):
+    for i, (kv_lens, pool_rows) in enumerate([([41, 150, 18], [5, 0, 3]), ([longest, 33, 2, 96], [1, 2, 6, 7])]):
         runner.load(kv_lens, pool_rows, seed=10 + i)
         runner.step(MAX_BS, in_capture=i == 0)
         fb = runner.view(MAX_BS)
         assert runner.backend.takes_dense_layer(LAYER, fb, {})
-        padded_rows = MAX_BS * 2 - runner.batch.q.shape[0]
+        padded_rows = MAX_BS * q_len - runner.batch.q.shape[0]
         q = torch.cat([runner.batch.q, torch.randn(padded_rows, HQ, D, generator=torch.Generator().manual_seed(i))])
-        out = runner.backend.forward_dense_layer(q.reshape(MAX_BS * 2, -1), None, None, LAYER, fb, save_kv_cache=False)
+        out = runner.backend.forward_dense_layer(q.reshape(MAX_BS * q_len, -1), None, None, LAYER, fb, save_kv_cache=False)
         out = out.view(-1, HQ, D)
         for b in range(len(kv_lens)):
             want, _, _ = reference_request(runner.batch, b, every_block)

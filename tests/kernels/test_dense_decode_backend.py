@@ -1,8 +1,9 @@
-"""Dense-attention layers of verify batches through the hybrid backend onto the MSA kernels
-(the default, ``SGLANG_M3_DENSE_VERIFY=msa``), on the CPU under the Triton interpreter.
+"""Dense-attention layers of verify and decode batches through the hybrid backend onto the MSA
+kernels (``sglang_m3.msa.dense_decode``), on the CPU under the Triton interpreter.
 
-The hybrid routes a dense layer's call of a verify batch to the MSA Triton backend unless the
-switch says ``sglang``, which keeps SGLang's dense backend; what the MSA backend returns is the
+The hybrid routes a dense layer's call of a verify batch to the MSA Triton backend unless
+``SGLANG_M3_DENSE_VERIFY=sglang``, and of a decode batch when ``SGLANG_M3_DENSE_DECODE=msa``;
+otherwise SGLang's dense backend takes it. What the MSA backend returns is the
 layer's causal attention over every key before each draft (the torch reference with every block
 chosen), and it writes the layer's K/V first as SGLang's pool expects.
 """
@@ -37,14 +38,16 @@ class RecordingDense:
     forward_extend = forward
 
 
-def _hybrid(backend_module, batch, monkeypatch, switch):
-    from sglang_m3.msa.dense_verify import ENV
+def _hybrid(backend_module, batch, monkeypatch, verify=None, decode=None):
+    """The hybrid over ``batch`` with the two switches set (None: unset, their defaults)."""
+    from sglang_m3.msa.dense_decode import DECODE_ENV, VERIFY_ENV
     from sglang_m3.msa.hybrid import M3HybridAttnBackend
 
-    if switch is None:
-        monkeypatch.delenv(ENV, raising=False)
-    else:
-        monkeypatch.setenv(ENV, switch)
+    for name, switch in ((VERIFY_ENV, verify), (DECODE_ENV, decode)):
+        if switch is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, switch)
     dense = RecordingDense()
     return M3HybridAttnBackend(dense, make_backend(backend_module, batch), SPARSE_LAYER_IDS), dense
 
@@ -60,7 +63,7 @@ def _verify_batch(q_len, seed):
 def test_dense_layer_of_a_verify_batch_runs_on_the_msa_kernels(backend_module, monkeypatch, q_len, switch):
     """By default (and with ``msa``)."""
     batch = _verify_batch(q_len, seed=q_len)
-    hybrid, dense = _hybrid(backend_module, batch, monkeypatch, switch)
+    hybrid, dense = _hybrid(backend_module, batch, monkeypatch, verify=switch)
     fb = forward_batch("TARGET_VERIFY", batch)
     hybrid.init_forward_metadata(fb)
     q = batch.q.reshape(batch.q.shape[0], -1)
@@ -75,7 +78,7 @@ def test_dense_layer_of_a_verify_batch_runs_on_the_msa_kernels(backend_module, m
 def test_the_dense_layer_writes_its_kv_before_attending(backend_module, monkeypatch):
     """With ``save_kv_cache`` the layer's K/V go to the batch's slots through ``set_kv_buffer``."""
     batch = _verify_batch(2, seed=9)
-    hybrid, _ = _hybrid(backend_module, batch, monkeypatch, "msa")
+    hybrid, _ = _hybrid(backend_module, batch, monkeypatch, verify="msa")
     writes = []
     hybrid.sparse.token_to_kv_pool.set_kv_buffer = lambda layer, loc, k, v, *scales: writes.append((layer.layer_id, loc.loc, k, v))
     fb = forward_batch("TARGET_VERIFY", batch)
@@ -87,21 +90,40 @@ def test_the_dense_layer_writes_its_kv_before_attending(backend_module, monkeypa
     assert written_k is k and written_v is v
 
 
-@pytest.mark.parametrize("switch, mode", [("sglang", "TARGET_VERIFY"), ("msa", "DECODE"), (None, "DECODE")])
-def test_dense_layers_stay_on_sglangs_backend_otherwise(backend_module, monkeypatch, switch, mode):
-    """With ``sglang``; decode batches keep SGLang's split decode kernel whatever the switch."""
+@pytest.mark.parametrize("verify, decode, mode", [
+    ("sglang", None, "TARGET_VERIFY"), ("sglang", "msa", "TARGET_VERIFY"), ("msa", None, "DECODE"), (None, "sglang", "DECODE"),
+])
+def test_dense_layers_stay_on_sglangs_backend_otherwise(backend_module, monkeypatch, verify, decode, mode):
+    """Verify batches with ``SGLANG_M3_DENSE_VERIFY=sglang``; decode batches unless
+    ``SGLANG_M3_DENSE_DECODE=msa`` (the other switch never moves them)."""
     batch = _verify_batch(2 if mode == "TARGET_VERIFY" else 1, seed=3)
-    hybrid, dense = _hybrid(backend_module, batch, monkeypatch, switch)
+    hybrid, dense = _hybrid(backend_module, batch, monkeypatch, verify, decode)
     fb = forward_batch(mode, batch)
     hybrid.init_forward_metadata(fb)
     hybrid.forward(batch.q.reshape(batch.q.shape[0], -1), None, None, DENSE_LAYER, fb, save_kv_cache=False)
     assert dense.calls == [("forward", 0)]
 
 
+@pytest.mark.parametrize("entry", ["forward", "forward_decode"])
+def test_dense_layer_of_a_decode_batch_runs_on_the_msa_kernels_when_switched_on(backend_module, monkeypatch, entry):
+    """``SGLANG_M3_DENSE_DECODE=msa``: one query token per request over every key up to it, through
+    either of the hybrid's entries SGLang calls for a decode batch."""
+    batch = _verify_batch(1, seed=21)
+    hybrid, dense = _hybrid(backend_module, batch, monkeypatch, decode="msa")
+    fb = forward_batch("DECODE", batch)
+    hybrid.init_forward_metadata(fb)
+    out = getattr(hybrid, entry)(batch.q.reshape(batch.q.shape[0], -1), None, None, DENSE_LAYER, fb, save_kv_cache=False)
+    assert dense.calls == []
+    every_block = dataclasses.replace(PARAMS, topk=1 << 10)
+    for b in range(3):
+        want, _, _ = reference_request(batch, b, every_block)
+        torch.testing.assert_close(out.view(-1, HQ, D)[batch.rows_of(b)], want, rtol=1e-4, atol=1e-4)
+
+
 def test_a_dense_layer_of_other_kv_heads_stays_on_sglangs_backend(backend_module, monkeypatch):
     """The plan's merge tickets count its KV heads: a layer with another count is not taken."""
     batch = _verify_batch(2, seed=4)
-    hybrid, dense = _hybrid(backend_module, batch, monkeypatch, "msa")
+    hybrid, dense = _hybrid(backend_module, batch, monkeypatch, verify="msa")
     fb = forward_batch("TARGET_VERIFY", batch)
     hybrid.init_forward_metadata(fb)
     other_heads = SimpleNamespace(**{**vars(DENSE_LAYER), "tp_k_head_num": HKV * 2})
@@ -109,7 +131,8 @@ def test_a_dense_layer_of_other_kv_heads_stays_on_sglangs_backend(backend_module
     assert dense.calls == [("forward", 0)]
 
 
-def test_a_bad_switch_value_is_refused_with_the_variable_named(backend_module, monkeypatch):
+@pytest.mark.parametrize("switch", ["verify", "decode"])
+def test_a_bad_switch_value_is_refused_with_the_variable_named(backend_module, monkeypatch, switch):
     batch = _verify_batch(2, seed=1)
-    with pytest.raises(ValueError, match="SGLANG_M3_DENSE_VERIFY='on'"):
-        _hybrid(backend_module, batch, monkeypatch, "on")
+    with pytest.raises(ValueError, match=f"SGLANG_M3_DENSE_{switch.upper()}='on'"):
+        _hybrid(backend_module, batch, monkeypatch, **{switch: "on"})
