@@ -47,6 +47,7 @@ def enabled_batch_kinds() -> frozenset[str]:
 
 
 def batch_kind(forward_mode) -> str | None:
+    """``"verify"`` or ``"decode"`` (the kinds the switches name), None for any other batch."""
     if is_target_verify(forward_mode):
         return "verify"
     return "decode" if forward_mode.is_decode() else None
