@@ -83,32 +83,32 @@ class M3HybridAttnBackend(AttentionBackend):
     def _owner(self, layer) -> AttentionBackend:
         return self.sparse if layer.layer_id in self.sparse_layer_ids else self.dense
 
-    def _dense_prefill_takes(self, layer, forward_batch, kwargs) -> bool:
-        return (
-            self.dense_prefill is not None
-            and layer.layer_id not in self.sparse_layer_ids
-            and self.dense_prefill.takes(forward_batch, layer, kwargs)
-        )
-
-    def _sparse_takes_dense_layer(self, layer, forward_batch, kwargs) -> bool:
-        """A dense layer the MSA backend attends itself (verify and decode batches, ``sglang_m3.msa.dense_decode``)."""
-        return layer.layer_id not in self.sparse_layer_ids and self.sparse.takes_dense_layer(layer, forward_batch, kwargs)
+    def _plugin_dense_path(self, layer, forward_batch, kwargs):
+        """The plugin's own path for a dense layer's call, when one takes it: SDPA for plain
+        extend batches (``sglang_m3.msa.dense_prefill``), the MSA decode kernels for verify and
+        decode batches (``sglang_m3.msa.dense_decode``). None leaves the call to the layer's owner."""
+        if layer.layer_id in self.sparse_layer_ids:
+            return None
+        if self.dense_prefill is not None and self.dense_prefill.takes(forward_batch, layer, kwargs):
+            return self.dense_prefill.forward_extend
+        if self.sparse.takes_dense_layer(layer, forward_batch, kwargs):
+            return self.sparse.forward_dense_layer
+        return None
 
     def forward(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
-        if self._dense_prefill_takes(layer, forward_batch, kwargs):
-            return self.dense_prefill.forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
-        if self._sparse_takes_dense_layer(layer, forward_batch, kwargs):
-            return self.sparse.forward_dense_layer(q, k, v, layer, forward_batch, save_kv_cache)
+        path = self._plugin_dense_path(layer, forward_batch, kwargs)
+        if path is not None:
+            return path(q, k, v, layer, forward_batch, save_kv_cache)
         return self._owner(layer).forward(q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
-        if self._dense_prefill_takes(layer, forward_batch, kwargs):
-            return self.dense_prefill.forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
-        if self._sparse_takes_dense_layer(layer, forward_batch, kwargs):
-            return self.sparse.forward_dense_layer(q, k, v, layer, forward_batch, save_kv_cache)
+        path = self._plugin_dense_path(layer, forward_batch, kwargs)
+        if path is not None:
+            return path(q, k, v, layer, forward_batch, save_kv_cache)
         return self._owner(layer).forward_extend(q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
-        if self._sparse_takes_dense_layer(layer, forward_batch, kwargs):
-            return self.sparse.forward_dense_layer(q, k, v, layer, forward_batch, save_kv_cache)
+        path = self._plugin_dense_path(layer, forward_batch, kwargs)
+        if path is not None:
+            return path(q, k, v, layer, forward_batch, save_kv_cache)
         return self._owner(layer).forward_decode(q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
