@@ -128,6 +128,15 @@ HOOKS: tuple[Hook, ...] = (
         "draft extends as they are; the CPU platform's drafts extend through it.",
     ),
     Hook(
+        "sglang.srt.speculative.draft_utils.DraftBackendFactory._create_triton_prefill_backend",
+        "AROUND",
+        speculative_hooks.triton_draft_extend_on_msa_kernels,
+        "SGLang's Triton extend kernel gives each (request, head) of a draft's extend over the verify "
+        "window one program walking the whole prefix (167 us per chain-of-3 cycle at 2K on the H200); "
+        "for an M3 target the MSA decode kernels attend that window split over the keys "
+        "(SGLANG_M3_DRAFT_EXTEND=sglang keeps SGLang's kernel).",
+    ),
+    Hook(
         "sglang.kernels.ops.speculative.spec_tree.build_tree_kernel_efficient_func",
         "AROUND",
         speculative_hooks.build_tree_in_torch_on_cpu,

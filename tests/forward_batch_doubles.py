@@ -12,6 +12,10 @@ included, held in ``req_to_token[req_pool_indices[b], :kv_lens[b]]`` (the layout
   (``out_cache_loc`` from ``start_offset=seq_lens``); ``extend_seq_lens`` / ``_cpu`` are None;
   ``spec_info`` is SGLang's own ``EagleVerifyInput`` of a chain (``topk`` 1), whose positions
   (``seq_len + depth``) become the batch's.
+* DRAFT_EXTEND_V2: as ``prepare_for_draft_extend`` builds it after a verify: ``seq_lens`` counts
+  the ``q_len`` window tokens, which are the last of each request; ``spec_info`` is SGLang's own
+  ``EagleDraftExtendInput`` with ``num_tokens_per_req`` = ``q_len``; ``extend_seq_lens_cpu`` its
+  host mirror.
 """
 
 from __future__ import annotations
@@ -110,6 +114,36 @@ def verify_batch(req_to_token, req_pool_indices, kv_lens, q_len, topk: int = 1):
     )
 
 
+def draft_extend_input(bs: int, q_len: int, num_front_tokens: int = 0):
+    """SGLang's ``EagleDraftExtendInput`` of a draft extend over ``q_len`` window tokens per request."""
+    from sglang.srt.speculative.eagle_info import EagleDraftExtendInput
+
+    return EagleDraftExtendInput(
+        hidden_states=torch.zeros(bs * q_len, 8),
+        num_correct_drafts=torch.full((bs,), q_len - 1),
+        num_accept_tokens=torch.full((bs,), q_len),
+        num_tokens_per_req=q_len,
+        num_tokens_for_logprob_per_req=q_len,
+        num_front_tokens=num_front_tokens,
+    )
+
+
+def draft_extend_batch(req_to_token, req_pool_indices, kv_lens, q_len):
+    windows = [q_len] * len(kv_lens)
+    prefixes = [kv - q_len for kv in kv_lens]
+    return SimpleNamespace(
+        forward_mode=_mode("DRAFT_EXTEND_V2"),
+        seq_lens=torch.tensor(kv_lens),
+        seq_lens_cpu=torch.tensor(kv_lens),
+        req_pool_indices=req_pool_indices,
+        extend_seq_lens=torch.tensor(windows, dtype=torch.int32),
+        extend_seq_lens_cpu=windows,
+        positions=_positions(prefixes, windows),
+        out_cache_loc=_rows(req_to_token, req_pool_indices, prefixes, windows),
+        spec_info=draft_extend_input(len(kv_lens), q_len),
+    )
+
+
 def forward_batch_for(mode: str, req_to_token, req_pool_indices, kv_lens, query_lens):
     """The double of ``mode`` over requests attending to ``kv_lens``, the last ``query_lens`` of them queried."""
     if mode == "EXTEND":
@@ -122,4 +156,8 @@ def forward_batch_for(mode: str, req_to_token, req_pool_indices, kv_lens, query_
         if len(set(query_lens)) != 1:
             raise ValueError(f"SGLang verifies the same draft count in every request, got query_lens {query_lens}")
         return verify_batch(req_to_token, req_pool_indices, kv_lens, query_lens[0])
+    if mode == "DRAFT_EXTEND_V2":
+        if len(set(query_lens)) != 1:
+            raise ValueError(f"SGLang's draft extend runs the same window in every request, got query_lens {query_lens}")
+        return draft_extend_batch(req_to_token, req_pool_indices, kv_lens, query_lens[0])
     raise ValueError(f"no ForwardBatch double for mode {mode}")

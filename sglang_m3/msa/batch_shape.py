@@ -9,6 +9,11 @@ SGLang 0.5.23 counts a request's tokens differently per forward mode:
   (``eagle_prepare_for_verify`` allocates them from ``start_offset=seq_lens``) and whose
   positions continue from ``seq_len``; ``extend_seq_lens`` / ``extend_seq_lens_cpu`` stay None.
 * EXTEND: ``seq_lens`` counts every token; the new ones are the last ``extend_seq_lens[i]``.
+* DRAFT_EXTEND_V2 (the draft model over the verify window, after every verify of SGLang's EAGLE
+  worker v2): ``prepare_for_draft_extend`` sets ``seq_lens`` to the length after the window, so it
+  counts the ``spec_info.num_tokens_per_req`` window tokens of each request, which attend causally
+  after its prefix at the window's slots of ``req_to_token`` (the verify window's); a widened window
+  (``spec_info.num_front_tokens`` > 0) also re-runs tokens before it.
 
 Every MSA planner (the torch path, the eager Triton plans, the CUDA-graph plans) goes through
 these functions, so the three agree on what a verify batch holds.
@@ -70,6 +75,18 @@ def uniform_query_shape(forward_batch, trees: bool = False) -> tuple[int, bool] 
     if is_target_verify(mode):
         return verify_q_len(forward_batch.spec_info, trees), False
     return None
+
+
+def draft_extend_q_len(forward_batch) -> int | None:
+    """Window tokens per request of a DRAFT_EXTEND_V2 batch (``seq_lens`` counts them), None for
+    any other batch and for a widened window, whose extra front tokens the caller does not plan."""
+    if not getattr(forward_batch.forward_mode, "is_draft_extend_v2", lambda: False)():
+        return None
+    spec_info = forward_batch.spec_info
+    if spec_info is None or getattr(spec_info, "num_front_tokens", 0):
+        return None
+    per_req = getattr(spec_info, "num_tokens_per_req", -1)
+    return int(per_req) if per_req is not None and per_req > 0 else None
 
 
 def attended_lens(seq_lens: torch.Tensor, q_len: int, queries_in_seq_lens: bool) -> torch.Tensor:

@@ -274,7 +274,7 @@ def plan_kernels(forward_batch, req_to_token: torch.Tensor, params, num_kv_heads
             params, num_kv_heads, num_sms,
         )
     longest = int(host_lens.max()) if host_lens.numel() else 0
-    table = _page_table(req_to_token, forward_batch.req_pool_indices, longest, block)
+    table = page_table_for(req_to_token, forward_batch.req_pool_indices, longest, block)
     q_len, queries_in_seq_lens = shape
     kv_lens = attended_lens(forward_batch.seq_lens, q_len, queries_in_seq_lens)
     return plan_decode(
@@ -288,7 +288,7 @@ def plan_extend(
     params, num_kv_heads: int, num_sms: int = 132,
 ):
     """The prefill-kernel plan of extend requests (host lengths; ``q`` rows packed request after request)."""
-    table = _page_table(req_to_token, req_pool_indices, max(seq_lens, default=0), params.block_size)
+    table = page_table_for(req_to_token, req_pool_indices, max(seq_lens, default=0), params.block_size)
     return plan_prefill(params, table, seq_lens, extend_lens, num_index_heads=num_kv_heads, num_sms=num_sms)
 
 
@@ -300,8 +300,9 @@ def select_requests(req_pool_indices: torch.Tensor, keep: list[int]) -> torch.Te
     return req_pool_indices.index_select(0, index)
 
 
-def _page_table(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, longest: int, block: int) -> torch.Tensor:
-    """Page table of the requests wide enough for ``longest`` tokens (see :func:`_blocks_for`)."""
+def page_table_for(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, longest: int, block: int) -> torch.Tensor:
+    """Page table of the requests wide enough for ``longest`` tokens (see :func:`_blocks_for`); the
+    page is the MSA block."""
     if longest > req_to_token.shape[1]:
         raise ValueError(f"a request attends to {longest} tokens, more than a req_to_token row holds ({req_to_token.shape[1]})")
     width = _blocks_for(longest, block, -(-req_to_token.shape[1] // block))

@@ -67,6 +67,34 @@ def torch_native_draft_extend_backend(original, factory):
     return backend
 
 
+def triton_draft_extend_on_msa_kernels(original, factory):
+    """AROUND ``DraftBackendFactory._create_triton_prefill_backend`` (the ``triton`` draft-extend
+    backend): for an M3 target on CUDA, the draft's extends over the verify window run on the MSA
+    decode kernels (:mod:`sglang_m3.speculative.draft_extend`); any other target keeps SGLang's."""
+    import torch
+    from sglang.srt.arg_groups.model_override_base import model_config_of
+
+    from sglang_m3.integration.hooks import is_m3, spec_of
+    from sglang_m3.speculative import draft_extend
+
+    runner = factory.draft_model_runner
+    device = torch.device(runner.device)
+    target = model_config_of(runner.server_args)
+    if device.type != "cuda" or not is_m3(target.hf_config) or not draft_extend.enabled():
+        return original(factory)
+    spec = spec_of(target)
+    if runner.page_size != spec.index_block_size:
+        return original(factory)
+    from msa_kernels.reference import MSAParams
+
+    params = MSAParams(spec.index_block_size, spec.index_topk_blocks, spec.index_local_blocks, spec.index_init_blocks)
+    plans = draft_extend.DraftExtendPlans(
+        runner.req_to_token_pool.req_to_token, runner.token_to_kv_pool, params, runner.model_config.context_len,
+        torch.cuda.get_device_properties(device).multi_processor_count, device,
+    )
+    return "triton", draft_extend.triton_backend_class()(runner, plans, skip_prefill=False)
+
+
 def _on_cpu_platform() -> bool:
     from sglang.srt.platforms import current_platform
 

@@ -8,7 +8,9 @@ through the MSA kernels and SGLang's target-verify graphs) and with the lm-head-
 chain of 3 drafts is verified as 4 tokens, the issue's configuration. The tiny M3 selects the
 top 4 blocks of 16, so prompts past 64 tokens attend sparsely and each verify token selects its
 own blocks; the 300-token prompt is prefilled in 3 chunks and then served again from the radix
-cache.
+cache. The drafts' extends over the verify window run on the MSA decode kernels
+(``sglang_m3.speculative.draft_extend``; their kernels at the draft's shapes are checked against the
+torch reference in ``tests/kernels/test_msa_gpu.py``).
 
 Skipped without CUDA. Run on the lent GPU with ``scripts/gpu/run.sh tests -k eagle3``.
 """
@@ -49,6 +51,9 @@ def target(tiny_m3_checkpoint, server_log_dir):
         yield server
 
 
+DRAFT_EXTEND_LOG = "the draft's extend over the verify window runs on the MSA decode kernels"
+
+
 @pytest.fixture(scope="module", params=["random", "copy"])
 def chain(request, tiny_m3_checkpoint, tmp_path_factory, server_log_dir):
     copy = request.param == "copy"
@@ -79,6 +84,7 @@ def test_verify_graphs_captured(chain):
     log = log_text(chain[1])
     assert "CUDA graph end" in log or "Capture" in log, "no CUDA graph capture in the speculative server's log"
     assert "disable_cuda_graph=True" not in log
+    assert DRAFT_EXTEND_LOG in log, "the draft's extends did not run on the MSA decode kernels"
 
 
 @pytest.mark.parametrize("length", [1, 40])

@@ -134,11 +134,12 @@ def _assert_dense(batch, params, out):
         assert torch.isfinite(got).all() and float(err.max()) <= REL_TOL, f"request {b}: rel err {float(err.max()):.3g}"
 
 
-@pytest.mark.parametrize("q_len", [1, 4])
-@pytest.mark.parametrize("hq, hkv", [(64, 4), (16, 1)])
+@pytest.mark.parametrize("q_len", [1, 4, 8])
+@pytest.mark.parametrize("hq, hkv", [(64, 4), (16, 1), (48, 8)])
 def test_dense_decode_bf16(q_len, hq, hkv):
-    """M3's dense layers over a decode / verify plan (``SGLANG_M3_DENSE_VERIFY=msa``): every key
-    before each token, split over the keys, at M3 shapes, ragged chains included."""
+    """M3's dense layers over a decode / verify plan (``SGLANG_M3_DENSE_VERIFY=msa``), and a draft's
+    extend over the verify window (48 query heads over 8, the mid-size EAGLE3 draft's; 8 tokens the
+    tree's window): every key before each token, split over the keys, ragged chains included."""
     from msa_kernels.api import decode_attention
 
     params = MSAParams(block_size=BLOCK, topk=16, local_blocks=1, init_blocks=0)
