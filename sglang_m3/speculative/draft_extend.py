@@ -12,7 +12,13 @@ plans those batches (eagerly, or in the static buffers of :mod:`sglang_m3.msa.gr
 SGLang's draft-extend CUDA graphs) and attends them over every block; the draft's other batches
 and any layer the kernels do not compute stay with SGLang's backend.
 
-``SGLANG_M3_DRAFT_EXTEND``: ``msa`` (the default) or ``sglang`` (SGLang's backend throughout).
+``SGLANG_M3_DRAFT_EXTEND``: ``sglang`` (the default: SGLang's backend throughout) or ``msa``.
+It stays opt-in because the one same-minute A/B on the H200 (mid-size M3, chain of 3, both
+servers alive, 8 ABBA rounds; ``benchmarks/results/draft_extend_h200/``) timed ``msa`` slower at
+concurrency 1 (1.765 against 1.119 ms per token, slower in all 8 rounds) and level at 16 (2.870
+against 2.879 ms), greedy output identical, for a reason not yet found: the kernels' correctness
+at the draft's shapes is tested (``tests/kernels/test_msa_gpu.py``), their time in the served
+graph is not yet profiled (``benchmarks/draft_extend_attention.py`` times them alone).
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ ENV = "SGLANG_M3_DRAFT_EXTEND"
 
 
 def enabled() -> bool:
-    return env_choice(ENV, ("msa", "sglang")) == "msa"
+    return env_choice(ENV, ("sglang", "msa")) == "msa"
 
 
 def kernel_head_dim(layer) -> bool:
@@ -114,7 +120,7 @@ class DraftExtendPlans:
     def attend(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
         if not self._logged:
             self._logged = True
-            logger.info("the draft's extend over the verify window runs on the MSA decode kernels (%s=sglang keeps SGLang's backend)", ENV)
+            logger.info("the draft's extend over the verify window runs on the MSA decode kernels (%s=msa)", ENV)
         return dense_decode.attend(self.kv_pool, self.plan, q, k, v, layer, forward_batch, save_kv_cache)
 
 

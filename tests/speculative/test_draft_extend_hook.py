@@ -1,7 +1,7 @@
 """When the draft-extend hook (``triton_draft_extend_on_msa_kernels``) leaves SGLang's Triton backend
-in place: any device but CUDA, a target other than M3, ``SGLANG_M3_DRAFT_EXTEND=sglang``, a KV page
-other than the MSA block. Where it takes the backend (an M3 target on CUDA) is served in
-``tests/gpu/test_eagle3_gpu.py``.
+in place: the switch off (its default) or ``sglang``, and with ``SGLANG_M3_DRAFT_EXTEND=msa`` any
+device but CUDA, a target other than M3, a KV page other than the MSA block. Where it takes the
+backend (an M3 target on CUDA) is served in ``tests/gpu/test_eagle3_gpu.py`` under the switch.
 """
 
 from types import SimpleNamespace
@@ -37,10 +37,11 @@ def _factory(device="cuda", page_size=128):
 
 
 @pytest.mark.parametrize("hf_config, device, page_size, switch", [
-    (M3, "cpu", 128, None),
-    (LLAMA, "cuda", 128, None),
+    (M3, "cuda", 128, None),
     (M3, "cuda", 128, "sglang"),
-    (M3, "cuda", 64, None),
+    (M3, "cpu", 128, "msa"),
+    (LLAMA, "cuda", 128, "msa"),
+    (M3, "cuda", 64, "msa"),
 ])
 def test_sglangs_backend_is_kept(target, monkeypatch, hf_config, device, page_size, switch):
     target(hf_config)
