@@ -129,19 +129,11 @@ def draft_extend_input(bs: int, q_len: int, num_front_tokens: int = 0):
 
 
 def draft_extend_batch(req_to_token, req_pool_indices, kv_lens, q_len):
-    windows = [q_len] * len(kv_lens)
-    prefixes = [kv - q_len for kv in kv_lens]
-    return SimpleNamespace(
-        forward_mode=_mode("DRAFT_EXTEND_V2"),
-        seq_lens=torch.tensor(kv_lens),
-        seq_lens_cpu=torch.tensor(kv_lens),
-        req_pool_indices=req_pool_indices,
-        extend_seq_lens=torch.tensor(windows, dtype=torch.int32),
-        extend_seq_lens_cpu=windows,
-        positions=_positions(prefixes, windows),
-        out_cache_loc=_rows(req_to_token, req_pool_indices, prefixes, windows),
-        spec_info=draft_extend_input(len(kv_lens), q_len),
-    )
+    """An extend of ``q_len`` tokens per request, in SGLang's draft-extend mode and spec_info."""
+    batch = extend_batch(req_to_token, req_pool_indices, kv_lens, [q_len] * len(kv_lens))
+    batch.forward_mode = _mode("DRAFT_EXTEND_V2")
+    batch.spec_info = draft_extend_input(len(kv_lens), q_len)
+    return batch
 
 
 def forward_batch_for(mode: str, req_to_token, req_pool_indices, kv_lens, query_lens):
