@@ -18,7 +18,8 @@ servers alive, 8 ABBA rounds; ``benchmarks/results/draft_extend_h200/``) timed `
 concurrency 1 (1.765 against 1.119 ms per token, slower in all 8 rounds) and level at 16 (2.870
 against 2.879 ms), greedy output identical, for a reason not yet found: the kernels' correctness
 at the draft's shapes is tested (``tests/kernels/test_msa_gpu.py``), their time in the served
-graph is not yet profiled (``benchmarks/draft_extend_attention.py`` times them alone).
+graph is not yet profiled (``benchmarks/draft_extend_attention.py`` times them against SGLang's
+kernel, alone in CUDA graphs).
 """
 
 from __future__ import annotations
