@@ -98,9 +98,12 @@ class DraftExtendPlans:
             return
         if self.graph_plans is None:
             raise RuntimeError("a graphed draft extend before init_cuda_graph_state: no static MSA plan buffers")
+        # At replay SGLang's draft-extend runner hands over its whole buffers (max_bs rows): the
+        # batch is the first ``batch_size`` of them.
+        batch = forward_batch.batch_size
         on_host = forward_batch.seq_lens_cpu
-        longest = int(on_host.max()) if on_host is not None and on_host.numel() else None
-        self.plan = self.graph_plans.plan(forward_batch.seq_lens.shape[0], q_len, longest)
+        longest = int(on_host[:batch].max()) if on_host is not None and batch else None
+        self.plan = self.graph_plans.plan(batch, q_len, longest)
 
     def refresh_graphed(self, forward_batch) -> None:
         """Device side, recorded in the graph: page ids and window positions from the runner's buffers."""

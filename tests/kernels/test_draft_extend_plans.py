@@ -133,7 +133,11 @@ def test_a_widened_window_is_left_to_sglang(draft_extend):
 
 class DraftExtendGraphDouble:
     """The draft-extend graph runner's side: static ``req_pool_indices`` / ``seq_lens`` buffers
-    refilled in place, padded to the captured size with SGLang's fill value and pool row 0."""
+    (device and host) refilled in place, the batch padded to the replayed size with SGLang's fill
+    value and pool row 0, rows past it left stale. As SGLang does, the host side of a replay sees
+    the whole buffers with ``batch_size``, the work recorded in the graph the batch's slices."""
+
+    STALE = CONTEXT * 10  # a length no request has: reading it would refuse the batch
 
     def __init__(self, draft_extend, q_len, fill=1):
         self.q_len, self.fill = q_len, fill
@@ -143,42 +147,51 @@ class DraftExtendGraphDouble:
         self.plans.init_graph_state(MAX_BS, MAX_BS * q_len)
         self.req_pool_indices = torch.zeros(MAX_BS, dtype=torch.int64)
         self.seq_lens = torch.full((MAX_BS,), fill, dtype=torch.int64)
+        self.seq_lens_cpu = self.seq_lens.clone()
         self.spec_info = draft_extend_input(MAX_BS, q_len)
 
-    def load(self, kv_lens, pool_rows, seed):
+    def load(self, kv_lens, pool_rows, seed, bs):
         raw = len(kv_lens)
         self.batch = _window_batch(kv_lens, self.q_len, seed, max_context=self.req_to_token.shape[1])
         self.req_to_token.zero_()
         self.req_to_token[torch.tensor(pool_rows)] = self.batch.req_to_token
         self.req_pool_indices[:raw] = torch.tensor(pool_rows)
         self.req_pool_indices[raw:] = 0
-        self.seq_lens[:raw] = torch.tensor(kv_lens)
-        self.seq_lens[raw:] = self.fill
+        for buffer in (self.seq_lens, self.seq_lens_cpu):
+            buffer[:raw] = torch.tensor(kv_lens)
+            buffer[raw:bs] = self.fill
+            buffer[bs:] = self.STALE
 
     def step(self, bs):
         from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-        fb = SimpleNamespace(
-            forward_mode=ForwardMode.DRAFT_EXTEND_V2, batch_size=bs, req_pool_indices=self.req_pool_indices[:bs],
-            seq_lens=self.seq_lens[:bs], seq_lens_cpu=None, spec_info=self.spec_info,
-        )
-        self.plans.plan_graphed(fb)
-        self.plans.refresh_graphed(fb)
+        def view(rows):
+            return SimpleNamespace(
+                forward_mode=ForwardMode.DRAFT_EXTEND_V2, batch_size=bs, req_pool_indices=self.req_pool_indices[:rows],
+                seq_lens=self.seq_lens[:rows], seq_lens_cpu=self.seq_lens_cpu[:rows], spec_info=self.spec_info,
+            )
+
+        replay, recorded = view(MAX_BS), view(bs)
+        self.plans.plan_graphed(replay)
+        self.plans.refresh_graphed(recorded)
         padding = torch.randn(bs * self.q_len - self.batch.q.shape[0], HQ, D, generator=torch.Generator().manual_seed(bs))
         q = torch.cat([self.batch.q, padding])
-        assert self.plans.takes(LAYER, fb, {})
-        return self.plans.attend(q.reshape(q.shape[0], -1), None, None, LAYER, fb, save_kv_cache=False).view(-1, HQ, D)
+        assert self.plans.takes(LAYER, replay, {})
+        return self.plans.attend(q.reshape(q.shape[0], -1), None, None, LAYER, recorded, save_kv_cache=False).view(-1, HQ, D)
 
 
 @pytest.mark.parametrize("q_len", [4, 8])
 def test_graphed_windows_keep_their_plan_and_match_the_reference(draft_extend, q_len):
+    """Three replays: 3 requests padded to 4, 4 requests (one at the full context, one of a bare
+    window), 2 requests replayed at 2 with the buffers' last rows stale."""
     runner = DraftExtendGraphDouble(draft_extend, q_len)
-    steps = [([41, 150, 17], [5, 0, 3]), ([CONTEXT, 33, q_len, 95], [1, 2, 6, 7]), ([64, 129], [2, 6])]
+    steps = [([41, 150, 17], [5, 0, 3], MAX_BS), ([CONTEXT, 33, q_len, 95], [1, 2, 6, 7], MAX_BS), ([64, 129], [2, 6], 2)]
     addresses = None
-    for seed, (kv_lens, rows) in enumerate(steps):
-        runner.load(kv_lens, rows, seed)
-        out = runner.step(MAX_BS)
+    for seed, (kv_lens, rows, bs) in enumerate(steps):
+        runner.load(kv_lens, rows, seed, bs)
+        out = runner.step(bs)
         plan = runner.plans.plan
+        assert plan.tiles.count == bs
         now = [t.data_ptr() for t in (plan.page_table, plan.tiles.pos0, plan.tickets)]
         assert addresses in (None, now)
         addresses = now
