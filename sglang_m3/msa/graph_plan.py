@@ -31,6 +31,18 @@ from msa_kernels.reference import MSAParams
 from sglang_m3.msa.batch_shape import attended_lens
 
 
+def graph_context_tokens(req_to_token_width: int, context_len: int, max_bs: int, max_num_tokens: int) -> int:
+    """Tokens a request of a graph of up to ``max_bs`` requests and ``max_num_tokens`` tokens may hold.
+
+    The model's ``context_len`` (a decode token is one of them) plus, in graphs of more than one
+    query token per request (verify drafts, a draft extend's window), that many, as far as
+    ``req_to_token`` reaches. The width sets the top-k kernel's block range, so decode does not
+    round it past ``context_len``.
+    """
+    per_request = max_num_tokens // max_bs
+    return min(req_to_token_width, context_len + (per_request if per_request > 1 else 0))
+
+
 class GraphDecodePlans:
     """Static plan buffers for decode batches of up to ``max_bs`` requests of ``max_tokens`` tokens."""
 

@@ -56,7 +56,7 @@ from sglang_m3.msa.full_selection import (
     full_selection_limit,
     plan_full_selection,
 )
-from sglang_m3.msa.graph_plan import GraphDecodePlans
+from sglang_m3.msa.graph_plan import GraphDecodePlans, graph_context_tokens
 from sglang_m3.msa.verify_tree import draft_visibility_rows, is_draft_tree, tree_mask_qlen_only
 
 logger = logging.getLogger(__name__)
@@ -162,16 +162,10 @@ class MSATritonBackend(MSATorchBackend):
             logger.info("M3 MSA: first extend batch attended densely (every block selected): %d of %d requests", dense, requests)
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
-        """Static plan buffers for graphs of up to ``max_bs`` requests (re-allocated on every call).
-
-        A request may hold the model's ``context_len`` tokens (a decode token is one of them) plus,
-        in verify graphs (``max_num_tokens / max_bs`` > 1 tokens per request), that many drafts,
-        as far as ``req_to_token`` reaches. The width sets the top-k kernel's block range, so
-        decode does not round it past ``context_len``.
-        """
+        """Static plan buffers for graphs of up to ``max_bs`` requests (re-allocated on every call),
+        of :func:`graph_context_tokens` tokens each."""
         width = self.req_to_token_pool.req_to_token.shape[1]
-        drafts = max_num_tokens // max_bs
-        max_tokens = min(width, self.context_len + (drafts if drafts > 1 else 0))
+        max_tokens = graph_context_tokens(width, self.context_len, max_bs, max_num_tokens)
         self.graph_plans = GraphDecodePlans(self.params, max_bs, max_tokens, self.num_kv_heads, self.num_sms, self.device)
 
     def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False) -> None:

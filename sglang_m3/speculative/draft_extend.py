@@ -24,6 +24,7 @@ kernel, alone in CUDA graphs).
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import torch
@@ -34,7 +35,7 @@ from sglang_m3.env_switch import env_choice
 from sglang_m3.msa import dense_decode
 from sglang_m3.msa.batch_shape import draft_extend_q_len
 from sglang_m3.msa.dense_prefill import plain_causal_call
-from sglang_m3.msa.graph_plan import GraphDecodePlans
+from sglang_m3.msa.graph_plan import GraphDecodePlans, graph_context_tokens
 from sglang_m3.msa.triton_backend import page_table_for
 
 logger = logging.getLogger(__name__)
@@ -86,8 +87,7 @@ class DraftExtendPlans:
 
     def init_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
         """Static plans for graphs of up to ``max_bs`` requests of ``max_num_tokens / max_bs`` window tokens."""
-        window = max(1, max_num_tokens // max_bs)
-        max_tokens = min(self.req_to_token.shape[1], self.context_len + window)
+        max_tokens = graph_context_tokens(self.req_to_token.shape[1], self.context_len, max_bs, max_num_tokens)
         self.graph_plans = GraphDecodePlans(self.params, max_bs, max_tokens, self.num_kv_heads, self.num_sms, self.device)
 
     def plan_graphed(self, forward_batch) -> None:
@@ -128,6 +128,7 @@ class DraftExtendPlans:
         return dense_decode.attend(self.kv_pool, self.plan, q, k, v, layer, forward_batch, save_kv_cache)
 
 
+@functools.cache
 def triton_backend_class():
     """SGLang's Triton backend with draft extends on the MSA kernels (a subclass, so that every
     other behaviour, graph hook and attribute SGLang reads stays SGLang's own)."""
