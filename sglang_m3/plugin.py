@@ -133,8 +133,8 @@ HOOKS: tuple[Hook, ...] = (
         speculative_hooks.triton_draft_extend_on_msa_kernels,
         "SGLang's Triton extend kernel gives each (request, head) of a draft's extend over the verify "
         "window one program walking the whole prefix (167 us per chain-of-3 cycle at 2K on the H200); "
-        "for an M3 target SGLANG_M3_DRAFT_EXTEND=msa has the MSA decode kernels attend that window "
-        "split over the keys (opt-in: slower at concurrency 1 in its first served A/B).",
+        "for an M3 target the MSA decode kernels attend that window split over the keys (22.7 against "
+        "121.5 us at 2K, 103 against 2,198 us at 32K; SGLANG_M3_DRAFT_EXTEND=sglang keeps SGLang's).",
     ),
     Hook(
         "sglang.kernels.ops.speculative.spec_tree.build_tree_kernel_efficient_func",

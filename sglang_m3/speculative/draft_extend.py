@@ -12,14 +12,14 @@ plans those batches (eagerly, or in the static buffers of :mod:`sglang_m3.msa.gr
 SGLang's draft-extend CUDA graphs) and attends them over every block; the draft's other batches
 and any layer the kernels do not compute stay with SGLang's backend.
 
-``SGLANG_M3_DRAFT_EXTEND``: ``sglang`` (the default: SGLang's backend throughout) or ``msa``.
-It stays opt-in because the one same-minute A/B on the H200 (mid-size M3, chain of 3, both
-servers alive, 8 ABBA rounds; ``benchmarks/results/draft_extend_h200/``) timed ``msa`` slower at
-concurrency 1 (1.765 against 1.119 ms per token, slower in all 8 rounds) and level at 16 (2.870
-against 2.879 ms), greedy output identical, for a reason not yet found: the kernels' correctness
-at the draft's shapes is tested (``tests/kernels/test_msa_gpu.py``), their time in the served
-graph is not yet profiled (``benchmarks/draft_extend_attention.py`` times them against SGLang's
-kernel, alone in CUDA graphs).
+``SGLANG_M3_DRAFT_EXTEND``: ``msa`` (the default) or ``sglang`` (SGLang's backend throughout).
+On the H200 (``benchmarks/results/draft_extend_h200/``) the attention alone, in CUDA graphs at the
+mid-size draft's heads, took 22.7 against SGLang's 121.5 us for one request at 2K and 103 against
+2,198 us at 32K; served, the chain-of-3 cycle's kernels fell from 3.72 to 3.62 ms at 2K. The
+first served A/B had timed ``msa`` slower at concurrency 1, but that A/B started ``msa`` first,
+and in three of the four paired speculative runs the first-started server was the slow one at
+concurrency 1; servers run one at a time on one lease gave ``msa`` 0.93-0.97 against 0.96-1.11 ms
+per token.
 """
 
 from __future__ import annotations
@@ -41,10 +41,12 @@ from sglang_m3.msa.triton_backend import page_table_for
 logger = logging.getLogger(__name__)
 
 ENV = "SGLANG_M3_DRAFT_EXTEND"
+#: logged once per server at the first window the kernels attend (tests look for it in server logs)
+TAKEN_MESSAGE = "the draft's extend over the verify window runs on the MSA decode kernels"
 
 
 def enabled() -> bool:
-    return env_choice(ENV, ("sglang", "msa")) == "msa"
+    return env_choice(ENV, ("msa", "sglang")) == "msa"
 
 
 def kernel_head_dim(layer) -> bool:
@@ -124,7 +126,7 @@ class DraftExtendPlans:
     def attend(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
         if not self._logged:
             self._logged = True
-            logger.info("the draft's extend over the verify window runs on the MSA decode kernels (%s=msa)", ENV)
+            logger.info("%s (%s=msa)", TAKEN_MESSAGE, ENV)
         return dense_decode.attend(self.kv_pool, self.plan, q, k, v, layer, forward_batch, save_kv_cache)
 
 

@@ -8,8 +8,9 @@ through the MSA kernels and SGLang's target-verify graphs) and with the lm-head-
 chain of 3 drafts is verified as 4 tokens, the issue's configuration. The tiny M3 selects the
 top 4 blocks of 16, so prompts past 64 tokens attend sparsely and each verify token selects its
 own blocks; the 300-token prompt is prefilled in 3 chunks and then served again from the radix
-cache. Run with ``SGLANG_M3_DRAFT_EXTEND=msa`` in the environment, the drafts' extends over the
-verify window run on the MSA decode kernels (``sglang_m3.speculative.draft_extend``; their kernels at
+cache. The drafts' extends over the verify window run on the MSA decode kernels (the default;
+``SGLANG_M3_DRAFT_EXTEND=sglang`` in the environment keeps SGLang's backend;
+``sglang_m3.speculative.draft_extend``; their kernels at
 the draft's shapes are checked against the torch reference in ``tests/kernels/test_msa_gpu.py``).
 
 Skipped without CUDA. Run on the lent GPU with ``scripts/gpu/run.sh tests -k eagle3``.
@@ -32,6 +33,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from gpu_server import launch_gpu_server, log_text  # noqa: E402
 from transformers_oracle import random_prompt  # noqa: E402
 
+from sglang_m3.speculative import draft_extend  # noqa: E402
 from sglang_m3.speculative.tiny_draft import build_tiny_draft  # noqa: E402
 from tests.speculative.conftest import CHAIN_FLAGS  # noqa: E402
 from tests.speculative.spec_requests import accept_length, generate, generate_concurrently  # noqa: E402
@@ -51,8 +53,7 @@ def target(tiny_m3_checkpoint, server_log_dir):
         yield server
 
 
-DRAFT_EXTEND_LOG = "the draft's extend over the verify window runs on the MSA decode kernels"
-DRAFT_EXTEND_ON = os.environ.get("SGLANG_M3_DRAFT_EXTEND") == "msa"  # the servers inherit the environment
+DRAFT_EXTEND_ON = draft_extend.enabled()  # the servers inherit this process's environment
 
 
 @pytest.fixture(scope="module", params=["random", "copy"])
@@ -85,7 +86,7 @@ def test_verify_graphs_captured(chain):
     log = log_text(chain[1])
     assert "CUDA graph end" in log or "Capture" in log, "no CUDA graph capture in the speculative server's log"
     assert "disable_cuda_graph=True" not in log
-    assert (DRAFT_EXTEND_LOG in log) == DRAFT_EXTEND_ON, "the draft extend did not follow SGLANG_M3_DRAFT_EXTEND (msa: the MSA kernels, else SGLang's)"
+    assert (draft_extend.TAKEN_MESSAGE in log) == DRAFT_EXTEND_ON, "the draft extend did not follow SGLANG_M3_DRAFT_EXTEND (msa: the MSA kernels, else SGLang's)"
 
 
 @pytest.mark.parametrize("length", [1, 40])

@@ -51,6 +51,7 @@ from test_eagle3_gpu import (  # noqa: E402, F401  (the chain tests, collected h
     test_short_prompts_identical,
 )
 
+from sglang_m3.speculative import draft_extend  # noqa: E402
 from sglang_m3.speculative.tiny_draft import build_tiny_draft  # noqa: E402
 from tests.speculative.conftest import TREE_FLAGS  # noqa: E402
 
@@ -74,9 +75,8 @@ def test_tree_server_runs_graphs_with_trees(chain):
     log = log_text(server)
     assert "CUDA graph end" in log or "Capture" in log, "no CUDA graph capture in the tree server's log"
     assert "disable_cuda_graph=True" not in log
-    # sglang_m3.speculative.draft_extend: the servers inherit SGLANG_M3_DRAFT_EXTEND (default sglang)
-    draft_extend_on = os.environ.get("SGLANG_M3_DRAFT_EXTEND") == "msa"
-    assert ("the draft's extend over the verify window runs on the MSA decode kernels" in log) == draft_extend_on
+    # the servers inherit this process's environment, SGLANG_M3_DRAFT_EXTEND included
+    assert (draft_extend.TAKEN_MESSAGE in log) == draft_extend.enabled()
     info = requests.get(f"{server.base_url}/get_server_info", timeout=30).json()
     assert info["speculative_eagle_topk"] == 3 and info["speculative_num_draft_tokens"] == 8, info
     assert info["attention_backend"] == "triton", info

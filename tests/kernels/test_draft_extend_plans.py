@@ -198,7 +198,7 @@ def test_graphed_windows_keep_their_plan_and_match_the_reference(draft_extend, q
         _assert_matches_reference(runner.batch, out)
 
 
-@pytest.mark.parametrize("value, taken", [(None, False), ("msa", True), ("sglang", False)])
+@pytest.mark.parametrize("value, taken", [(None, True), ("msa", True), ("sglang", False)])
 def test_the_switch(draft_extend, monkeypatch, value, taken):
     if value is not None:
         monkeypatch.setenv(draft_extend.ENV, value)
