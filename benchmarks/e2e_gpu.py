@@ -328,9 +328,10 @@ def gpu_name() -> str:
 
 
 def plugin_switches() -> dict[str, str]:
-    """The plugin's environment switches (``SGLANG_M3_*``) this run's servers inherit: an A/B run
-    names the side it measured."""
-    return {name: value for name, value in sorted(os.environ.items()) if name.startswith("SGLANG_M3_")}
+    """The plugin's environment switches (``SGLANG_M3_*``) and the harness's (``M3_HARNESS_*``,
+    e.g. ``M3_HARNESS_CUDA_CUSTOM_OPS``) this run's servers inherit: an A/B run names the side it
+    measured, and a result names the harness paths its anchor ran on."""
+    return {name: value for name, value in sorted(os.environ.items()) if name.startswith(("SGLANG_M3_", "M3_HARNESS_"))}
 
 
 def commit() -> str:

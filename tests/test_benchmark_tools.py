@@ -437,6 +437,8 @@ def test_runs_record_the_plugin_switches_their_servers_inherit(monkeypatch):
     monkeypatch.setenv("SGLANG_M3_DENSE_VERIFY", "msa")
     monkeypatch.setenv("SGLANG_OTHER", "1")
     assert e2e_gpu.plugin_switches().get("SGLANG_M3_DENSE_VERIFY") == "msa"
+    monkeypatch.setenv("M3_HARNESS_CUDA_CUSTOM_OPS", "1")
+    assert e2e_gpu.plugin_switches().get("M3_HARNESS_CUDA_CUSTOM_OPS") == "1"
     assert "SGLANG_OTHER" not in e2e_gpu.plugin_switches()
 
 

@@ -21,15 +21,21 @@ import types
 
 from . import _standin
 from ._standin import StandInMissing, missing, ran
-from .ops import moe_align_block_size, moe_sum_reduce, silu_and_mul, topk_sigmoid, transfer_kv_direct, weak_ref_tensor
+from .ops import (
+    fused_add_rmsnorm,
+    gemma_fused_add_rmsnorm,
+    gemma_rmsnorm,
+    moe_align_block_size,
+    moe_sum_reduce,
+    rmsnorm,
+    silu_and_mul,
+    topk_sigmoid,
+    transfer_kv_direct,
+    weak_ref_tensor,
+)
 
 __version__ = "0.5.23.standin"
 __sgl_kernel_standin__ = True
-
-_IMPLEMENTED = {
-    "moe_align_block_size", "moe_sum_reduce", "silu_and_mul", "topk_sigmoid", "weak_ref_tensor",
-}
-
 
 class _Missing:
     """Placeholder for a name the stand-in does not implement: refuses when called.
@@ -102,6 +108,8 @@ class _SubmoduleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             module.is_arch_support_pdl = _is_arch_support_pdl
         if module.__name__ == "sgl_kernel.elementwise":
             module.silu_and_mul = silu_and_mul
+            module.rmsnorm, module.fused_add_rmsnorm = rmsnorm, fused_add_rmsnorm
+            module.gemma_rmsnorm, module.gemma_fused_add_rmsnorm = gemma_rmsnorm, gemma_fused_add_rmsnorm
         if module.__name__ == "sgl_kernel.kvcacheio":
             module.transfer_kv_direct = transfer_kv_direct
 

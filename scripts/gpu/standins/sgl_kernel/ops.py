@@ -3,7 +3,10 @@
 Only ops that SGLang's CUDA paths reach on the harness platform live here: the fused-MoE Triton
 path combines expert outputs with ``moe_sum_reduce`` and asks the ahead-of-time backend for
 ``moe_align_block_size``; ``silu_and_mul`` and ``topk_sigmoid`` are imported by CUDA modules and
-cheap to provide faithfully. Each op records that it ran (``_standin.note_ran``).
+cheap to provide faithfully; the RMSNorm family (plain and Gemma, with and without the fused
+residual add) serves SGLang's norm layers when the platform routes them to their CUDA forwards
+(``M3_HARNESS_CUDA_CUSTOM_OPS``, ``m3_gpu_harness.platform``). Each op records that it ran
+(``_standin.note_ran``).
 
 This module imports nothing from ``sgl_kernel`` itself, so tests can load it on its own (under
 another module name) without putting a fake ``sgl_kernel`` on a CPU test process's path.
@@ -60,6 +63,89 @@ def silu_and_mul_reference(input: torch.Tensor) -> torch.Tensor:
     d = input.shape[-1] // 2
     x = input.double()
     return (torch.nn.functional.silu(x[..., :d]) * x[..., d:]).to(input.dtype)
+
+
+# --- RMSNorm family: out = x * rsqrt(mean(x^2) + eps) * (offset + w), offset 1 for Gemma --------
+# The fused-add forms first set residual <- input + residual (summed in fp32, stored in the
+# residual's dtype) and normalise that fp32 sum into ``input``, in place, as the compiled ops do.
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, hidden, x_stride, res_stride, out_stride, eps, weight_offset,
+                     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < hidden
+    x = tl.load(x_ptr + row * x_stride + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        x += tl.load(res_ptr + row * res_stride + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(res_ptr + row * res_stride + offs, x.to(res_ptr.dtype.element_ty), mask=mask)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / hidden + eps)
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32) + weight_offset
+    tl.store(out_ptr + row * out_stride + offs, (x * rstd * w).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _rows(name: str, tensor: torch.Tensor, hidden: int) -> torch.Tensor:
+    """``tensor`` as [rows, hidden] without a copy (the fused forms write through it)."""
+    if tensor.shape[-1] != hidden or tensor.stride(-1) != 1:
+        raise ValueError(f"sgl_kernel stand-in {name}: expected a contiguous last dimension of {hidden}, got shape "
+                         f"{tuple(tensor.shape)} strides {tensor.stride()}")
+    if tensor.dim() == 2:
+        return tensor
+    if not tensor.is_contiguous():
+        raise ValueError(f"sgl_kernel stand-in {name}: a {tensor.dim()}-d input must be contiguous")
+    return tensor.view(-1, hidden)
+
+
+def _rms_norm(name: str, input: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor, out: torch.Tensor,
+              eps: float, weight_offset: float) -> None:
+    note_ran(name)
+    hidden = weight.shape[0]
+    x2, o2 = _rows(name, input, hidden), _rows(name, out, hidden)
+    r2 = _rows(name, residual, hidden) if residual is not None else x2
+    if r2.shape[0] != x2.shape[0] or o2.shape[0] != x2.shape[0]:
+        raise ValueError(f"sgl_kernel stand-in {name}: input, residual and out hold different row counts")
+    if x2.shape[0]:
+        block = triton.next_power_of_2(max(hidden, 16))
+        _rms_norm_kernel[(x2.shape[0],)](
+            x2, r2, weight, o2, hidden, x2.stride(0), r2.stride(0), o2.stride(0), float(eps), float(weight_offset),
+            HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=min(16, max(1, block // 512)),
+        )
+
+
+def rmsnorm(input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: Optional[torch.Tensor] = None,
+            enable_pdl: Optional[bool] = None) -> torch.Tensor:
+    out = torch.empty_like(input) if out is None else out
+    _rms_norm("rmsnorm", input, None, weight, out, eps, 0.0)
+    return out
+
+
+def fused_add_rmsnorm(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
+                      enable_pdl: Optional[bool] = None) -> None:
+    _rms_norm("fused_add_rmsnorm", input, residual, weight, input, eps, 0.0)
+
+
+def gemma_rmsnorm(input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: Optional[torch.Tensor] = None,
+                  enable_pdl: Optional[bool] = None) -> torch.Tensor:
+    out = torch.empty_like(input) if out is None else out
+    _rms_norm("gemma_rmsnorm", input, None, weight, out, eps, 1.0)
+    return out
+
+
+def gemma_fused_add_rmsnorm(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
+                            enable_pdl: Optional[bool] = None) -> None:
+    _rms_norm("gemma_fused_add_rmsnorm", input, residual, weight, input, eps, 1.0)
+
+
+def rms_norm_reference(input: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float = 0.0,
+                       residual: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """(normalised rows, new residual or None), in float64 from the same fp32-summed input."""
+    x = input.double()
+    new_residual = None
+    if residual is not None:
+        x = (input.float() + residual.float()).double()
+        new_residual = x.to(residual.dtype)
+    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (weight.double() + weight_offset)
+    return y.to(input.dtype), new_residual
 
 
 # --- moe_sum_reduce: out[t] = scale * sum_k x[t, k] -------------------------------------------
