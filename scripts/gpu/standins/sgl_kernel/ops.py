@@ -112,28 +112,34 @@ def _rms_norm(name: str, input: torch.Tensor, residual: Optional[torch.Tensor], 
         )
 
 
-def rmsnorm(input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: Optional[torch.Tensor] = None,
-            enable_pdl: Optional[bool] = None) -> torch.Tensor:
-    out = torch.empty_like(input) if out is None else out
-    _rms_norm("rmsnorm", input, None, weight, out, eps, 0.0)
-    return out
+def _norm_op(name: str, weight_offset: float):
+    """``sgl_kernel.<name>(input, weight, eps, out=None, enable_pdl=None) -> out``."""
+
+    def norm(input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: Optional[torch.Tensor] = None,
+             enable_pdl: Optional[bool] = None) -> torch.Tensor:
+        out = torch.empty_like(input) if out is None else out
+        _rms_norm(name, input, None, weight, out, eps, weight_offset)
+        return out
+
+    norm.__name__ = norm.__qualname__ = name
+    return norm
 
 
-def fused_add_rmsnorm(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
-                      enable_pdl: Optional[bool] = None) -> None:
-    _rms_norm("fused_add_rmsnorm", input, residual, weight, input, eps, 0.0)
+def _fused_add_norm_op(name: str, weight_offset: float):
+    """``sgl_kernel.<name>(input, residual, weight, eps, enable_pdl=None)``, in place on both."""
+
+    def fused_add_norm(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
+                       enable_pdl: Optional[bool] = None) -> None:
+        _rms_norm(name, input, residual, weight, input, eps, weight_offset)
+
+    fused_add_norm.__name__ = fused_add_norm.__qualname__ = name
+    return fused_add_norm
 
 
-def gemma_rmsnorm(input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: Optional[torch.Tensor] = None,
-                  enable_pdl: Optional[bool] = None) -> torch.Tensor:
-    out = torch.empty_like(input) if out is None else out
-    _rms_norm("gemma_rmsnorm", input, None, weight, out, eps, 1.0)
-    return out
-
-
-def gemma_fused_add_rmsnorm(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
-                            enable_pdl: Optional[bool] = None) -> None:
-    _rms_norm("gemma_fused_add_rmsnorm", input, residual, weight, input, eps, 1.0)
+rmsnorm = _norm_op("rmsnorm", 0.0)
+gemma_rmsnorm = _norm_op("gemma_rmsnorm", 1.0)
+fused_add_rmsnorm = _fused_add_norm_op("fused_add_rmsnorm", 0.0)
+gemma_fused_add_rmsnorm = _fused_add_norm_op("gemma_fused_add_rmsnorm", 1.0)
 
 
 def rms_norm_reference(input: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float = 0.0,
