@@ -15,11 +15,10 @@ and any layer the kernels do not compute stay with SGLang's backend.
 ``SGLANG_M3_DRAFT_EXTEND``: ``msa`` (the default) or ``sglang`` (SGLang's backend throughout).
 On the H200 (``benchmarks/results/draft_extend_h200/``) the attention alone, in CUDA graphs at the
 mid-size draft's heads, took 22.7 against SGLang's 121.5 us for one request at 2K and 103 against
-2,198 us at 32K; served, the chain-of-3 cycle's kernels fell from 3.72 to 3.62 ms at 2K. The
-first served A/B had timed ``msa`` slower at concurrency 1, but that A/B started ``msa`` first,
-and in three of the four paired speculative runs the first-started server was the slow one at
-concurrency 1; servers run one at a time on one lease gave ``msa`` 0.93-0.97 against 0.96-1.11 ms
-per token.
+2,198 us at 32K; served, the chain-of-3 cycle's kernels fell from 3.72 to 3.62 ms at 2K, and
+servers run one at a time on one lease gave ``msa`` 0.93-0.97 against 0.96-1.11 ms per token. An
+earlier A/B with both servers alive (``msa`` started first) had timed ``msa`` slower at
+concurrency 1 (1.765 against 1.119 ms); that did not recur, and its cause is not known.
 """
 
 from __future__ import annotations
