@@ -72,17 +72,22 @@ def store_kv(pool, layer, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -
         pool.set_kv_buffer(layer, KVWriteLoc(loc, None), k.clone(), v.clone(), layer.k_scale, layer.v_scale)
 
 
+def msa_params_of(spec: M3TextSpec) -> MSAParams:
+    """The kernels' selection knobs from the model's MSA settings."""
+    return MSAParams(
+        block_size=spec.index_block_size,
+        topk=spec.index_topk_blocks,
+        local_blocks=spec.index_local_blocks,
+        init_blocks=spec.index_init_blocks,
+    )
+
+
 class MSATorchBackend(AttentionBackend):
     def __init__(self, model_runner, spec: M3TextSpec):
         super().__init__()
         self.req_to_token_pool = model_runner.req_to_token_pool
         self.token_to_kv_pool = model_runner.token_to_kv_pool
-        self.params = MSAParams(
-            block_size=spec.index_block_size,
-            topk=spec.index_topk_blocks,
-            local_blocks=spec.index_local_blocks,
-            init_blocks=spec.index_init_blocks,
-        )
+        self.params = msa_params_of(spec)
         self.plan: MSABatchPlan | None = None
 
     def init_forward_metadata(self, forward_batch) -> None:

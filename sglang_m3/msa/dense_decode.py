@@ -53,16 +53,21 @@ def batch_kind(forward_mode) -> str | None:
     return "decode" if forward_mode.is_decode() else None
 
 
-def takes(layer, forward_batch, plan, extra: dict, kinds: frozenset[str]) -> bool:
-    """Whether a dense layer's call in this batch is one the decode kernels compute as SGLang's
-    backend would: a batch of one of ``kinds`` planned for the decode kernels, as many KV heads as
-    the plan was made for (its merge tickets count them), plain causal attention."""
+def computes_call(layer, plan, extra: dict) -> bool:
+    """Whether the decode kernels compute this layer's call as SGLang's backend would, given a
+    plan: one for the decode kernels, made for as many KV heads as the layer has (its merge
+    tickets count them), and plain causal attention."""
     return (
-        batch_kind(forward_batch.forward_mode) in kinds
-        and isinstance(plan, DecodePlan)
+        isinstance(plan, DecodePlan)
         and getattr(layer, "tp_k_head_num", plan.num_kv_heads) == plan.num_kv_heads
         and plain_causal_call(layer, extra)
     )
+
+
+def takes(layer, forward_batch, plan, extra: dict, kinds: frozenset[str]) -> bool:
+    """Whether a dense layer's call in this batch is one the decode kernels compute: a batch of one
+    of ``kinds`` and a call :func:`computes_call` accepts."""
+    return batch_kind(forward_batch.forward_mode) in kinds and computes_call(layer, plan, extra)
 
 
 def attend(pool, plan: DecodePlan, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:

@@ -80,8 +80,7 @@ class MSATritonBackend(MSATorchBackend):
                 f"{self.params.block_size} (the MSA block size), got page size {page_size}"
             )
         device = torch.device(model_runner.device)
-        # The SM count only sizes grids; off CUDA (the Triton interpreter in CI) any value works.
-        self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
+        self.num_sms = sm_count(device)
         self.num_kv_heads = self.token_to_kv_pool.head_num  # per rank
         self.device = device
         self.context_len = model_runner.model_config.context_len
@@ -292,6 +291,11 @@ def select_requests(req_pool_indices: torch.Tensor, keep: list[int]) -> torch.Te
         return req_pool_indices[: len(keep)]
     index = torch.tensor(keep, dtype=torch.int64).to(req_pool_indices.device, non_blocking=True)
     return req_pool_indices.index_select(0, index)
+
+
+def sm_count(device: torch.device) -> int:
+    """The device's SM count, which only sizes grids; off CUDA (the Triton interpreter in CI) any value works."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
 
 
 def page_table_for(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, longest: int, block: int) -> torch.Tensor:

@@ -33,7 +33,6 @@ from msa_kernels.reference import MSAParams
 from sglang_m3.env_switch import env_choice
 from sglang_m3.msa import dense_decode
 from sglang_m3.msa.batch_shape import draft_extend_q_len
-from sglang_m3.msa.dense_prefill import plain_causal_call
 from sglang_m3.msa.graph_plan import GraphDecodePlans, graph_context_tokens
 from sglang_m3.msa.triton_backend import page_table_for
 
@@ -117,9 +116,8 @@ class DraftExtendPlans:
         return (
             self.plan is not None
             and draft_extend_q_len(forward_batch) == self.plan.tiles.max_tokens
-            and getattr(layer, "tp_k_head_num", self.num_kv_heads) == self.num_kv_heads
             and kernel_head_dim(layer)
-            and plain_causal_call(layer, extra)
+            and dense_decode.computes_call(layer, self.plan, extra)
         )
 
     def attend(self, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:

@@ -85,12 +85,12 @@ def triton_draft_extend_on_msa_kernels(original, factory):
     spec = spec_of(target)
     if runner.page_size != spec.index_block_size:
         return original(factory)
-    from msa_kernels.reference import MSAParams
+    from sglang_m3.msa.backend import msa_params_of
+    from sglang_m3.msa.triton_backend import sm_count
 
-    params = MSAParams(spec.index_block_size, spec.index_topk_blocks, spec.index_local_blocks, spec.index_init_blocks)
     plans = draft_extend.DraftExtendPlans(
-        runner.req_to_token_pool.req_to_token, runner.token_to_kv_pool, params, runner.model_config.context_len,
-        torch.cuda.get_device_properties(device).multi_processor_count, device,
+        runner.req_to_token_pool.req_to_token, runner.token_to_kv_pool, msa_params_of(spec), runner.model_config.context_len,
+        sm_count(device), device,
     )
     return "triton", draft_extend.triton_backend_class()(runner, plans, skip_prefill=False)
 
