@@ -1,6 +1,6 @@
 """The GPU harness's RMSNorm-family stand-ins (``sgl_kernel.rmsnorm`` and kin), under the Triton
 interpreter on the CPU, against their float64 torch reference; and the harness platform's switch
-that routes SGLang's norm and activation layers to the CUDA forwards calling them.
+that routes SGLang's norm, activation and rotary layers to their CUDA forwards.
 
 What the compiled ops promise and the stand-ins must keep: plain and Gemma (weight + 1) scaling,
 the fused forms writing the fp32 sum of input and residual into ``residual`` and its norm into
@@ -117,14 +117,15 @@ def harness_platform(monkeypatch):
         sys.modules.pop(name, None)
 
 
-def test_the_platform_switch_routes_norms_and_activation_to_their_cuda_forwards(monkeypatch, harness_platform):
+def test_the_platform_switch_routes_norms_activation_and_rope_to_their_cuda_forwards(monkeypatch, harness_platform):
     from sglang.kernels.fused_op import BaseFusedOp
     from sglang.srt.layers.activation import SiluAndMul
     from sglang.srt.layers.layernorm import GemmaRMSNorm, RMSNorm
+    from sglang.srt.layers.rotary_embedding.base import RotaryEmbedding
 
     monkeypatch.setattr(BaseFusedOp, "_oot_forward_registry", {})
     harness_platform.route_custom_ops_to_cuda_forwards()
     routed = BaseFusedOp._oot_forward_registry["native"]
     assert routed == {RMSNorm: RMSNorm.forward_cuda, GemmaRMSNorm: GemmaRMSNorm.forward_cuda,
-                      SiluAndMul: SiluAndMul.forward_cuda}
+                      SiluAndMul: SiluAndMul.forward_cuda, RotaryEmbedding: RotaryEmbedding.forward_cuda}
     assert harness_platform.CUDA_CUSTOM_OPS_ENV == "M3_HARNESS_CUDA_CUSTOM_OPS"

@@ -96,30 +96,37 @@ class HarnessCudaPlatform(CudaDeviceMixin, SRTPlatform):
         keep_custom_ops_direct_under_profiler()
 
 
-#: "1": SGLang's RMSNorm, GemmaRMSNorm and SiluAndMul layers take their CUDA forwards (one
-#: stand-in Triton launch each) instead of their native torch forwards (four to six torch
-#: kernels per norm). Opt-in until a GPU run has checked it; see route_custom_ops_to_cuda_forwards.
+#: "1": SGLang's RMSNorm, GemmaRMSNorm, SiluAndMul and RotaryEmbedding layers take their CUDA
+#: forwards (one launch each) instead of their native torch forwards (four to twelve torch kernels
+#: each). Opt-in until a GPU run has checked it; see route_custom_ops_to_cuda_forwards.
 CUDA_CUSTOM_OPS_ENV = "M3_HARNESS_CUDA_CUSTOM_OPS"
 
 
 def route_custom_ops_to_cuda_forwards() -> None:
-    """Give SGLang's norm and activation layers their CUDA forwards on this platform.
+    """Give SGLang's norm, activation and rotary layers their CUDA forwards on this platform.
 
-    The platform dispatches SGLang's fused ops as ``native``, so every RMSNorm of upstream's M3
-    (the e2e anchor) and of an EAGLE draft ran as torch's mean, pow, rsqrt, multiply and add
-    kernels, where a stock CUDA install runs one ``sgl_kernel`` launch. Their CUDA forwards call
-    ``sgl_kernel.rmsnorm`` / ``fused_add_rmsnorm`` / ``gemma_rmsnorm`` /
-    ``gemma_fused_add_rmsnorm`` / ``silu_and_mul``, which the stand-in implements in Triton
-    (``sgl_kernel/ops.py``, checked against torch references on the CPU). The project's own M3
-    uses its own fused kernels and does not pass through these layers.
+    The platform dispatches SGLang's fused ops as ``native``, so every RMSNorm and rotary
+    embedding of upstream's M3 (the e2e anchor) and of an EAGLE draft ran as torch's mean, pow,
+    rsqrt, multiply, add, index and concatenation kernels, where a stock CUDA install runs one
+    launch. The norms' and activation's CUDA forwards call ``sgl_kernel.rmsnorm`` /
+    ``fused_add_rmsnorm`` / ``gemma_rmsnorm`` / ``gemma_fused_add_rmsnorm`` / ``silu_and_mul``,
+    which the stand-in implements in Triton (``sgl_kernel/ops.py``, checked against torch
+    references on the CPU); the rotary embedding's calls SGLang's JIT rope kernel, which nvcc
+    builds on the device at its first call. Registrations hold for these exact classes only (the
+    scaled and multimodal rotary variants keep their native forwards). The project's own M3 uses
+    its own fused kernels and does not pass through these layers.
     """
     from sglang.kernels.fused_op import BaseFusedOp
     from sglang.srt.layers.activation import SiluAndMul
     from sglang.srt.layers.layernorm import GemmaRMSNorm, RMSNorm
+    from sglang.srt.layers.rotary_embedding.base import RotaryEmbedding
 
-    for op in (RMSNorm, GemmaRMSNorm, SiluAndMul):
+    for op in (RMSNorm, GemmaRMSNorm, SiluAndMul, RotaryEmbedding):
         BaseFusedOp.register_oot_forward(op, op.forward_cuda, "native")
-    logger.info("harness platform: RMSNorm, GemmaRMSNorm and SiluAndMul take their CUDA forwards (%s=1)", CUDA_CUSTOM_OPS_ENV)
+    logger.info(
+        "harness platform: RMSNorm, GemmaRMSNorm, SiluAndMul and RotaryEmbedding take their CUDA forwards (%s=1)",
+        CUDA_CUSTOM_OPS_ENV,
+    )
 
 
 def keep_custom_ops_direct_under_profiler() -> None:
