@@ -85,6 +85,7 @@ def rope_cases(rows: int) -> list[dict]:
     return out
 
 
+@torch.inference_mode()  # as the server runs: SGLang's custom ops skip the dispatcher only without grad
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="JSON of every case")
