@@ -369,7 +369,7 @@ def main(argv=None) -> int:
     for impl in args.impl or IMPLS:
         path = os.path.join(args.out, f"e2e_gpu_{impl}_tp{args.tp}_ep{args.ep}.json")
         result = {
-            "tp": args.tp, "ep": args.ep, "gpu": gpu, "commit": commit(), "quick": args.quick,
+            "tp": args.tp, "ep": args.ep, "gpu": gpu, "commit": commit(), "quick": args.quick, "switches": plugin_switches(),
             "model": midsize_text_config(args.dense_layers, args.sparse_layers),
             "moe_tables": [os.path.basename(p) for p in tables_for_gpu(ours_moe_tables() if impl == "ours" else upstream_moe_tables(), gpu)],
         }

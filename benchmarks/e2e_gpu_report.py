@@ -71,6 +71,7 @@ def merge(servers: list[dict], ops: dict[str, list[str]], note: str = "") -> dic
         "servers": [
             {**{k: s[k] for k in ("impl", "tp", "ep", "startup_s", "kv_tokens", "peak_gpu_memory_gb", "cuda_graphs", "quick", "commit")},
              "complete": s.get("complete", True),  # False: the run was cut short; its rows are what it measured
+             **({"switches": s["switches"]} if s.get("switches") else {}),  # the SGLANG_M3_* / M3_HARNESS_* it ran under
              **({"reconstructed": s["reconstructed"]} if s.get("reconstructed") else {})}  # how a lost result file was rebuilt
             for s in servers
         ],
@@ -172,6 +173,9 @@ def markdown(result: dict, notes: str = "") -> str:
         )
     rebuilt = [f"- {s['impl']} tp{s['tp']} ep{s['ep']}: {s['reconstructed']}" for s in result["servers"] if s.get("reconstructed")]
     lines += ["", *rebuilt] if rebuilt else []
+    switched = [f"- {s['impl']} tp{s['tp']} ep{s['ep']}: " + ", ".join(f"`{k}={v}`" for k, v in s["switches"].items())
+                for s in result["servers"] if s.get("switches")]
+    lines += ["", "Switches the servers ran under:", "", *switched] if switched else []
     lines += ["", "Ops that ran through the harness's `sgl_kernel` stand-ins (not SGLang's compiled kernels):", ""]
     for impl, names in result["standin_ops"].items():
         lines.append(f"- {impl}: {', '.join(names) if names else 'none'}")

@@ -206,6 +206,16 @@ def test_report_names_a_server_rebuilt_from_its_log(tmp_path):
     assert "reconstructed" not in next(s for s in result["servers"] if s["impl"] == "ours")
 
 
+def test_report_names_the_switches_each_server_ran_under(tmp_path):
+    switched = {**_server("upstream", []), "switches": {"M3_HARNESS_CUDA_CUSTOM_OPS": "1"}}
+    (tmp_path / "e2e_gpu_upstream_tp1_ep1.json").write_text(json.dumps(switched))
+    (tmp_path / "e2e_gpu_ours_tp1_ep1.json").write_text(json.dumps(_server("ours", [])))
+    result = e2e_gpu_report.merge(e2e_gpu_report.load_servers([str(tmp_path)]), {}, "")
+    assert {s["impl"]: s.get("switches") for s in result["servers"]} == {
+        "ours": None, "upstream": {"M3_HARNESS_CUDA_CUSTOM_OPS": "1"}}
+    assert "- upstream tp1 ep1: `M3_HARNESS_CUDA_CUSTOM_OPS=1`" in e2e_gpu_report.markdown(result)
+
+
 def test_each_workload_is_saved_as_soon_as_it_is_measured(monkeypatch):
     """A device run cut by its time limit keeps every row measured before the cut; concurrency 1
     is the median of its lone requests."""

@@ -69,6 +69,9 @@ export SGLANG_PLATFORM="${SGLANG_PLATFORM:-m3_gpu_harness}"
 export SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1
 export SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python
 export M3_GPU_STANDIN_LOG="$OUT/standin_ops.txt"
+# SGLang's norm, activation and rotary layers on their CUDA forwards (the platform's default),
+# exported so that every result's recorded switches name it; 0 keeps their native forwards.
+export M3_HARNESS_CUDA_CUSTOM_OPS="${M3_HARNESS_CUDA_CUSTOM_OPS:-1}"
 export PYTHONUNBUFFERED=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 # Keep NVLink multicast off on multi-GPU machines (the workplace's rule).

@@ -3,8 +3,9 @@
 SGLang's in-tree CUDA platform needs the compiled ``sgl_kernel`` wheel, which cannot travel to the
 lent GPU. This platform is CUDA in all but name: device ``cuda``, SGLang's Triton attention,
 pytorch sampling, torch-native fused ops (dispatch key ``native``) except the unquantized fused
-MoE, whose Triton CUDA forward is registered for it (and, with ``M3_HARNESS_CUDA_CUSTOM_OPS=1``,
-the RMSNorm, GemmaRMSNorm and SiluAndMul layers), and SGLang's decode CUDA-graph runner.
+MoE and the RMSNorm, GemmaRMSNorm, SiluAndMul and RotaryEmbedding layers, whose CUDA forwards are
+registered for it (the latter four unless ``M3_HARNESS_CUDA_CUSTOM_OPS=0``), and SGLang's decode
+CUDA-graph runner.
 Selected with ``SGLANG_PLATFORM=m3_gpu_harness`` (the entry point ``build_site.sh`` writes).
 """
 
