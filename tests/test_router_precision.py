@@ -1,20 +1,33 @@
 """The MoE router's 16-bit path: only where it equals the fp32 router, never on the CPU.
 
-``prepare_half_router`` keeps a 16-bit copy of the router weight only on CUDA, for a 16-bit model
-dtype, and only when the weight is exactly that copy (a bf16 checkpoint's router); everything
-else, the CPU platform included, keeps the fp32 linear. The CUDA side (the GEMM itself) is
-checked in ``tests/gpu/test_router_gpu.py``.
+``prepare_half_router`` writes the fp32 router weight as at most three 16-bit parts whose exact sum
+is the weight, only on CUDA and for a 16-bit model dtype; everything else, the CPU platform
+included, keeps the fp32 linear. The split itself runs anywhere and is checked here, with random
+and extreme fp32 values (hypothesis): the parts must sum to the weight exactly (in float64), the
+fewest parts are used, and a weight they cannot hold gets none. The CUDA side (the GEMM over the
+parts) is checked in ``tests/gpu/test_router_gpu.py``.
 """
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
 from torch import nn
 
-from sglang_m3.models.moe_routing import add_router_parameters, prepare_half_router, router_logits, sigmoid_topk_route
+from sglang_m3.models.moe_routing import (
+    MAX_ROUTER_PARTS,
+    add_router_parameters,
+    prepare_half_router,
+    router_logits,
+    sigmoid_topk_route,
+    split_into_16bit_parts,
+)
 
 
 def _block(experts: int = 8, hidden: int = 16) -> nn.Module:
@@ -50,3 +63,57 @@ def test_a_half_weight_for_another_dtype_is_not_used():
     x = torch.randn(3, 16, generator=torch.Generator().manual_seed(2))
     half = block.gate.weight.detach().bfloat16()
     torch.testing.assert_close(router_logits(block.gate, x, half), block.gate(x), rtol=0, atol=0)
+
+
+def _sum_in_float64(parts: torch.Tensor, experts: int) -> torch.Tensor:
+    return parts.double().view(-1, experts, parts.shape[-1]).sum(0)
+
+
+def test_a_bf16_exact_weight_is_one_part():
+    weight = _block().gate.weight.detach()
+    parts = split_into_16bit_parts(weight, torch.bfloat16)
+    assert parts.dtype == torch.bfloat16 and parts.shape == weight.shape
+    assert torch.equal(parts.float(), weight)
+
+
+def test_a_random_fp32_weight_takes_three_bf16_parts_summing_to_it_exactly():
+    weight = torch.randn(16, 64, generator=torch.Generator().manual_seed(3)) * 64**-0.5
+    parts = split_into_16bit_parts(weight, torch.bfloat16)
+    assert parts.shape == (MAX_ROUTER_PARTS * 16, 64)
+    assert torch.equal(_sum_in_float64(parts, 16), weight.double())
+    # largest part first: each later part is below half a bf16 ulp of the one before
+    first, second = parts[:16].float().abs(), parts[16:32].float().abs()
+    assert bool((second <= first * 2.0**-8).all())
+
+
+finite_fp32 = st.floats(width=32, allow_nan=False, allow_infinity=False)
+
+
+@settings(max_examples=200, deadline=None)
+@given(arrays(np.float32, st.tuples(st.integers(1, 4), st.integers(1, 9)), elements=finite_fp32))
+def test_any_bf16_split_is_exact_and_none_only_below_bf16s_subnormals(values):
+    weight = torch.from_numpy(values.copy())
+    parts = split_into_16bit_parts(weight, torch.bfloat16)
+    if parts is None:
+        # bf16 shares fp32's exponent range but not its deepest subnormals (below 2**-133)
+        assert bool(((weight != 0) & (weight.abs() < 2.0**-110)).any())
+    else:
+        assert parts.dtype == torch.bfloat16 and parts.shape[0] % weight.shape[0] == 0
+        assert parts.shape[0] // weight.shape[0] <= MAX_ROUTER_PARTS
+        assert torch.equal(_sum_in_float64(parts, weight.shape[0]), weight.double())
+
+
+@settings(max_examples=200, deadline=None)
+@given(arrays(np.float32, st.tuples(st.integers(1, 4), st.integers(1, 9)), elements=finite_fp32))
+def test_an_fp16_split_is_exact_whenever_it_is_given(values):
+    weight = torch.from_numpy(values.copy())
+    parts = split_into_16bit_parts(weight, torch.float16)
+    if parts is not None:
+        assert torch.equal(_sum_in_float64(parts, weight.shape[0]), weight.double())
+        assert bool(torch.isfinite(parts).all())
+
+
+@pytest.mark.parametrize("value", [1e5, -7e4, 1e-9])
+def test_weights_outside_fp16s_range_get_no_fp16_parts(value):
+    weight = torch.full((2, 3), value)
+    assert split_into_16bit_parts(weight, torch.float16) is None

@@ -245,13 +245,15 @@ class MiniMaxM3SparseForCausalLM(nn.Module):
         self.post_load_weights()
 
     def post_load_weights(self) -> None:
-        """Once the weights are in (SGLang's dummy loader calls this itself): a 16-bit router
-        weight for every MoE block whose router weight is exact in the model's dtype."""
+        """Once the weights are in (SGLang's dummy loader calls this itself): every MoE block's
+        router weight as 16-bit parts in the model's dtype, where they hold it exactly."""
         blocks = [m for m in self.modules() if hasattr(m, "gate_half")]
         dtype = self.model.embed_tokens.weight.dtype
         half = sum(prepare_half_router(block, dtype) for block in blocks)
         if half:
-            logger.info("router logits from a %s GEMM in %d of %d MoE layers", dtype, half, len(blocks))
+            parts = sorted({block.gate_half.shape[0] // block.gate.out_features for block in blocks if block.gate_half is not None})
+            logger.info("router logits from a %s GEMM over %s part(s) of the fp32 weight in %d of %d MoE layers",
+                        dtype, "/".join(map(str, parts)), half, len(blocks))
 
 
 def mxfp8_expert_layers(model: nn.Module) -> frozenset[int]:

@@ -9,10 +9,12 @@ independent of the model's dtype.
 
 On CUDA with 16-bit activations the fp32 linear runs on CUDA cores (an SGEMM of the upcast
 activations: 2.9 ms of every 32K-token prefill at TP2 on an H200, against 0.4 ms for upstream's
-bf16 router). Where the loaded weight is exactly a 16-bit tensor (a bf16 checkpoint's router),
-the logits come from a 16-bit tensor-core GEMM with fp32 accumulation and output instead: every
-product of two 16-bit values is exact in fp32, so the logits are the fp32 router's up to the
-order of the fp32 sums. A weight that 16 bits cannot hold keeps the fp32 linear.
+bf16 router; 20 us per layer for the 4 rows of a chain-of-3 verify). The logits come from a
+16-bit tensor-core GEMM with fp32 accumulation and output instead, over the fp32 weight written
+as the sum of at most three 16-bit parts (bf16 keeps 8 of fp32's 24 significant bits; a bf16
+checkpoint's router is one part): every product of a 16-bit activation and a 16-bit part is exact
+in fp32, so the logits differ from the fp32 router's only in how the fp32 sums round. A weight
+three parts cannot hold (fp16's narrow exponent range) keeps the fp32 linear.
 
 The parameters are registered on the MoE block itself (``gate.weight``,
 ``e_score_correction_bias``), the names the checkpoint loader maps onto.
@@ -37,24 +39,44 @@ def add_router_parameters(block: nn.Module, spec: M3TextSpec) -> None:
         block.register_parameter("e_score_correction_bias", None)
 
 
+#: bf16 keeps 8 significant bits of fp32's 24 in the same exponent range: three parts hold any fp32
+MAX_ROUTER_PARTS = 3
+
+
+def split_into_16bit_parts(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+    """``weight`` (fp32, [E, H]) as the fewest ``dtype`` tensors whose exact sum is ``weight``,
+    stacked on the first dim ([P * E, H], largest part first); None where ``MAX_ROUTER_PARTS`` do
+    not suffice. Each remainder is exact in fp32 (the rounding error of a narrower significand
+    over the same binade), so a zero remainder means the parts sum to ``weight`` exactly. Host syncs."""
+    parts, rest = [], weight
+    for _ in range(MAX_ROUTER_PARTS):
+        part = rest.to(dtype)
+        parts.append(part)
+        rest = rest - part.float()
+        if not torch.any(rest):
+            return torch.cat(parts)
+    return None
+
+
 def prepare_half_router(block: nn.Module, dtype: torch.dtype) -> bool:
-    """After loading: give ``block`` the 16-bit router weight (``gate_half``) when the weight is
-    on CUDA, ``dtype`` is 16-bit and the weight is exactly representable in it; else None.
-    Returns whether it did. Run once per load (it compares on the device: a host sync)."""
+    """After loading: give ``block`` its router weight as stacked 16-bit parts (``gate_half``, see
+    :func:`split_into_16bit_parts`) when the weight is on CUDA and ``dtype`` is 16-bit; else None.
+    Returns whether it did. Run once per load (it compares on the device: host syncs)."""
     weight = block.gate.weight.detach()
     block.gate_half = None
-    if dtype not in (torch.bfloat16, torch.float16) or not weight.is_cuda:
-        return False
-    half = weight.to(dtype)
-    if torch.equal(half.float(), weight):
-        block.gate_half = half
+    if dtype in (torch.bfloat16, torch.float16) and weight.is_cuda:
+        block.gate_half = split_into_16bit_parts(weight, dtype)
     return block.gate_half is not None
 
 
 def router_logits(gate: nn.Linear, x: torch.Tensor, gate_half: torch.Tensor | None = None) -> torch.Tensor:
-    """Router logits [T, E] in fp32: from the 16-bit weight when there is one for ``x``'s dtype."""
+    """Router logits [T, E] in fp32: from the 16-bit parts when there are some for ``x``'s dtype
+    (one GEMM over all parts, then the parts' logits summed)."""
     if gate_half is not None and x.dtype == gate_half.dtype:
-        return torch.mm(x, gate_half.t(), out_dtype=torch.float32)
+        logits = torch.mm(x, gate_half.t(), out_dtype=torch.float32)
+        experts = gate.out_features
+        parts = gate_half.shape[0] // experts
+        return logits if parts == 1 else logits.view(-1, parts, experts).sum(1)
     return gate(x.float())
 
 

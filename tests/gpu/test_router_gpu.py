@@ -1,10 +1,11 @@
 """The MoE router's 16-bit GEMM on CUDA against the fp32 router it replaces.
 
-With a router weight exactly representable in bf16 (or fp16) and activations in that dtype, every
-product is exact in fp32, so the 16-bit GEMM's fp32 logits differ from the fp32 linear's only by
-the order of the fp32 sums: a few ulps of the logits' magnitude, and the same top-k experts except
-where two scores tie within that. A weight 16 bits cannot hold keeps the fp32 path. Also: the path
-inside a captured CUDA graph. Skipped without CUDA.
+The fp32 router weight is written as at most three bf16 (or fp16) parts summing to it exactly (one
+for a bf16 checkpoint's router, three for a random fp32 one); with activations in that dtype every
+product of an activation and a part is exact in fp32, so the GEMM's fp32 logits differ from the
+fp32 linear's only in how the fp32 sums round: a few ulps of the logits' magnitude, and the same
+top-k experts except where two scores tie within that. A weight the parts cannot hold keeps the
+fp32 path. Also: the path inside a captured CUDA graph. Skipped without CUDA.
 """
 
 from __future__ import annotations
@@ -37,16 +38,18 @@ def _block(dtype: torch.dtype, exact: bool) -> nn.Module:
     return block
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("tokens", [1, 16, 8192])
-def test_half_router_equals_the_fp32_router_up_to_summation_order(dtype, tokens):
-    block = _block(dtype, exact=True)
+@pytest.mark.parametrize(("dtype", "exact"), [(torch.bfloat16, True), (torch.bfloat16, False), (torch.float16, True)],
+                         ids=["bf16-one-part", "bf16-split-fp32", "fp16-one-part"])
+@pytest.mark.parametrize("tokens", [1, 4, 16, 8192])
+def test_half_router_equals_the_fp32_router_up_to_summation_order(dtype, tokens, exact):
+    block = _block(dtype, exact=exact)
     assert prepare_half_router(block, dtype)
+    assert block.gate_half.shape[0] == (1 if exact else 3) * EXPERTS
     x = torch.randn(tokens, HIDDEN, device="cuda", generator=torch.Generator(device="cuda").manual_seed(tokens)).to(dtype)
     fp32 = router_logits(block.gate, x)
     half = router_logits(block.gate, x, block.gate_half)
     assert half.dtype == torch.float32
-    # |logit| is O(1) here; fp32 sums of 6144 exact products in another order differ by ~1e-6
+    # |logit| is O(1) here; fp32 sums of 6144 (or 3 x 6144) exact products rounded otherwise differ by ~1e-6
     assert (half - fp32).abs().max().item() <= 2e-5 * fp32.abs().max().item()
     _, chosen32, _ = sigmoid_topk_route(block.gate, block.e_score_correction_bias, x, TOP_K)
     _, chosen16, _ = sigmoid_topk_route(block.gate, block.e_score_correction_bias, x, TOP_K, block.gate_half)
@@ -54,14 +57,16 @@ def test_half_router_equals_the_fp32_router_up_to_summation_order(dtype, tokens)
     assert same.float().mean().item() >= 0.999, f"{(~same).sum().item()} of {tokens} tokens chose other experts"
 
 
-def test_a_weight_that_bf16_cannot_hold_keeps_the_fp32_router():
-    block = _block(torch.bfloat16, exact=False)
-    assert not prepare_half_router(block, torch.bfloat16)
+def test_a_weight_that_fp16_parts_cannot_hold_keeps_the_fp32_router():
+    """A random fp32 weight of magnitude ~0.01 has bits below fp16's smallest subnormal (2**-24)."""
+    block = _block(torch.float16, exact=False)
+    assert not prepare_half_router(block, torch.float16)
     assert block.gate_half is None
 
 
-def test_half_router_replays_in_a_cuda_graph():
-    block = _block(torch.bfloat16, exact=True)
+@pytest.mark.parametrize("exact", [True, False], ids=["one-part", "split-fp32"])
+def test_half_router_replays_in_a_cuda_graph(exact):
+    block = _block(torch.bfloat16, exact=exact)
     assert prepare_half_router(block, torch.bfloat16)
     x = torch.zeros(16, HIDDEN, device="cuda", dtype=torch.bfloat16)
     stream = torch.cuda.Stream()
