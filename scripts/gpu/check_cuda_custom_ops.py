@@ -1,10 +1,12 @@
 """On the lent GPU, in the harness: SGLang's norm, activation and rotary layers through the CUDA
-forwards that ``M3_HARNESS_CUDA_CUSTOM_OPS=1`` routes them to, against their native torch forwards.
+forwards the harness routes them to (``M3_HARNESS_CUDA_CUSTOM_OPS``, on by default), against their
+native torch forwards.
 
 For each layer at the shapes an EAGLE3 draft of M3 and upstream's M3 run (hidden 6,144; 128-dim
-heads, full and partial rotary): the largest difference of the two outputs, and each forward's
-time as a CUDA-graph replay. A switch that changes what the layers compute, beyond the rounding of
-a different reduction order, must not reach a benchmark: the script exits non-zero then.
+heads, full and partial rotary) and at the GPU tests' tiny fp32 draft's rotary: the largest
+difference of the two outputs, and each forward's time as a CUDA-graph replay. A routing that
+changes what the layers compute, beyond the rounding of a different reduction order, must not
+reach a benchmark: the script exits non-zero then.
 
     scripts/gpu/run.sh exec python3 scripts/gpu/check_cuda_custom_ops.py --out $OUT/custom_ops.json
 """
@@ -69,16 +71,24 @@ def activation_case(rows: int) -> dict:
     return compare("SiluAndMul", rows, lambda: layer.forward_native(x), lambda: layer.forward_cuda(x))
 
 
+#: (name, head size, rotary dim, query heads, key heads, dtype): the mid-size EAGLE3 draft's full
+#: rotary, upstream M3's partial one, and the GPU tests' tiny fp32 draft
+ROPE_SHAPES = (
+    ("draft", 128, 128, 64, 8, torch.bfloat16),
+    ("upstream_m3_partial", 128, 64, 64, 4, torch.bfloat16),
+    ("tiny_draft_fp32", 32, 32, 4, 2, torch.float32),
+)
+
+
 def rope_cases(rows: int) -> list[dict]:
     from sglang.srt.layers.rotary_embedding import get_rope
 
     out = []
-    # (name, rotary dim, query heads, key heads): the EAGLE3 draft's full rotary, upstream M3's partial one
-    for name, rotary_dim, q_heads, kv_heads in (("draft", 128, 64, 8), ("upstream_m3_partial", 64, 64, 4)):
-        rope = get_rope(128, rotary_dim, 1 << 20, 5_000_000, is_neox_style=True, dtype=torch.bfloat16).cuda()
+    for name, head, rotary_dim, q_heads, kv_heads, dtype in ROPE_SHAPES:
+        rope = get_rope(head, rotary_dim, 1 << 20, 5_000_000, is_neox_style=True, dtype=dtype).cuda()
         positions = torch.randint(0, 300_000, (rows,), device="cuda")
-        q = torch.randn(rows, q_heads * 128, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(rows, kv_heads * 128, device="cuda", dtype=torch.bfloat16)
+        q = torch.randn(rows, q_heads * head, device="cuda", dtype=dtype)
+        k = torch.randn(rows, kv_heads * head, device="cuda", dtype=dtype)
         out.append(compare(f"RotaryEmbedding[{name}]", rows,
                            lambda: rope.forward_native(positions, q.clone(), k.clone()),
                            lambda: rope.forward_cuda(positions, q.clone(), k.clone())))
