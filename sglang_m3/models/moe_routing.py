@@ -42,7 +42,8 @@ def add_router_parameters(block: nn.Module, spec: M3TextSpec) -> None:
         block.register_parameter("e_score_correction_bias", None)
 
 
-#: bf16 keeps 8 significant bits of fp32's 24 in the same exponent range: three parts hold any fp32
+#: bf16 keeps 8 significant bits of fp32's 24 over the same exponents: three parts hold any fp32 value
+#: but those above bf16's largest finite value or with bits below its smallest subnormal
 MAX_ROUTER_PARTS = 3
 
 
