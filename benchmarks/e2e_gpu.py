@@ -32,6 +32,7 @@ import time
 import requests
 
 sys.path.insert(0, os.path.dirname(__file__))
+from host_probe import host_probe  # noqa: E402
 from midsize_m3 import midsize_text_config, write_midsize_checkpoint  # noqa: E402
 from serving_client import random_prompt, run_group, stream_generate  # noqa: E402
 from trace_summary import idle_gaps, kernel_summary, load_events  # noqa: E402
@@ -370,6 +371,7 @@ def main(argv=None) -> int:
         path = os.path.join(args.out, f"e2e_gpu_{impl}_tp{args.tp}_ep{args.ep}.json")
         result = {
             "tp": args.tp, "ep": args.ep, "gpu": gpu, "commit": commit(), "quick": args.quick, "switches": plugin_switches(),
+            "host": host_probe(),  # before this server starts: the host's own speed and load
             "model": midsize_text_config(args.dense_layers, args.sparse_layers),
             "moe_tables": [os.path.basename(p) for p in tables_for_gpu(ours_moe_tables() if impl == "ours" else upstream_moe_tables(), gpu)],
         }

@@ -220,6 +220,7 @@ def main(argv=None) -> int:
         draft_dir = write_copy_draft(tempfile.mkdtemp(prefix="m3-midsize-draft-"), midsize_text_config(1, 3), DRAFT_VOCAB)
         pair = draft_contenders(args.draft, draft_dir, args.against)
         make_prompt = functools.partial(hot_prompt, THROUGHPUT_PROMPT, draft_vocab=DRAFT_VOCAB)
+    host = host_probe()  # before the servers start: the host's own speed and load
     servers = start_both(model_dir, args.out, args.tp, args.ep, pair)
     try:
         urls = {contender.label: servers[contender.label][1] for contender in pair}
@@ -238,7 +239,8 @@ def main(argv=None) -> int:
         for process, *_ in servers.values():
             stop_server(process)
     result = {
-        "gpu": gpu_name(), "commit": commit(), "switches": plugin_switches(), "model": midsize_text_config(1, 3), "tp": args.tp, "ep": args.ep,
+        "gpu": gpu_name(), "commit": commit(), "switches": plugin_switches(), "host": host, "model": midsize_text_config(1, 3),
+        "tp": args.tp, "ep": args.ep,
         "what": f"mean TPOT of groups of {THROUGHPUT_PROMPT}-token-prompt requests with {THROUGHPUT_OUTPUT} output tokens, "
                 f"both servers alive on the same GPUs, ABBA order, {args.rounds} rounds per concurrency"
                 + (f"; TTFT of lone prompts of each length in ttft_prompt_tokens, {args.rounds} ABBA rounds after each server's first"

@@ -72,6 +72,7 @@ def merge(servers: list[dict], ops: dict[str, list[str]], note: str = "") -> dic
             {**{k: s[k] for k in ("impl", "tp", "ep", "startup_s", "kv_tokens", "peak_gpu_memory_gb", "cuda_graphs", "quick", "commit")},
              "complete": s.get("complete", True),  # False: the run was cut short; its rows are what it measured
              **({"switches": s["switches"]} if s.get("switches") else {}),  # the SGLANG_M3_* / M3_HARNESS_* it ran under
+             **({"host": s["host"]} if s.get("host") else {}),  # the host's speed and load before it started
              **({"reconstructed": s["reconstructed"]} if s.get("reconstructed") else {})}  # how a lost result file was rebuilt
             for s in servers
         ],
@@ -176,6 +177,9 @@ def markdown(result: dict, notes: str = "") -> str:
     switched = [f"- {s['impl']} tp{s['tp']} ep{s['ep']}: " + ", ".join(f"`{k}={v}`" for k, v in s["switches"].items())
                 for s in result["servers"] if s.get("switches")]
     lines += ["", "Switches the servers ran under:", "", *switched] if switched else []
+    hosts = [f"- {s['impl']} tp{s['tp']} ep{s['ep']}: {s['host']['cpu']}, {s['host']['cpus']} CPUs, load {s['host']['load_avg_1m']:.2f}, "
+             f"Python probe {s['host']['python_loop_ms']:.1f} ms" for s in result["servers"] if s.get("host")]
+    lines += ["", "Hosts before each server started (`benchmarks/host_probe.py`; a slower probe, a slower scheduler):", "", *hosts] if hosts else []
     lines += ["", "Ops that ran through the harness's `sgl_kernel` stand-ins (not SGLang's compiled kernels):", ""]
     for impl, names in result["standin_ops"].items():
         lines.append(f"- {impl}: {', '.join(names) if names else 'none'}")

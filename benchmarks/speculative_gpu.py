@@ -27,6 +27,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
 from e2e_gpu import PeakGpuMemory, commit, gpu_name, graphs_captured, plugin_switches, profile_steps, start_server, stop_server  # noqa: E402
+from host_probe import host_probe  # noqa: E402
 from e2e_gpu_report import gpu_key  # noqa: E402
 from midsize_draft import hot_ids, write_copy_draft  # noqa: E402
 from midsize_m3 import midsize_text_config, write_midsize_checkpoint  # noqa: E402
@@ -132,6 +133,7 @@ def main(argv=None) -> int:
                "model": config, "servers": {}, "rows": [], "greedy_identical": None}
     failures = 0
     for draft in drafts:
+        host = host_probe()  # before this server starts: the host's own speed and load
         try:
             server = bench_draft(draft, model_dir, draft_dir, args.out, args.draft_vocab, args.quick, args.profile)
         except Exception as error:  # one server failing must not lose the others' numbers
@@ -139,7 +141,7 @@ def main(argv=None) -> int:
             summary["servers"][draft] = {"failed": str(error)[-2000:]}
             failures += 1
             continue
-        summary["servers"][draft] = {k: v for k, v in server.items() if k != "rows"}
+        summary["servers"][draft] = {**{k: v for k, v in server.items() if k != "rows"}, "host": host}
         summary["rows"] += server["rows"]
         reference = summary["servers"].get("none", {}).get("greedy")
         measured = [s["greedy"] for name, s in summary["servers"].items() if name != "none" and "greedy" in s]

@@ -216,6 +216,26 @@ def test_report_names_the_switches_each_server_ran_under(tmp_path):
     assert "- upstream tp1 ep1: `M3_HARNESS_CUDA_CUSTOM_OPS=1`" in e2e_gpu_report.markdown(result)
 
 
+def test_host_probe_names_the_cpu_and_times_its_python_loop():
+    import host_probe
+
+    probe = host_probe.host_probe(repeats=3)
+    assert probe["cpu"] and probe["cpus"] >= 1 and probe["load_avg_1m"] >= 0
+    assert len(probe["python_loop_ms_runs"]) == 3 and all(ms > 0 for ms in probe["python_loop_ms_runs"])
+    assert probe["python_loop_ms"] == sorted(probe["python_loop_ms_runs"])[1]
+    # sixteen times the iterations take longer: the probe measures work, not a constant
+    assert host_probe.python_loop_ms(host_probe.PROBE_ITERATIONS) > host_probe.python_loop_ms(host_probe.PROBE_ITERATIONS // 16)
+
+
+def test_report_names_each_servers_host(tmp_path):
+    host = {"cpu": "Some CPU", "cpus": 16, "load_avg_1m": 1.5, "python_loop_ms": 31.25, "python_loop_ms_runs": [31.25]}
+    (tmp_path / "e2e_gpu_upstream_tp1_ep1.json").write_text(json.dumps({**_server("upstream", []), "host": host}))
+    (tmp_path / "e2e_gpu_ours_tp1_ep1.json").write_text(json.dumps(_server("ours", [])))
+    result = e2e_gpu_report.merge(e2e_gpu_report.load_servers([str(tmp_path)]), {}, "")
+    assert next(s for s in result["servers"] if s["impl"] == "upstream")["host"] == host
+    assert "- upstream tp1 ep1: Some CPU, 16 CPUs, load 1.50, Python probe 31.2 ms" in e2e_gpu_report.markdown(result)
+
+
 def test_each_workload_is_saved_as_soon_as_it_is_measured(monkeypatch):
     """A device run cut by its time limit keeps every row measured before the cut; concurrency 1
     is the median of its lone requests."""

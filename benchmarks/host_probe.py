@@ -1,0 +1,61 @@
+"""How fast and how busy the benchmark's host is, recorded beside GPU results.
+
+At concurrency 1 a decode step of the mid-size model costs about as much host time (SGLang's
+scheduler, in Python) as GPU time, so the same commit on the same GPU model measured 1.74 ms per
+token on one lent machine and 2.38 ms on another. A result that names its host's single-thread
+speed and load lets a reader tell a slower host from a slower commit.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+
+#: iterations of the probe's Python loop (a fixed amount of work, so its time compares across hosts)
+PROBE_ITERATIONS = 200_000
+
+
+def python_loop_ms(iterations: int = PROBE_ITERATIONS) -> float:
+    """Wall time of a fixed pure-Python workload (dict writes, reads and attribute lookups, the
+    kind of work a scheduler step does), in milliseconds."""
+
+    class Request:
+        __slots__ = ("rid", "length")
+
+        def __init__(self, rid: int):
+            self.rid, self.length = rid, rid & 1023
+
+    table: dict[int, Request] = {}
+    start = time.perf_counter()
+    total = 0
+    for i in range(iterations):
+        table[i & 4095] = Request(i)
+        total += table[(i * 7) & 4095].length if (i * 7) & 4095 in table else 0
+    return 1000.0 * (time.perf_counter() - start)
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo, else what ``platform`` knows."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def host_probe(repeats: int = 5) -> dict:
+    """The host's CPU model and count, its 1-minute load average, and the median of ``repeats``
+    runs of :func:`python_loop_ms`."""
+    runs = [python_loop_ms() for _ in range(repeats)]
+    return {
+        "cpu": cpu_model(),
+        "cpus": os.cpu_count(),
+        "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "python_loop_ms": statistics.median(runs),
+        "python_loop_ms_runs": runs,
+    }
