@@ -44,13 +44,15 @@ def load_servers(result_dirs: list[str]) -> list[dict]:
 
 
 def standin_ops(result_dirs: list[str]) -> dict[str, list[str]]:
-    ops = {}
-    for path in sorted(p for d in result_dirs for p in glob.glob(os.path.join(d, "standin_ops_*.txt"))):
+    """Per implementation, every stand-in op that ran in any of the merged runs (their rows are
+    merged too, so the list must cover each of them)."""
+    ops: dict[str, set[str]] = {}
+    for path in (p for d in result_dirs for p in sorted(glob.glob(os.path.join(d, "standin_ops_*.txt")))):
         impl = os.path.basename(path)[len("standin_ops_"):-len(".txt")]
         with open(path, encoding="utf-8") as handle:
             # each line: "<pid> <op>" (one line per op and process)
-            ops[impl] = sorted({line.strip().split(" ", 1)[-1] for line in handle if line.strip()})
-    return ops
+            ops.setdefault(impl, set()).update(line.strip().split(" ", 1)[-1] for line in handle if line.strip())
+    return {impl: sorted(names) for impl, names in ops.items()}
 
 
 def merge(servers: list[dict], ops: dict[str, list[str]], note: str = "") -> dict:
@@ -180,7 +182,7 @@ def markdown(result: dict, notes: str = "") -> str:
     hosts = [f"- {s['impl']} tp{s['tp']} ep{s['ep']}: {s['host']['cpu']}, {s['host']['cpus']} CPUs, load {s['host']['load_avg_1m']:.2f}, "
              f"Python probe {s['host']['python_loop_ms']:.1f} ms" for s in result["servers"] if s.get("host")]
     lines += ["", "Hosts before each server started (`benchmarks/host_probe.py`; a slower probe, a slower scheduler):", "", *hosts] if hosts else []
-    lines += ["", "Ops that ran through the harness's `sgl_kernel` stand-ins (not SGLang's compiled kernels):", ""]
+    lines += ["", "Ops that ran through the harness's `sgl_kernel` stand-ins (not SGLang's compiled kernels), in any of the merged runs:", ""]
     for impl, names in result["standin_ops"].items():
         lines.append(f"- {impl}: {', '.join(names) if names else 'none'}")
     if result.get("paired"):

@@ -165,11 +165,13 @@ def test_report_pairs_servers_and_speed_up_points_the_right_way(tmp_path):
     (old / "e2e_gpu_ours_tp1_ep1.json").write_text(json.dumps(_server("ours", [], "stale")))
     (new / "e2e_gpu_ours_tp1_ep1.json").write_text(json.dumps(ours))
     (new / "standin_ops_ours.txt").write_text("12 moe_sum_reduce\n13 moe_sum_reduce\n12 weak_ref_tensor\n")
+    (old / "standin_ops_ours.txt").write_text("7 gemma_rmsnorm\n")
     dirs = [str(old), str(new)]
     result = e2e_gpu_report.merge(e2e_gpu_report.load_servers(dirs), e2e_gpu_report.standin_ops(dirs), "two runs")
     assert result["commit"] == "c" and result["note"] == "two runs" and result["cuda_graphs"]
     assert {s["impl"]: s["commit"] for s in result["servers"]} == {"ours": "c", "upstream": "u"}
-    assert result["standin_ops"] == {"ours": ["moe_sum_reduce", "weak_ref_tensor"]}
+    # the union over the merged runs: each run's rows are in the table
+    assert result["standin_ops"] == {"ours": ["gemma_rmsnorm", "moe_sum_reduce", "weak_ref_tensor"]}
     ratios = {row["metric"]: e2e_gpu_report.ratio(row) for row in result["rows"]}
     assert ratios == {"ttft_ms": 1.5, "output_tok_s": 1.5}
     assert e2e_gpu_report.gpu_key(result["gpu"]) == "h100"
