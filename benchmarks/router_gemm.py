@@ -20,6 +20,7 @@ from types import SimpleNamespace
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
+from e2e_gpu import commit  # noqa: E402
 from msa_kernel_bench import graph_replay_us  # noqa: E402
 
 from sglang_m3.models.moe_routing import add_router_parameters, prepare_half_router, router_logits  # noqa: E402
@@ -59,7 +60,7 @@ def main() -> int:
             print(f"T={tokens:6d}  fp32 linear {row['fp32_linear_us']:8.1f} us  bf16 x{parts} parts {row['bf16_parts_us']:7.1f} us  "
                   f"max err {row['fp32_linear_max_err']:.2e} / {row['bf16_parts_max_err']:.2e}", flush=True)
     with open(args.out, "w", encoding="utf-8") as handle:
-        json.dump({"gpu": torch.cuda.get_device_name(), "experts": EXPERTS, "hidden": HIDDEN, "parts": parts, "rows": rows}, handle, indent=1)
+        json.dump({"gpu": torch.cuda.get_device_name(), "commit": commit(), "experts": EXPERTS, "hidden": HIDDEN, "parts": parts, "rows": rows}, handle, indent=1)
     return 0
 
 

@@ -19,20 +19,13 @@ import sys
 from pathlib import Path
 
 import torch
-import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from e2e_gpu import commit  # noqa: E402
+from msa_kernel_bench import graph_replay_us  # noqa: E402  (one graph-replay timer for every GPU script)
 
 ROWS = (1, 4, 16)
 BF16_TOLERANCE = dict(rtol=1.6e-2, atol=1.6e-2)  # one bf16 rounding apart (8 bits of mantissa)
-
-
-def replay_us(step) -> float:
-    """Median time of ``step`` captured alone in a CUDA graph (us)."""
-    step()  # builds JIT and Triton kernels outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    return 1000.0 * triton.testing.do_bench(graph.replay, warmup=50, rep=300, return_mode="median")
 
 
 def compare(name: str, rows: int, native, cuda) -> dict:
@@ -43,7 +36,7 @@ def compare(name: str, rows: int, native, cuda) -> dict:
     max_diff = max((w.float() - g.float()).abs().max().item() for w, g in pairs)
     close = all(torch.allclose(g.float(), w.float(), **BF16_TOLERANCE) for w, g in pairs)
     return {"op": name, "rows": rows, "max_abs_diff": max_diff, "close": close,
-            "native_us": replay_us(native), "cuda_us": replay_us(cuda)}
+            "native_us": graph_replay_us(lambda i: native(), 1), "cuda_us": graph_replay_us(lambda i: cuda(), 1)}
 
 
 def norm_cases(rows: int) -> list[dict]:
@@ -108,7 +101,7 @@ def main() -> int:
         print(f"{case['op']:36s} rows {case['rows']:3d}  native {case['native_us']:7.1f} us  "
               f"cuda {case['cuda_us']:6.1f} us  max diff {case['max_abs_diff']:.3g}  close {case['close']}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "cases": cases}, indent=1))
+    args.out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "commit": commit(), "cases": cases}, indent=1))
     return 0 if all(c["close"] for c in cases) else 1
 
 
