@@ -72,7 +72,7 @@ export M3_GPU_STANDIN_LOG="$OUT/standin_ops.txt"
 # SGLang's norm, activation and rotary layers on their CUDA forwards (the platform's default),
 # exported so that every result's recorded switches name it; 0 keeps their native forwards.
 export M3_HARNESS_CUDA_CUSTOM_OPS="${M3_HARNESS_CUDA_CUSTOM_OPS:-1}"
-# SGLang's JIT kernels (activation, rope) build with nvcc at first use, ~2.5 minutes of a call. Their
+# SGLang's JIT kernels (activation, rope) build with nvcc at first use, a minute or more. Their
 # cache sits in the ignored build folder so that a call can hand it back ($OUT) and the next carry
 # it; the cache names its paths by anchors (site-packages, toolkit), so a copy on another lease hits.
 export SGLANG_JIT_CACHE_DIR="${SGLANG_JIT_CACHE_DIR:-$ROOT/scripts/gpu/build/jit-cache}"
