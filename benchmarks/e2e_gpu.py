@@ -32,7 +32,7 @@ import time
 import requests
 
 sys.path.insert(0, os.path.dirname(__file__))
-from host_probe import host_probe  # noqa: E402
+from host_probe import host_probe, probed  # noqa: E402
 from midsize_m3 import midsize_text_config, write_midsize_checkpoint  # noqa: E402
 from serving_client import random_prompt, run_group, stream_generate  # noqa: E402
 from trace_summary import idle_gaps, kernel_summary, load_events  # noqa: E402
@@ -193,12 +193,15 @@ def warm_up(base_url: str, seed) -> None:
 SINGLE_STREAM_RUNS = 5
 
 
-def median_single_stream(base_url: str, seed, output: int):
-    """The median (by TPOT) of ``SINGLE_STREAM_RUNS`` lone requests of a 2K prompt."""
-    groups = [run_group(base_url, [random_prompt(THROUGHPUT_PROMPT, next(seed))], output) for _ in range(SINGLE_STREAM_RUNS)]
-    groups.sort(key=lambda group: group.mean_tpot_ms)
-    print("  c1 2K single runs, tpot ms: " + ", ".join(f"{group.mean_tpot_ms:.2f}" for group in groups), flush=True)
-    return groups[len(groups) // 2]
+def median_single_stream(base_url: str, seed, output: int) -> tuple:
+    """The median (by TPOT) of ``SINGLE_STREAM_RUNS`` lone requests of a 2K prompt, and every
+    request's TPOT and host probe in the order they ran (``{"runs": [...], "host_loop_ms": [...]}``)."""
+    runs = [probed(lambda: run_group(base_url, [random_prompt(THROUGHPUT_PROMPT, next(seed))], output))
+            for _ in range(SINGLE_STREAM_RUNS)]
+    print("  c1 2K single runs, tpot ms (host probe ms): "
+          + ", ".join(f"{group.mean_tpot_ms:.2f} ({loop_ms:.0f})" for group, loop_ms in runs), flush=True)
+    record = {"runs": [group.mean_tpot_ms for group, _ in runs], "host_loop_ms": [loop_ms for _, loop_ms in runs]}
+    return sorted((group for group, _ in runs), key=lambda group: group.mean_tpot_ms)[len(runs) // 2], record
 
 
 def measure(base_url: str, quick: bool, seed, rows: list[dict], saved, first_runs: dict) -> None:
@@ -217,12 +220,13 @@ def measure(base_url: str, quick: bool, seed, rows: list[dict], saved, first_run
         saved()
     output = 64 if quick else THROUGHPUT_OUTPUT
     for concurrency in THROUGHPUT_CONCURRENCY[:2] if quick else THROUGHPUT_CONCURRENCY:
+        lone_runs = {}
         if concurrency == 1:
-            group = median_single_stream(base_url, seed, output)
+            group, lone_runs = median_single_stream(base_url, seed, output)
         else:
             group = run_group(base_url, [random_prompt(THROUGHPUT_PROMPT, next(seed)) for _ in range(concurrency)], output)
         common = {"prompt_tokens": THROUGHPUT_PROMPT, "concurrency": concurrency}
-        rows.append({"metric": "tpot_ms", **common, "value": group.mean_tpot_ms})
+        rows.append({"metric": "tpot_ms", **common, "value": group.mean_tpot_ms, **lone_runs})
         rows.append({"metric": "output_tok_s", **common, "value": group.output_tok_s})
         if concurrency > 1:
             rows.append({"metric": "ttft_ms", **common, "value": group.mean_ttft_ms})

@@ -55,6 +55,16 @@ def standin_ops(result_dirs: list[str]) -> dict[str, list[str]]:
     return {impl: sorted(names) for impl, names in ops.items()}
 
 
+def lone_request_runs(server: dict) -> dict:
+    """``{"c1_runs": {"tpot_ms": [...], "host_loop_ms": [...]}}`` from the server's concurrency-1
+    TPOT row where the benchmark recorded each lone request beside its host probe (older runs
+    did not), else nothing."""
+    for row in server["rows"]:
+        if row["metric"] == "tpot_ms" and row["concurrency"] == 1 and row.get("host_loop_ms"):
+            return {"c1_runs": {"tpot_ms": row["runs"], "host_loop_ms": row["host_loop_ms"]}}
+    return {}
+
+
 def merge(servers: list[dict], ops: dict[str, list[str]], note: str = "") -> dict:
     key = lambda row: (row["metric"], row["prompt_tokens"], row["concurrency"], row["tp"], row["ep"])  # noqa: E731
     rows: dict[tuple, dict] = {}
@@ -75,7 +85,8 @@ def merge(servers: list[dict], ops: dict[str, list[str]], note: str = "") -> dic
              "complete": s.get("complete", True),  # False: the run was cut short; its rows are what it measured
              **({"switches": s["switches"]} if s.get("switches") else {}),  # the SGLANG_M3_* / M3_HARNESS_* it ran under
              **({"host": s["host"]} if s.get("host") else {}),  # the host's speed and load before it started
-             **({"reconstructed": s["reconstructed"]} if s.get("reconstructed") else {})}  # how a lost result file was rebuilt
+             **({"reconstructed": s["reconstructed"]} if s.get("reconstructed") else {}),  # how a lost result file was rebuilt
+             **lone_request_runs(s)}
             for s in servers
         ],
         "standin_ops": ops,
@@ -174,14 +185,17 @@ def markdown(result: dict, notes: str = "") -> str:
             f"| {s['impl']} | {s['commit']} | {s['tp']} | {s['ep']} | {s['startup_s']:.0f} | {s['kv_tokens']:,} | "
             f"{fmt_optional(s['peak_gpu_memory_gb'], '{:.1f}')} | {s['cuda_graphs']} | {'yes' if s['complete'] else 'no (cut short)'} |"
         )
-    rebuilt = [f"- {s['impl']} tp{s['tp']} ep{s['ep']}: {s['reconstructed']}" for s in result["servers"] if s.get("reconstructed")]
-    lines += ["", *rebuilt] if rebuilt else []
-    switched = [f"- {s['impl']} tp{s['tp']} ep{s['ep']}: " + ", ".join(f"`{k}={v}`" for k, v in s["switches"].items())
-                for s in result["servers"] if s.get("switches")]
-    lines += ["", "Switches the servers ran under:", "", *switched] if switched else []
-    hosts = [f"- {s['impl']} tp{s['tp']} ep{s['ep']}: {s['host']['cpu']}, {s['host']['cpus']} CPUs, load {s['host']['load_avg_1m']:.2f}, "
-             f"Python probe {s['host']['python_loop_ms']:.1f} ms" for s in result["servers"] if s.get("host")]
-    lines += ["", "Hosts before each server started (`benchmarks/host_probe.py`; a slower probe, a slower scheduler):", "", *hosts] if hosts else []
+    sections = (
+        ("", "reconstructed", lambda value: value),
+        ("Switches the servers ran under:", "switches", lambda value: ", ".join(f"`{k}={v}`" for k, v in value.items())),
+        ("Hosts before each server started (`benchmarks/host_probe.py`; a slower probe, a slower scheduler):", "host",
+         lambda value: f"{value['cpu']}, {value['cpus']} CPUs, load {value['load_avg_1m']:.2f}, Python probe {value['python_loop_ms']:.1f} ms"),
+        ("Concurrency 1, each lone request's TPOT in the order they ran, with the host probe taken just before it:", "c1_runs",
+         lambda value: ", ".join(f"{tpot:.2f} ms (probe {loop_ms:.0f} ms)" for tpot, loop_ms in zip(value["tpot_ms"], value["host_loop_ms"]))),
+    )
+    for heading, field, describe in sections:
+        described = [f"- {s['impl']} tp{s['tp']} ep{s['ep']}: {describe(s[field])}" for s in result["servers"] if s.get(field)]
+        lines += ["", *([heading, ""] if heading else []), *described] if described else []
     lines += ["", "Ops that ran through the harness's `sgl_kernel` stand-ins (not SGLang's compiled kernels), in any of the merged runs:", ""]
     for impl, names in result["standin_ops"].items():
         lines.append(f"- {impl}: {', '.join(names) if names else 'none'}")

@@ -27,11 +27,11 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
 from e2e_gpu import PeakGpuMemory, commit, gpu_name, graphs_captured, plugin_switches, profile_steps, start_server, stop_server  # noqa: E402
-from host_probe import host_probe  # noqa: E402
+from host_probe import host_probe, probed  # noqa: E402
 from e2e_gpu_report import gpu_key  # noqa: E402
 from midsize_draft import hot_ids, write_copy_draft  # noqa: E402
 from midsize_m3 import midsize_text_config, write_midsize_checkpoint  # noqa: E402
-from serving_client import run_group, single_stream_tpot_ms, stream_generate  # noqa: E402
+from serving_client import run_group, stream_generate  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "speculative"))
 from spec_requests import accept_length, generate, generate_concurrently  # noqa: E402
@@ -90,8 +90,9 @@ def bench_draft(draft: str, model_dir: str, draft_dir: str, out_dir: str, draft_
             for concurrency in CONCURRENCY:
                 prompts = [hot_prompt(PROMPT_TOKENS, next(seed), draft_vocab) for _ in range(max(concurrency, SINGLE_RUNS))]
                 if concurrency == 1:
-                    singles = single_stream_tpot_ms(base_url, prompts, output)
-                    row = {"value": statistics.median(singles), "runs": singles}
+                    singles = [probed(lambda: 1e3 * stream_generate(base_url, ids, output).tpot_s) for ids in prompts]
+                    tpots = [tpot for tpot, _ in singles]
+                    row = {"value": statistics.median(tpots), "runs": tpots, "host_loop_ms": [loop_ms for _, loop_ms in singles]}
                 else:
                     row = {"value": run_group(base_url, prompts[:concurrency], output).mean_tpot_ms}
                 result["rows"].append({"metric": "tpot_ms", "concurrency": concurrency, "draft": draft, **row})

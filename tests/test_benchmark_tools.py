@@ -265,8 +265,15 @@ def test_each_workload_is_saved_as_soon_as_it_is_measured(monkeypatch):
             raise SystemExit("stopped by signal 15")  # the c64 group is cut
         return Group(8.0)
 
+    probes = iter([70.0, 75.0, 150.0, 160.0, 155.0])  # the host slowed between the second and third lone request
+
+    def probed(run):
+        loop_ms = next(probes)
+        return run(), loop_ms
+
     monkeypatch.setattr(e2e_gpu, "stream_generate", single)
     monkeypatch.setattr(e2e_gpu, "run_group", group)
+    monkeypatch.setattr(e2e_gpu, "probed", probed)
     monkeypatch.setattr(e2e_gpu, "random_prompt", lambda length, seed: [seed] * 4)
     rows, snapshots, first_runs = [], [], {}
     with pytest.raises(SystemExit):
@@ -280,6 +287,30 @@ def test_each_workload_is_saved_as_soon_as_it_is_measured(monkeypatch):
     ]
     c1 = {r["metric"]: r["value"] for r in rows if r["concurrency"] == 1 and r["prompt_tokens"] == 2048}
     assert c1 == {"tpot_ms": 2.6, "output_tok_s": 1e3 / 2.6}
+    # every lone request is kept in the order it ran, beside the probe taken just before it
+    c1_tpot = next(r for r in rows if r["metric"] == "tpot_ms" and r["concurrency"] == 1)
+    assert c1_tpot["runs"] == lone_tpots and c1_tpot["host_loop_ms"] == [70.0, 75.0, 150.0, 160.0, 155.0]
+
+
+def test_probed_times_the_host_before_the_measurement_it_wraps(monkeypatch):
+    import host_probe
+
+    order = []
+    monkeypatch.setattr(host_probe, "python_loop_ms", lambda: order.append("probe") or 80.0)
+    assert host_probe.probed(lambda: order.append("run") or 2.5) == (2.5, 80.0)
+    assert order == ["probe", "run"]
+
+
+def test_report_lists_each_lone_request_with_its_host_probe(tmp_path):
+    c1 = {"metric": "tpot_ms", "prompt_tokens": 2048, "concurrency": 1, "value": 2.6,
+          "runs": [1.95, 2.61], "host_loop_ms": [72.0, 151.0]}
+    (tmp_path / "e2e_gpu_ours_tp1_ep1.json").write_text(json.dumps(_server("ours", [c1])))
+    (tmp_path / "e2e_gpu_upstream_tp1_ep1.json").write_text(json.dumps(_server("upstream", [{**c1, "runs": None, "host_loop_ms": None}])))
+    result = e2e_gpu_report.merge(e2e_gpu_report.load_servers([str(tmp_path)]), {}, "")
+    servers = {s["impl"]: s for s in result["servers"]}
+    assert servers["ours"]["c1_runs"] == {"tpot_ms": [1.95, 2.61], "host_loop_ms": [72.0, 151.0]}
+    assert "c1_runs" not in servers["upstream"]  # a run that did not record them lists nothing
+    assert "- ours tp1 ep1: 1.95 ms (probe 72 ms), 2.61 ms (probe 151 ms)" in e2e_gpu_report.markdown(result)
 
 
 def test_host_profile_gives_each_sample_to_its_innermost_process(tmp_path):
