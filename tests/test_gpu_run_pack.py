@@ -41,3 +41,31 @@ def test_packing_twice_keeps_the_first_pack(tmp_path):
     pack(tmp_path)
     assert members(tmp_path) == {"first.log", "second.log"}
     assert [p.name for p in tmp_path.iterdir()] == ["out.tar"]
+
+
+def caches(out, jit, triton):
+    env = {**os.environ, "OUT": str(out), "M3_SITE_ARCHIVE": "/nonexistent",
+           "SGLANG_JIT_CACHE_DIR": str(jit), "TRITON_CACHE_DIR": str(triton)}
+    return subprocess.run(["bash", RUN_SH, "caches"], env=env, capture_output=True, text=True)
+
+
+def test_caches_hands_back_both_kernel_caches_in_one_archive(tmp_path):
+    """A later call on a fresh machine carries them instead of compiling again."""
+    out, jit, triton = tmp_path / "out", tmp_path / "build" / "jit-cache", tmp_path / "build" / "triton-cache"
+    (jit / "sm90a" / "rope").mkdir(parents=True)
+    (jit / "sm90a" / "rope" / "rope.so").write_bytes(b"\x7fELF")
+    (triton / "ABC123").mkdir(parents=True)
+    (triton / "ABC123" / "__grp__kernel.json").write_text("{}")
+    done = caches(out, jit, triton)
+    assert done.returncode == 0, done.stderr
+    assert "gpu-caches.tar.xz" in done.stdout
+    with tarfile.open(out / "gpu-caches.tar.xz") as archive:
+        names = {m.name for m in archive.getmembers() if m.isfile()}
+    assert names == {"jit-cache/sm90a/rope/rope.so", "triton-cache/ABC123/__grp__kernel.json"}
+
+
+def test_caches_says_so_when_no_kernel_was_compiled_yet(tmp_path):
+    done = caches(tmp_path / "out", tmp_path / "none-jit", tmp_path / "none-triton")
+    assert done.returncode == 2
+    assert "no kernel cache" in done.stderr and "none-triton" in done.stderr
+    assert not (tmp_path / "out" / "gpu-caches.tar.xz").exists()
