@@ -18,7 +18,9 @@ plugin's switches, e.g. ``SGLANG_M3_MOE_OVERLAP=0``).
 ``--draft chain3`` (or ``tree8``) pairs ours with an EAGLE3 draft against ours without one: the
 speculative benchmark's lm-head-copy draft and settings (``speculative_gpu``), prompts from the
 draft's vocabulary for both servers, each server's greedy output of the speculative benchmark's
-identity prompts compared, and the draft's acceptance length measured. Its speed-up is the
+identity prompts compared, and each drafted server's acceptance length measured (``accept_len``
+by label; files written before 2026-11-29's seventh session hold the first server's alone, a
+number). Its speed-up is the
 TPOT without the draft over the TPOT with it, taken in the same minutes: the speculative
 benchmark's servers run one after another, and its concurrency-1 ratio moved from 1.53x to 1.87x
 between three device calls of one session on the H200 (``results/speculative_gpu_h200.md``).
@@ -164,15 +166,19 @@ def paired_ttft_rounds(urls: dict[str, str], rounds: int, seed, tokens: int) -> 
     return first, ttfts
 
 
-def draft_checks(urls: dict[str, str], draft_label: str) -> dict:
+def draft_checks(urls: dict[str, str], drafted: list[str]) -> dict:
     """Greedy output of the speculative benchmark's identity prompts on both servers (identical when
-    the draft changes no token) and the draft's acceptance length over four concurrent requests."""
+    the draft changes no token), and each drafted server's acceptance length over the same four
+    concurrent requests, by label: in an A/B of a switch both servers draft, and the switch may
+    change what they accept."""
     outputs = {label: {str(length): generate(url, hot_prompt(length, 7 + length, DRAFT_VOCAB), IDENTITY_TOKENS)["output_ids"]
                        for length in IDENTITY_LENGTHS}
                for label, url in urls.items()}
-    reference = next(outputs[label] for label in urls if label != draft_label)
-    answers = generate_concurrently(urls[draft_label], [hot_prompt(THROUGHPUT_PROMPT, 10**6 + i, DRAFT_VOCAB) for i in range(4)], 64)
-    return {"greedy_identical": outputs[draft_label] == reference, "accept_len": accept_length(answers)}
+    first = drafted[0]
+    reference = next(outputs[label] for label in urls if label != first)
+    prompts = [hot_prompt(THROUGHPUT_PROMPT, 10**6 + i, DRAFT_VOCAB) for i in range(4)]
+    accept = {label: accept_length(generate_concurrently(urls[label], prompts, 64)) for label in drafted}
+    return {"greedy_identical": outputs[first] == reference, "accept_len": accept}
 
 
 def summary(values: dict[str, list[float]], metric: str = "tpot_ms") -> dict:
@@ -228,7 +234,7 @@ def main(argv=None) -> int:
         for url in urls.values():
             warm_up(url, seed)
         if args.draft:
-            checks = draft_checks(urls, args.draft)
+            checks = draft_checks(urls, [contender.label for contender in pair if contender.server_args])
             print(f"draft checks: {checks}", flush=True)
         by_concurrency = {c: summary(paired_rounds(urls, args.rounds, seed, c, make_prompt)) for c in args.concurrency}
         by_length = {}

@@ -484,14 +484,28 @@ def test_draft_checks_compare_greedy_outputs_and_measure_acceptance(monkeypatch)
         differs = url == "u-draft" and len(prompt) == e2e_gpu_paired.IDENTITY_LENGTHS[-1] and broken
         return {"output_ids": [prompt[-1]] * tokens if not differs else [0] * tokens}
 
-    answers = [{"output_ids": [1] * 64, "meta_info": {"spec_verify_ct": 16}} for _ in range(4)]
+    verify_steps = {"u-draft": 16, "u-switched": 32}  # 64 tokens in 16 or 32 verify steps
+    asked = []
+
+    def fake_concurrently(url, prompts, tokens):
+        asked.append((url, [p[-1] for p in prompts]))
+        return [{"output_ids": [1] * 64, "meta_info": {"spec_verify_ct": verify_steps[url]}} for _ in prompts]
+
     monkeypatch.setattr(e2e_gpu_paired, "generate", fake_generate)
-    monkeypatch.setattr(e2e_gpu_paired, "generate_concurrently", lambda url, prompts, tokens: answers if url == "u-draft" else None)
+    monkeypatch.setattr(e2e_gpu_paired, "generate_concurrently", fake_concurrently)
     urls = {"chain3": "u-draft", "none": "u-plain"}
     broken = False
-    assert e2e_gpu_paired.draft_checks(urls, "chain3") == {"greedy_identical": True, "accept_len": 4.0}
+    assert e2e_gpu_paired.draft_checks(urls, ["chain3"]) == {"greedy_identical": True, "accept_len": {"chain3": 4.0}}
+    assert [url for url, _ in asked] == ["u-draft"]  # the server without a draft has no acceptance to measure
     broken = True
-    assert e2e_gpu_paired.draft_checks(urls, "chain3")["greedy_identical"] is False
+    assert e2e_gpu_paired.draft_checks(urls, ["chain3"])["greedy_identical"] is False
+    # an A/B of a switch: both servers draft, and each one's acceptance is measured on the same prompts
+    asked.clear()
+    broken = False
+    both = {"chain3": "u-draft", "chain3_SWITCH_1": "u-switched"}
+    checks = e2e_gpu_paired.draft_checks(both, ["chain3", "chain3_SWITCH_1"])
+    assert checks == {"greedy_identical": True, "accept_len": {"chain3": 4.0, "chain3_SWITCH_1": 2.0}}
+    assert asked[0][1] == asked[1][1]
 
 
 def test_runs_record_the_plugin_switches_their_servers_inherit(monkeypatch):
