@@ -114,6 +114,18 @@ def build_indexed_kv_pool(original, configurator, *, max_total_num_tokens, mha_p
     )
 
 
+def refuse_attention_data_parallel(attn_dp_size: int) -> None:
+    """Refuse ``--attn-dp-size`` > 1 before the KV pool is sized for it: M3's attention here splits
+    its heads over the whole tensor-parallel group, while attention data parallelism gives each
+    attention group its own batch and sizes the pool for ``tp / attn-dp`` ranks' KV heads."""
+    if attn_dp_size > 1:
+        raise ValueError(
+            f"--attn-dp-size {attn_dp_size}: sglang-m3's M3 attention splits its heads over the whole "
+            "tensor-parallel group and does not serve attention data parallelism; run with --attn-dp-size 1 "
+            "(--dp-size gives data-parallel replicas)"
+        )
+
+
 def _m3_pool_class(configurator, spec):
     """The sparse-offload pool when ``SGLANG_M3_SPARSE_OFFLOAD_BLOCKS`` asks for it (checked against
     the server's settings), else the index-key pool."""
@@ -123,10 +135,11 @@ def _m3_pool_class(configurator, spec):
     from sglang_m3.cache.offload_pool import offload_pool_class
     from sglang_m3.cache.offload_settings import OffloadShape, check_sparse_offload, max_query_tokens, sparse_offload_blocks
 
+    parallel = get_parallel()
+    refuse_attention_data_parallel(parallel.attn_dp_size)
     blocks = sparse_offload_blocks()
     if not blocks:
         return indexed_pool_class(spec, configurator.model_dtype)
-    parallel = get_parallel()
     shape = OffloadShape(
         cache_blocks=blocks, block_size=spec.index_block_size, topk=spec.index_topk_blocks,
         kv_heads=configurator.model_config.get_num_kv_heads(parallel.attn_tp_size, parallel.attn_dcp_size),

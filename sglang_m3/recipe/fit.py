@@ -108,6 +108,8 @@ class FitReport:
     host_store_bytes_per_token: int = 0
     host_store_tokens: int = 0
     block_cache_bytes: int = 0
+    #: KV page size in tokens (pools and host stores hold whole pages)
+    page_size: int = 1
 
     @property
     def static_budget_bytes(self) -> int:
@@ -219,6 +221,7 @@ def estimate_fit(recipe: Recipe, geometry: M3Geometry = M3) -> FitReport:
         host_store_bytes_per_token=host_per_token,
         host_store_tokens=host_tokens,
         block_cache_bytes=block_caches,
+        page_size=page,
     )
 
 
@@ -234,6 +237,12 @@ def sparse_offload_host_tokens(host_bytes: int, bytes_per_token: int, page: int)
     """Slots whose sparse-layer K/V fit a host store of ``host_bytes``: whole pages, less the
     pool's padding page (the plugin caps SGLang's slot pool to this)."""
     return max(0, (host_bytes // bytes_per_token // page - 1) * page)
+
+
+def sparse_offload_host_bytes_for(tokens: int, bytes_per_token: int, page: int) -> int:
+    """The smallest host store whose :func:`sparse_offload_host_tokens` holds ``tokens``."""
+    pages = -(-tokens // page) + 1  # the pool's padding page
+    return pages * page * bytes_per_token
 
 
 def host_tier_bytes(recipe: Recipe) -> int:
@@ -338,7 +347,18 @@ def _fit_findings(report: FitReport) -> list[Finding]:
             "fit.weights"))
         return findings
     if report.pool_tokens < report.context_length:
-        if not report.pool_capped:  # a cap below the context is the max-total-tokens rule's
+        if report.host_store_bytes and report.pool_tokens == report.host_store_tokens and not report.pool_capped:
+            # sparse offload: the host store, not the GPU, is what holds too few tokens
+            needed_gb = -(-sparse_offload_host_bytes_for(report.context_length, report.host_store_bytes_per_token,
+                                                         report.page_size) // 10**9)
+            findings.append(Finding(
+                "error", "spec.hostOffload.sizeGbPerRank",
+                f"the sparse-offload host store holds {report.host_store_tokens:,} tokens per rank "
+                f"({report.host_store_bytes_per_token:,} bytes each), less than one request of "
+                f"contextLength {report.context_length:,}; raise sizeGbPerRank to at least {needed_gb} "
+                f"or lower contextLength",
+                "fit.host-store"))
+        elif not report.pool_capped:  # a cap below the context is the max-total-tokens rule's
             findings.append(Finding(
                 "error", "spec.contextLength",
                 f"the KV pool holds {report.pool_tokens:,} tokens per GPU, less than one "

@@ -64,7 +64,14 @@ class M3Geometry:
     #: shared by the index query heads)
     index_key_dim: int
     num_routed_experts: int
+    #: one routed expert's, the shared expert's and a dense MLP's intermediate width (what
+    #: tensor parallelism splits; MXFP8 needs each rank's share in whole 32-column scale groups)
+    moe_intermediate_size: int
+    shared_intermediate_size: int
+    dense_intermediate_size: int
     sparse_block_size: int
+    #: blocks each query token selects per KV head (what a sparse-offload block cache must hold)
+    sparse_topk_blocks: int
     hidden_size: int
     vocab_size: int
     max_context_length: int
@@ -101,7 +108,11 @@ def load_geometry(path: Path = GEOMETRY_PATH) -> M3Geometry:
         num_index_heads=shape["num_index_heads"],
         index_key_dim=shape["index_key_dim"],
         num_routed_experts=shape["num_routed_experts"],
+        moe_intermediate_size=shape["moe_intermediate_size"],
+        shared_intermediate_size=shape["shared_intermediate_size"],
+        dense_intermediate_size=shape["dense_intermediate_size"],
         sparse_block_size=shape["sparse_block_size"],
+        sparse_topk_blocks=shape["sparse_topk_blocks"],
         hidden_size=shape["hidden_size"],
         vocab_size=shape["vocab_size"],
         max_context_length=shape["max_context_length"],

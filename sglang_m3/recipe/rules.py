@@ -13,7 +13,13 @@ from .catalog import CATALOG, HardwareProfile, get_profile
 from .findings import Finding
 from .fit import estimate_fit, fit_applies
 from .model_geometry import M3, MAX_CONTEXT_LENGTH, TINY_MODEL_PATH
-from .render import INDEX_KEY_DTYPE_ENV, TYPED_FLAGS, attention_backend_for
+from .render import (
+    INDEX_KEY_DTYPE_ENV,
+    SPARSE_OFFLOAD_BLOCKS_ENV,
+    SPARSE_OFFLOAD_HOST_GB_ENV,
+    TYPED_FLAGS,
+    attention_backend_for,
+)
 from .schema import Recipe
 
 Rule = Callable[[Recipe, HardwareProfile], Iterator[Finding]]
@@ -54,8 +60,21 @@ def check_variant(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]
         "hardware.variant")
 
 
+#: Ranks (gloo processes) per node with which the CPU platform serves the tiny model: tp 1 and tp 2
+#: (with or without ep 2) are what its tests serve against the plain server and transformers.
+CPU_MAX_RANKS = 2
+
+
 def check_gpus_per_node(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
     wanted = gpus_per_node(recipe, profile)
+    if not profile.is_gpu:
+        if wanted > CPU_MAX_RANKS:
+            yield _error(
+                "spec.hardware.gpusPerNode",
+                f"on the cpu profile gpusPerNode counts ranks (processes on one node); the CPU "
+                f"platform serves at most {CPU_MAX_RANKS}, not {wanted}; set gpusPerNode to 1 or 2",
+                "cpu.ranks")
+        return
     if wanted > profile.gpus_per_node:
         yield _error(
             "spec.hardware.gpusPerNode",
@@ -123,6 +142,32 @@ def check_gpu_count(recipe: Recipe, profile: HardwareProfile) -> Iterator[Findin
             "parallelism.gpu-count")
 
 
+def check_data_parallel(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
+    parallel, nodes = recipe.spec.parallelism, recipe.spec.hardware.nodes
+    if parallel.attention_dp > 1:
+        yield _error(
+            "spec.parallelism.attentionDp",
+            f"attentionDp {parallel.attention_dp}: this plugin's M3 attention splits its heads over "
+            f"the whole TP group and does not serve attention data parallelism (the server refuses "
+            f"--attn-dp-size > 1); set attentionDp: 1 (dp gives whole-model replicas)",
+            "parallelism.attention-dp-unsupported")
+    if parallel.dp == 1:
+        return
+    if parallel.attention_dp > 1:
+        yield _error(
+            "spec.parallelism.dp",
+            f"dp {parallel.dp} with attentionDp {parallel.attention_dp}: SGLang refuses data-parallel "
+            f"replicas combined with attention data parallelism; keep one of them at 1",
+            "parallelism.dp-with-attention-dp")
+    if nodes > 1:
+        yield _error(
+            "spec.parallelism.dp",
+            f"dp {parallel.dp} over {nodes} nodes: SGLang serves data-parallel replicas on one node "
+            f"only (it refuses --dp-size > 1 with --nnodes > 1); set dp: 1 and deploy one recipe per "
+            f"replica behind a router",
+            "parallelism.dp-multi-node")
+
+
 def check_heads(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
     parallel = recipe.spec.parallelism
     if parallel.attention_dp > 1 and parallel.tp % parallel.attention_dp:
@@ -166,6 +211,39 @@ def check_expert_parallel(recipe: Recipe, profile: HardwareProfile) -> Iterator[
             f"on AMD the published M3 recipes run expert parallelism over the whole TP group "
             f"(SGLang cookbook: --ep equal to --tp); set ep: {parallel.tp} (= tp)",
             "amd.ep-equals-tp")
+
+
+#: MXFP8 stores one e8m0 scale per 32 input columns (``sglang_m3.quant.mxfp8.BLOCK``): a rank's
+#: slice of a row-parallel input must hold whole scale groups, or its weights do not load.
+MXFP8_SCALE_GROUP = 32
+
+
+def mxfp8_row_slices(tp: int, ep: int) -> dict[str, tuple[int, int]]:
+    """(width, ranks it is split over) of every row-parallel input an MXFP8 rank holds."""
+    return {
+        "routed experts' intermediate": (M3.moe_intermediate_size, tp // ep),
+        "shared expert's intermediate": (M3.shared_intermediate_size, tp),
+        "dense MLPs' intermediate": (M3.dense_intermediate_size, tp),
+        "attention output (heads x head dim)": (M3.num_query_heads * M3.head_dim, tp),
+    }
+
+
+def check_mxfp8_scale_groups(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
+    parallel = recipe.spec.parallelism
+    if (recipe.spec.model.variant != "mxfp8" or profile.vendor != "nvidia"
+            or parallel.tp % parallel.ep or parallel.attention_dp > 1):
+        return  # AMD converts MXFP8 to block FP8 at load; the other cases are other rules' errors
+    for name, (width, ranks) in mxfp8_row_slices(parallel.tp, parallel.ep).items():
+        if width % ranks or (width // ranks) % MXFP8_SCALE_GROUP:
+            share = f"{width} / {ranks} = {width / ranks:g}"
+            yield _error(
+                "spec.parallelism.tp" if ranks == parallel.tp else "spec.parallelism.ep",
+                f"MXFP8 weights carry one scale per {MXFP8_SCALE_GROUP} input columns, but at tp "
+                f"{parallel.tp} / ep {parallel.ep} the {name} per rank is {share}, not a whole "
+                f"number of scale groups, so the weights do not load; use a smaller tp"
+                + (" or a larger ep" if ranks != parallel.tp else ""),
+                "parallelism.mxfp8-scale-groups")
+            return
 
 
 def check_pipeline(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
@@ -255,6 +333,10 @@ def check_context_length(recipe: Recipe, profile: HardwareProfile) -> Iterator[F
 #: outright). M3 runs page size 128; its sparse layers verify trees on every profile.
 TREE_VERIFY_BACKENDS = ("fa3", "triton", "flashinfer")
 
+#: Verify tokens per request a draft tree may have: the MSA plans' per-request ancestor bitmask
+#: (``msa_kernels.plan.DraftTree.MAX_TOKENS``; the plugin refuses more at start-up).
+MAX_DRAFT_TREE_TOKENS = 64
+
 
 def check_speculative(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
     speculative = recipe.spec.speculative
@@ -289,12 +371,20 @@ def check_speculative(recipe: Recipe, profile: HardwareProfile) -> Iterator[Find
             f"SGLang does not verify draft trees at page size 128 (only {', '.join(TREE_VERIFY_BACKENDS)}); "
             "set eagleTopk: 1 (a chain)",
             "speculative.tree-attention-backend")
+    elif speculative.eagle_topk > 1 and speculative.num_draft_tokens > MAX_DRAFT_TREE_TOKENS:
+        yield _error(
+            "spec.speculative.numDraftTokens",
+            f"M3's sparse attention verifies draft trees of at most {MAX_DRAFT_TREE_TOKENS} tokens per "
+            f"request (the MSA plans' ancestor mask; the server refuses more); set numDraftTokens to at "
+            f"most {MAX_DRAFT_TREE_TOKENS}",
+            "speculative.tree-tokens")
     elif speculative.eagle_topk == 1 and speculative.num_draft_tokens != speculative.num_steps + 1:
         yield _error(
             "spec.speculative.numDraftTokens",
             f"a chain of {speculative.num_steps} steps verifies {speculative.num_steps + 1} "
             f"tokens; set numDraftTokens: {speculative.num_steps + 1}",
             "speculative.draft-tokens")
+    yield from _check_pipeline_speculative(recipe)
     if profile.is_gpu and profile.architecture != "blackwell":
         yield _warning(
             "spec.speculative",
@@ -302,6 +392,29 @@ def check_speculative(recipe: Recipe, profile: HardwareProfile) -> Iterator[Find
             f"verification is not wired upstream; expect this to need the project's own "
             f"backend and verify before relying on it",
             "speculative.triton-path")
+
+
+#: SGLang 0.5.23 verifies EAGLE over pipeline stages only when this is set (PP_SPEC relay).
+PP_SPEC_ENV = "SGLANG_ENABLE_PP_SPEC"
+
+
+def _check_pipeline_speculative(recipe: Recipe) -> Iterator[Finding]:
+    pp, algorithm = recipe.spec.parallelism.pp, recipe.spec.speculative.algorithm
+    if pp == 1:
+        return
+    if algorithm != "EAGLE":
+        yield _error(
+            "spec.speculative.algorithm",
+            f"pp {pp} with {algorithm}: SGLang's pipeline parallelism serves EAGLE drafts only (it "
+            f"refuses {algorithm} at start-up); remove speculative or set pp: 1",
+            "speculative.pipeline")
+    elif recipe.spec.env.get(PP_SPEC_ENV, "").lower() not in ("1", "true"):
+        yield _error(
+            f"spec.env.{PP_SPEC_ENV}",
+            f"pp {pp} with EAGLE: SGLang verifies drafts across pipeline stages only with "
+            f"{PP_SPEC_ENV}=1 (otherwise only on a prefill-disaggregated node, which recipes do not "
+            f"deploy); set env {PP_SPEC_ENV}: \"1\" or set pp: 1",
+            "speculative.pipeline")
 
 
 # --- serving, parsers, offload ----------------------------------------------------------------
@@ -438,6 +551,36 @@ def _check_sparse_offload(recipe: Recipe, profile: HardwareProfile) -> Iterator[
     if recipe.spec.parallelism.pp > 1:
         yield _error("spec.parallelism.pp", "sparse-offload runs with pp 1 only (the server refuses --pp-size > 1)",
                      "offload.sparse-pp")
+    speculative = recipe.spec.speculative
+    if speculative is not None and speculative.eagle_topk > 1:
+        yield _error("spec.speculative.eagleTopk",
+                     "sparse-offload serves speculative chains only (a draft tree's attention reads each draft from "
+                     "its pool slot, which lives in the host store; the server refuses trees); set eagleTopk: 1",
+                     "offload.sparse-tree")
+    needed = sparse_offload_blocks_needed(recipe)
+    blocks = recipe.spec.host_offload.cache_blocks
+    if blocks is not None and blocks < needed:
+        yield _error("spec.hostOffload.cacheBlocks",
+                     f"cacheBlocks {blocks} is smaller than one request's selection: query tokens per step x KV "
+                     f"heads per rank x top-{M3.sparse_topk_blocks} = {needed} blocks (the server refuses it); "
+                     f"set cacheBlocks to at least {needed}",
+                     "offload.cache-blocks-min")
+    for env, field in ((SPARSE_OFFLOAD_BLOCKS_ENV, "cacheBlocks"), (SPARSE_OFFLOAD_HOST_GB_ENV, "sizeGbPerRank")):
+        if env in recipe.spec.env:
+            yield _error(f"spec.env.{env}",
+                         f"{env} is what spec.hostOffload.{field} renders; set {field} instead and remove it "
+                         f"from env (the env value would override it unseen by the memory fit)",
+                         "offload.env-duplicate")
+
+
+def sparse_offload_blocks_needed(recipe: Recipe) -> int:
+    """Blocks one request can select in one step on one rank, as the server counts them: every
+    query token's top-k for each KV head the rank holds (a verify step has numDraftTokens)."""
+    parallel, speculative = recipe.spec.parallelism, recipe.spec.speculative
+    attention_tp = parallel.tp // parallel.attention_dp
+    kv_heads = max(1, M3.num_kv_heads // attention_tp)
+    query_tokens = speculative.num_draft_tokens if speculative is not None else 1
+    return query_tokens * kv_heads * M3.sparse_topk_blocks
 
 
 def check_provenance(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
@@ -461,8 +604,10 @@ RULES: tuple[Rule, ...] = (
     check_cpu_profile,
     check_model_path_variant,
     check_gpu_count,
+    check_data_parallel,
     check_heads,
     check_expert_parallel,
+    check_mxfp8_scale_groups,
     check_pipeline,
     check_scale_up_domain,
     check_page_size,

@@ -211,3 +211,84 @@ def test_max_total_tokens_rule_fires_exactly_below_the_context(cap, context):
                          spec__serving={"maxTotalTokens": cap, "maxRunningRequests": 1,
                                         "chunkedPrefillSize": None})
     assert ("serving.max-total-tokens" in rules_fired(recipe)) == (cap < context)
+
+
+# --- rules that mirror the server's own start-up refusals --------------------------------------
+
+def test_recipe_limits_are_the_servers():
+    """The recipe layer keeps its own copies (it must import without torch); they must agree."""
+    from msa_kernels.plan import DraftTree
+
+    from sglang_m3.quant.mxfp8 import BLOCK
+    from sglang_m3.recipe.rules import MAX_DRAFT_TREE_TOKENS, MXFP8_SCALE_GROUP
+
+    assert MAX_DRAFT_TREE_TOKENS == DraftTree.MAX_TOKENS
+    assert MXFP8_SCALE_GROUP == BLOCK
+
+
+@settings(max_examples=100, deadline=None)
+@given(dp=st.integers(1, 4), attention_dp=st.sampled_from([1, 2, 4]), nodes=st.integers(1, 3))
+def test_data_parallel_rules_fire_exactly_where_sglang_refuses(dp, attention_dp, nodes):
+    recipe = make_recipe(spec__hardware={"profile": "b300", "gpusPerNode": 8, "nodes": nodes},
+                         spec__parallelism={"tp": 4, "ep": 4, "dp": dp, "attentionDp": attention_dp})
+    fired = rules_fired(recipe)
+    assert ("parallelism.attention-dp-unsupported" in fired) == (attention_dp > 1)
+    assert ("parallelism.dp-with-attention-dp" in fired) == (dp > 1 and attention_dp > 1)
+    assert ("parallelism.dp-multi-node" in fired) == (dp > 1 and nodes > 1)
+
+
+@settings(max_examples=100, deadline=None)
+@given(tp=st.sampled_from([1, 2, 4, 8, 16, 32, 64, 128]), ep_share=st.sampled_from([1, 2, 4, 8, 16, 32, 64, 128]),
+       profile=st.sampled_from(["b200", "gb200", "mi355x"]))
+def test_mxfp8_rule_fires_exactly_when_a_rank_holds_part_of_a_scale_group(tp, ep_share, profile):
+    ep = min(ep_share, tp)
+    recipe = make_recipe(spec__hardware={"profile": profile, "gpusPerNode": min(tp, 4 if profile == "gb200" else 8),
+                                         "nodes": max(1, tp // (4 if profile == "gb200" else 8))},
+                         spec__parallelism={"tp": tp, "ep": ep}, spec__serving={"watchdogTimeout": 3600})
+    # M3: routed and shared intermediate 3072, dense 12288, attention output 64 x 128
+    whole = all((width // ranks) % 32 == 0 and width % ranks == 0
+                for width, ranks in ((3072, tp // ep), (3072, tp), (12288, tp), (8192, tp)))
+    expected = CATALOG[profile].vendor == "nvidia" and not whole
+    assert ("parallelism.mxfp8-scale-groups" in rules_fired(recipe)) == expected
+
+
+@settings(max_examples=100, deadline=None)
+@given(tp=st.sampled_from([1, 2, 4, 8]), blocks=st.integers(1, 400),
+       draft_tokens=st.one_of(st.none(), st.integers(2, 6)))
+def test_sparse_offload_block_cache_must_hold_one_requests_selection(tp, blocks, draft_tokens):
+    speculative = None if draft_tokens is None else {
+        "algorithm": "EAGLE3", "numSteps": draft_tokens - 1, "numDraftTokens": draft_tokens,
+        "draftModel": {"path": "Inferact/MiniMax-M3-EAGLE3"}}
+    recipe = make_recipe(spec__hardware={"profile": "h100", "gpusPerNode": tp},
+                         spec__model={"path": "MiniMaxAI/MiniMax-M3-MXFP8", "variant": "mxfp8"},
+                         spec__parallelism={"tp": tp, "ep": 1}, spec__speculative=speculative,
+                         spec__hostOffload={"mode": "sparse-offload", "sizeGbPerRank": 64, "cacheBlocks": blocks})
+    # the server's count (sglang_m3/cache/offload_settings.py): query tokens x KV heads per rank x top-16
+    needed = (draft_tokens or 1) * max(1, 4 // tp) * 16
+    assert ("offload.cache-blocks-min" in rules_fired(recipe)) == (blocks < needed)
+
+
+def test_pipeline_parallel_speculation_follows_sglang():
+    draft = {"path": "Inferact/MiniMax-M3-EAGLE"}
+    pp2 = {"spec__hardware": {"profile": "h100", "nodes": 2},
+           "spec__model": {"path": "MiniMaxAI/MiniMax-M3-MXFP8", "variant": "mxfp8"},
+           "spec__parallelism": {"tp": 8, "pp": 2}}
+    eagle3 = make_recipe(**pp2, spec__speculative={"algorithm": "EAGLE3", "draftModel": draft})
+    eagle = make_recipe(**pp2, spec__speculative={"algorithm": "EAGLE", "draftModel": draft})
+    relayed = make_recipe(**pp2, spec__speculative={"algorithm": "EAGLE", "draftModel": draft},
+                          spec__env={"SGLANG_ENABLE_PP_SPEC": "1"})
+    fields = {f.field for f in validate_recipe(eagle) if f.rule == "speculative.pipeline"}
+    assert "speculative.pipeline" in rules_fired(eagle3)
+    assert fields == {"spec.env.SGLANG_ENABLE_PP_SPEC"}
+    assert "speculative.pipeline" not in rules_fired(relayed)
+
+
+def test_cpu_profile_serves_two_ranks():
+    """README: the CPU platform serves --tp-size 2 (and with --ep-size 2); a recipe can say so."""
+    base = {"spec__model": {"path": "sglang-m3:tiny", "variant": "bf16"}, "spec__contextLength": 4096,
+            "spec__kvCache": {"pageSize": 1},
+            "spec__serving": {"maxTotalTokens": 8192, "maxRunningRequests": 4, "chunkedPrefillSize": 1024}}
+    two = make_recipe(**base, spec__hardware={"profile": "cpu", "gpusPerNode": 2}, spec__parallelism={"tp": 2, "ep": 2})
+    assert [f for f in validate_recipe(two) if f.severity == "error"] == []
+    four = make_recipe(**base, spec__hardware={"profile": "cpu", "gpusPerNode": 4}, spec__parallelism={"tp": 4})
+    assert "cpu.ranks" in rules_fired(four)
