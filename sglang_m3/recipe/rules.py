@@ -486,6 +486,42 @@ def check_amd_watchdog(recipe: Recipe, profile: HardwareProfile) -> Iterator[Fin
             "amd.mxfp8-watchdog")
 
 
+#: ``--reasoning-parser`` / ``--tool-call-parser`` names SGLang 0.5.23 accepts (its argparse
+#: choices, with the plugin's minimax-m3 registered; a test compares them with the installed SGLang).
+SGLANG_REASONING_PARSERS = frozenset((
+    "auto", "apertus2509", "beam", "cohere_command4", "deepseek-r1", "deepseek-v3", "deepseek-v4",
+    "deepseek-v41", "dots", "gemma4", "gigachat35", "glm45", "gpt-oss", "granite_thinking_parser", "hunyuan",
+    "inkling", "interns1", "iquest_q1", "k2_horizon", "kimi", "kimi_k2", "kimi_k3", "ling3", "mimo", "minimax",
+    "minimax-append-think", "minimax-m3", "mistral", "muse", "nanbeige", "nemotron_3", "poolside_v1", "qwen3",
+    "qwen3-thinking", "response_template", "step3", "step3p5",
+))
+SGLANG_TOOL_CALL_PARSERS = frozenset((
+    "auto", "apertus2509", "beam", "cohere_command4", "deepseekv3", "deepseekv31", "deepseekv32", "deepseekv4",
+    "deepseekv41", "dots", "gemma4", "gigachat3", "gigachat35", "glm", "glm45", "glm47", "gpt-oss", "hermes",
+    "hunyuan", "inkling", "interns1", "iquest_q1", "k2_horizon", "kimi_k2", "kimi_k3", "lfm2", "ling3", "llama3",
+    "mimo", "minicpm5", "minimax-m2", "minimax-m3", "mistral", "muse", "nanbeige", "poolside_v1", "pythonic", "qwen",
+    "qwen25", "qwen3_coder", "response_template", "spark25", "step3", "step3p5", "trinity",
+))
+#: the parser that reads M3's own output format (``<mm:think>`` reasoning, namespaced tool calls)
+M3_PARSER = "minimax-m3"
+
+
+def check_parser_names(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
+    parsers = recipe.spec.parsers
+    for field, name, known in (("reasoning", parsers.reasoning, SGLANG_REASONING_PARSERS),
+                               ("toolCall", parsers.tool_call, SGLANG_TOOL_CALL_PARSERS)):
+        if name is None or name == M3_PARSER:
+            continue
+        if name not in known:
+            yield _error(f"spec.parsers.{field}",
+                         f"{name!r} is not a parser SGLang {PINNED_SGLANG_VERSION} knows (it refuses the "
+                         f"flag at start-up); M3's is {M3_PARSER}", "parsers.unknown")
+        else:
+            yield _warning(f"spec.parsers.{field}",
+                           f"{name} parses another model's output format, not M3's; set {field}: "
+                           f"{M3_PARSER} (or null to leave the text as it is)", "parsers.other-model")
+
+
 def check_parsers(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
     parsers = recipe.spec.parsers
     if parsers.reasoning is None and parsers.default_thinking_mode != "disabled":
@@ -619,6 +655,7 @@ RULES: tuple[Rule, ...] = (
     check_max_total_tokens,
     check_mem_fraction,
     check_amd_watchdog,
+    check_parser_names,
     check_parsers,
     check_multimodal,
     check_host_offload,

@@ -292,3 +292,23 @@ def test_cpu_profile_serves_two_ranks():
     assert [f for f in validate_recipe(two) if f.severity == "error"] == []
     four = make_recipe(**base, spec__hardware={"profile": "cpu", "gpusPerNode": 4}, spec__parallelism={"tp": 4})
     assert "cpu.ranks" in rules_fired(four)
+
+
+def test_parser_names_are_sglangs():
+    from sglang.srt.server_args import _reasoning_parser_choices, _tool_call_parser_choices
+
+    import sglang_m3.plugin  # noqa: F401  (registers minimax-m3 where SGLang lists parsers)
+    from sglang_m3.recipe.rules import SGLANG_REASONING_PARSERS, SGLANG_TOOL_CALL_PARSERS
+
+    assert SGLANG_REASONING_PARSERS == {"auto", *_reasoning_parser_choices()}
+    assert SGLANG_TOOL_CALL_PARSERS == {"auto", *_tool_call_parser_choices()}
+
+
+def test_parser_names_outside_sglang_are_refused_and_other_models_parsers_warned():
+    typo = make_recipe(spec__parsers={"reasoning": "minimax-m2x", "toolCall": "minimax-m3"})
+    found = {(f.severity, f.field, f.rule) for f in validate_recipe(typo)}
+    assert ("error", "spec.parsers.reasoning", "parsers.unknown") in found
+    other = make_recipe(spec__parsers={"reasoning": "minimax-m3", "toolCall": "minimax-m2"})
+    found = {(f.severity, f.field, f.rule) for f in validate_recipe(other)}
+    assert ("warning", "spec.parsers.toolCall", "parsers.other-model") in found
+    assert not {r for r in rules_fired(make_recipe()) if r.startswith("parsers.")}
