@@ -96,6 +96,7 @@ def desired_state(body: Mapping[str, Any], config: OperatorConfig) -> Plan:
     problems = [str(f) for f in findings if f.severity == "error"]
     warnings = tuple(str(f) for f in findings if f.severity != "error")
     problems += [f"metadata.name: {text}" for text in names.name_problems(name)]
+    problems += _network_problems(recipe, config)
     options, option_problems = parse_deployment_options(metadata.get("annotations") or {})
     problems += option_problems
     if options.model_cache is not None:
@@ -114,6 +115,23 @@ def desired_state(body: Mapping[str, Any], config: OperatorConfig) -> Plan:
     return dataclasses.replace(base, warnings=warnings, objects=tuple(objects),
                                rendered_args=tuple(launch.argv), workload=workload,
                                replicas=options.replicas)
+
+
+#: Listen addresses that only the pod itself can reach.
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+def _network_problems(recipe: Recipe, config: OperatorConfig) -> list[str]:
+    """What a laptop recipe may say but a pod cannot serve: the kubelet's probes and the Service
+    connect to the pod IP, and a multi-node group's rendezvous binds the distributed port."""
+    serving, problems = recipe.spec.serving, []
+    if serving.host in LOOPBACK_HOSTS:
+        problems.append(f"spec.serving.host: {serving.host} is reachable from inside the pod only (probes and "
+                        f"the Service connect to the pod IP); set host: 0.0.0.0")
+    if recipe.spec.hardware.nodes > 1 and serving.port == config.dist_port:
+        problems.append(f"spec.serving.port: {serving.port} is the multi-node rendezvous port (--dist-init-addr, "
+                        f"the operator's distPort), which SGLang binds on the leader; choose another port")
+    return problems
 
 
 def _children(recipe: Recipe, name: str, namespace: str, config: OperatorConfig,
@@ -169,7 +187,7 @@ def _leader_worker_set(name: str, recipe: Recipe, options: DeploymentOptions,
     return {
         "apiVersion": LWS_API_VERSION,
         "kind": "LeaderWorkerSet",
-        "metadata": _meta(name, name),
+        "metadata": _meta(names.leader_worker_set(name), name),
         "spec": {
             "replicas": options.replicas,
             "startupPolicy": "LeaderCreated",
@@ -203,12 +221,15 @@ def _service(name: str, recipe: Recipe) -> dict[str, Any]:
 
 def _disruption_budget(name: str) -> dict[str, Any]:
     # One pod at a time: in a multi-node group any eviction restarts the whole group, so
-    # this also bounds voluntary disruption to one group.
+    # this also bounds voluntary disruption to one group. Only the serving pods: the model
+    # download Job's pod has no scalable controller, and a maxUnavailable budget over it
+    # allows no disruption at all (it blocks every node drain).
+    selector = {**names.pod_selector(name), names.COMPONENT_LABEL: "server"}
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": _meta(name, name),
-        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": names.pod_selector(name)}},
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector}},
     }
 
 

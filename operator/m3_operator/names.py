@@ -30,9 +30,11 @@ ANNOTATION_PREFIX = f"{GROUP}/"
 #: kopf bookkeeping annotations live under the operator's own prefix, not kopf's default.
 KOPF_ANNOTATION_PREFIX = f"operator.{GROUP}"
 
-#: LeaderWorkerSet pod names are ``<name>-<group>-<worker>``; pod host names must fit 63
-#: characters, which leaves this much for the recipe name with up to 3-digit indices.
-MAX_RECIPE_NAME = 55
+#: The longest recipe name whose children all get valid names: the model-download Job
+#: ``<name>-download-<10-hex hash>`` must fit 63 characters (it becomes a pod label), and a
+#: LeaderWorkerSet ``<name>-lws`` names StatefulSets ``<name>-lws-<group>`` whose pods carry
+#: ``controller-revision-hash: <statefulset>-<10 characters>``, also a 63-character label.
+MAX_RECIPE_NAME = 43
 
 _DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
@@ -65,9 +67,16 @@ def name_problems(name: str) -> list[str]:
             "(it names the Service, which Kubernetes requires to be a DNS-1035 label)")
     if len(name) > MAX_RECIPE_NAME:
         problems.append(
-            f"at most {MAX_RECIPE_NAME} characters (multi-node pod names append group and "
-            f"worker indices), got {len(name)}")
+            f"at most {MAX_RECIPE_NAME} characters (the model-download Job and a multi-node "
+            f"group's StatefulSets append suffixes, and their pod labels must fit 63), got {len(name)}")
     return problems
+
+
+def leader_worker_set(name: str) -> str:
+    """The LeaderWorkerSet of recipe ``name``. Not ``name`` itself: LeaderWorkerSet creates a
+    headless Service named after itself, through which ``LWS_LEADER_ADDRESS``
+    (``<lws>-<group>.<lws>.<namespace>``) resolves, and ``name`` is the recipe's own Service."""
+    return f"{name}-lws"
 
 
 def model_cache_claim(name: str) -> str:

@@ -63,6 +63,11 @@ def workload_readiness(workload: Mapping[str, Any] | None,
     if generation is not None and observed is not None and observed < generation:
         return ready, condition("WorkloadReady", False, "RolloutPending",
                                 f"{kind} controller has not yet seen generation {generation}")
+    updated = status.get("updatedReplicas")
+    if updated is not None and int(updated) < desired:
+        # readyReplicas also counts pods of the previous revision while a rollout replaces them
+        return ready, condition("WorkloadReady", False, "RolloutInProgress",
+                                f"{updated}/{desired} replicas updated, {ready} ready")
     if ready >= desired:
         return ready, condition("WorkloadReady", True, "ReplicasReady",
                                 f"{ready}/{desired} replicas ready")

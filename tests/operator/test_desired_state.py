@@ -219,7 +219,47 @@ def test_new_weights_get_a_new_download_job():
     assert first != second and first.startswith("h200-cached-download-")
 
 
+def test_leader_worker_set_leaves_its_headless_service_name_free():
+    """LeaderWorkerSet creates a headless Service named after itself, through which
+    LWS_LEADER_ADDRESS (``<lws>-<group>.<lws>.<namespace>``) resolves; the recipe's own Service
+    keeps the recipe's name, so the two must differ."""
+    objects = by_kind(render(HERE / "cases" / "h200-two-node-lws.yaml"))
+    assert objects["Service"]["metadata"]["name"] == "h200-two-node"
+    assert objects["LeaderWorkerSet"]["metadata"]["name"] == "h200-two-node-lws"
+
+
+def test_disruption_budget_covers_the_serving_pods_not_the_download_job():
+    """A maxUnavailable budget over a pod with no scalable controller (a Job's) allows no
+    disruption at all, which would block every node drain."""
+    objects = by_kind(render(HERE / "cases" / "h200-model-cache.yaml"))
+    selector = objects["PodDisruptionBudget"]["spec"]["selector"]["matchLabels"]
+    served = objects["Deployment"]["spec"]["template"]["metadata"]["labels"]
+    downloading = objects["Job"]["spec"]["template"]["metadata"]["labels"]
+    assert selector.items() <= served.items()
+    assert not selector.items() <= downloading.items()
+
+
+def test_the_longest_accepted_name_gives_every_child_a_valid_name():
+    from m3_operator.names import MAX_RECIPE_NAME
+
+    for case in ("h200-model-cache.yaml", "h200-two-node-lws.yaml"):
+        body = load_case(HERE / "cases" / case)
+        body["metadata"]["name"] = "m" * MAX_RECIPE_NAME
+        plan = desired_state(body, CONFIG)
+        assert plan.valid, plan.problems
+        for obj in plan.objects:
+            # a Job's name and a StatefulSet's <name>-<group>-<10-char revision hash> are pod labels
+            assert len(obj["metadata"]["name"]) <= 63
+            if obj["kind"] == "LeaderWorkerSet":
+                assert len(f"{obj['metadata']['name']}-999-0123456789") <= 63
+        body["metadata"]["name"] = "m" * (MAX_RECIPE_NAME + 1)
+        assert any("metadata.name" in p for p in desired_state(body, CONFIG).problems)
+
+
 @pytest.mark.parametrize("change, field", [
+    (lambda b: b["spec"]["serving"].update(host="127.0.0.1"), "spec.serving.host"),
+    (lambda b: (b["spec"]["hardware"].update(nodes=2), b["spec"]["parallelism"].update(tp=16),
+                b["spec"]["serving"].update(port=CONFIG.dist_port)), "spec.serving.port"),
     (lambda b: b["spec"]["parallelism"].update(tp=3), "spec.parallelism"),
     (lambda b: b["spec"].update(contextLenght=4096), "spec.contextLenght"),
     (lambda b: b["metadata"].update(name="9lives"), "metadata.name"),

@@ -92,7 +92,7 @@ async def test_create_update_switch_and_delete(api, client):
         await client.patch(f"{RECIPE_PATH}/alpha", {"spec": {
             "hardware": {"nodes": 2}, "parallelism": {"tp": 16}}})
         lws = await eventually(
-            lambda: client.get("leaderworkerset.x-k8s.io/v1/leaderworkersets", "alpha"),
+            lambda: client.get("leaderworkerset.x-k8s.io/v1/leaderworkersets", "alpha-lws"),
             what="the LeaderWorkerSet")
         await eventually(lambda: client.get("apps/v1/deployments", "alpha") is None,
                          what="the Deployment to be pruned")

@@ -48,6 +48,14 @@ def test_ready_needs_validation_current_generation_and_ready_replicas():
     assert conditions(stale)["WorkloadReady"]["reason"] == "RolloutPending"
     newer = compute_status(dataclasses.replace(obs, generation=3), None, T0)
     assert conditions(newer)["Ready"]["reason"] == "Applying"
+    # mid-rollout readyReplicas still counts the old revision's pods: not ready until updated
+    rolling = deployment(2)
+    rolling["status"]["updatedReplicas"] = 1
+    mid = conditions(compute_status(dataclasses.replace(obs, workload=rolling), None, T0))
+    assert mid["WorkloadReady"]["reason"] == "RolloutInProgress" and mid["Ready"]["status"] == "False"
+    rolling["status"]["updatedReplicas"] = 2
+    done = conditions(compute_status(dataclasses.replace(obs, workload=rolling), None, T0))
+    assert done["WorkloadReady"]["status"] == "True" and done["Ready"]["status"] == "True"
 
 
 def test_invalid_spec_keeps_reporting_the_last_applied_generation():
