@@ -80,8 +80,11 @@ def pod_template(
     port = recipe.spec.serving.port
 
     env = [{"name": key, "value": value} for key, value in sorted(launch.env.items())]
+    downloads_in_pod = cache_hash is None and recipe.spec.model.path != TINY_MODEL_PATH
     if cache_hash is not None:
         env += [{"name": "HF_HOME", "value": HF_HOME}, {"name": "HF_HUB_OFFLINE", "value": "1"}]
+    elif downloads_in_pod:
+        env.append({"name": "HF_HOME", "value": HF_HOME})
     command, args, command_env = server_command(recipe, launch)
 
     container: dict[str, Any] = {
@@ -113,7 +116,7 @@ def pod_template(
     host_memory = host_offload_memory(recipe)
     if host_memory is not None:
         container.setdefault("resources", {}).setdefault("requests", {})["memory"] = host_memory
-    if cache_hash is not None:
+    if cache_hash is not None or downloads_in_pod:
         container["volumeMounts"].append({"name": CACHE_VOLUME, "mountPath": CACHE_MOUNT})
 
     spec: dict[str, Any] = {
@@ -132,6 +135,12 @@ def pod_template(
         spec["initContainers"] = [_wait_for_model(image, config, cache_hash)]
         spec["volumes"].append({"name": CACHE_VOLUME,
                                 "persistentVolumeClaim": {"claimName": model_cache_claim(name)}})
+    elif downloads_in_pod:
+        # Without the shared cache each pod downloads the weights itself. Into the container's
+        # writable layer, a restart (the startup probe's, when download and load outlast its
+        # budget) would throw the download away and start over, for ever; an emptyDir lives
+        # as long as the pod, so the restarted container resumes from what is there.
+        spec["volumes"].append({"name": CACHE_VOLUME, "emptyDir": {}})
 
     labels = recipe_labels(name)
     labels[ROLE_LABEL] = role

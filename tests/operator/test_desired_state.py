@@ -281,3 +281,15 @@ def test_desired_state_is_deterministic_and_does_not_mutate_its_input():
     snapshot = copy.deepcopy(body)
     assert desired_state(body, CONFIG).objects == desired_state(body, CONFIG).objects
     assert body == snapshot
+
+
+def test_without_the_shared_cache_a_pods_download_outlives_a_container_restart():
+    """The startup probe restarts the container, not the pod: weights downloaded into an
+    emptyDir are still there for the restarted container (in its writable layer they were not)."""
+    template = by_kind(render(HERE / "cases" / "h200-single-node.yaml"))["Deployment"]["spec"]["template"]
+    container = server_container(template)
+    env = {e["name"]: e["value"] for e in container["env"]}
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "model-cache")
+    volume = next(v for v in template["spec"]["volumes"] if v["name"] == "model-cache")
+    assert env["HF_HOME"].startswith(mount["mountPath"] + "/") and "HF_HUB_OFFLINE" not in env
+    assert volume == {"name": "model-cache", "emptyDir": {}}
