@@ -18,7 +18,7 @@ still dropped, a mid-content `<mm:think>` does not turn the rest into reasoning,
 whitespace before a leading tag is treated as markup.
 """
 
-from typing import List, Tuple
+from typing import Any, List, Tuple
 
 from sglang.srt.parser.reasoning_parser import (
     BaseReasoningFormatDetector,
@@ -48,7 +48,7 @@ class MiniMaxM3ReasoningDetector(BaseReasoningFormatDetector):
             force_reasoning=force_reasoning,
             stream_reasoning=stream_reasoning,
             continue_final_message=continue_final_message,
-            previous_content=previous_content,
+            previous_content=_continued_text(previous_content),
             force_nonempty_content=force_nonempty_content,
         )
         # The base class settled `_in_reasoning` from force_reasoning and previous_content.
@@ -162,3 +162,15 @@ class MiniMaxM3ReasoningDetector(BaseReasoningFormatDetector):
             self._pending = head[len(tag):]
             return True
         return bool(head) and not tag.startswith(head)
+
+
+def _continued_text(content: Any) -> str:
+    """The text of the assistant message a request continues, as the chat template renders it.
+
+    SGLang passes that message's `content` as the request holds it: a string, OpenAI content
+    parts, or None (a message of tool calls only). Only text parts are content the reply goes
+    on from; thinking parts are reasoning the template renders apart, media are placeholders.
+    """
+    if content is None or isinstance(content, str):
+        return content or ""
+    return "".join(part.text for part in content if getattr(part, "type", None) == "text")

@@ -6,6 +6,7 @@ first flattened into alternatives of one kind each (`schema_alternatives`: type 
 alternative then reads the element:
 - `string`: the text verbatim (whitespace included);
 - `integer` / `number` / `boolean` / `null`: JSON literals (surrounding whitespace ignored);
+  `null` also reads blank text, but only where no string may be meant (see below);
 - `object`: child elements by name, typed by `properties`, `patternProperties`,
   `additionalProperties`; `array`: repeated `<item>` elements, typed by `prefixItems` /
   `items`; either may also be inline JSON text;
@@ -31,13 +32,21 @@ each read by that schema: like any value the schema rejects, it reaches the clie
 model wrote it, with a debug log line.
 
 A value no alternative reads (say `five` for an integer) is kept as the verbatim string rather
-than dropped: the client sees exactly what the model wrote.
+than dropped: the client sees exactly what the model wrote. That includes number-like text that
+JSON cannot carry: digits other than ASCII ones (`2０２4`, `1٢`), numbers beyond a double
+(`1e400`: JSON has no infinity) and integers past Python's conversion limit.
+
+Blank text: the chat template writes None as `null` and a string as its text, so blank text is
+never a rendered None. Where the schema allows a string (a `string` or untyped alternative), it
+is that string, `""` or `"  "`, and no null reading is tried; elsewhere (`[integer, null]`) it
+still reads as null.
 """
 
 import json
 import logging
+import math
 import re
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NoReturn, Sequence, Tuple
 
 from sglang_m3.parsers.m3_format import ARRAY_ITEM_TAG
 from sglang_m3.parsers.schema_alternatives import (
@@ -53,8 +62,9 @@ from sglang_m3.parsers.xml_elements import Element
 
 logger = logging.getLogger(__name__)
 
-_JSON_NUMBER = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?")
-_JSON_INTEGER = re.compile(r"-?(?:0|[1-9]\d*)")
+# ASCII digits only: `\d` also matches other scripts' digits, which JSON does not allow.
+_JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+_JSON_INTEGER = re.compile(r"-?(?:0|[1-9][0-9]*)")
 
 # Lower rank wins a tie between valid readings: specific readings before the catch-all string.
 _KIND_RANK = {"null": 0, "boolean": 1, "integer": 2, "number": 3, "object": 4, "array": 5, None: 6, "string": 7}
@@ -94,12 +104,20 @@ class _SchemaTyper:
         key = (id(element), *map(id, parts))
         if key not in self._memo:
             value = self._best(
-                self._index.alternatives(parts),
+                self._alternatives_reading(element, parts),
                 lambda alt: self._read(element, alt),
                 lambda: element.text if element.is_leaf else self._untyped(element),
             )
             self._memo[key] = (element, parts, value)
         return self._memo[key][2]
+
+    def _alternatives_reading(self, element: Element, parts: Parts) -> List[Alternative]:
+        """The alternatives that may read `element`: no null reading of blank text where a string
+        may be meant (module docstring), as null outranks string in the tie rules."""
+        alternatives = self._index.alternatives(parts)
+        if element.is_leaf and not element.text.strip() and any(alt.kind in ("string", None) for alt in alternatives):
+            return [alt for alt in alternatives if alt.kind != "null"]
+        return alternatives
 
     def _best(self, alternatives: List[Alternative], read: Callable[[Alternative], Any], fallback: Callable[[], Any]) -> Any:
         """The reading the module docstring's tie rules keep; `fallback()` when none reads."""
@@ -199,10 +217,11 @@ def _scalar(text: str, kind: str) -> Any:
     stripped = text.strip()
     if kind == "string":
         return text
-    if kind == "integer" and _JSON_INTEGER.fullmatch(stripped):
-        return int(stripped)
-    if kind == "number" and _JSON_NUMBER.fullmatch(stripped):
-        return json.loads(stripped)
+    if (kind == "integer" and _JSON_INTEGER.fullmatch(stripped)) or (kind == "number" and _JSON_NUMBER.fullmatch(stripped)):
+        try:
+            return _json_loads(stripped)
+        except ValueError:
+            raise _Mismatch() from None
     if kind == "boolean" and stripped.lower() in ("true", "false"):
         return stripped.lower() == "true"
     if kind == "null" and stripped in ("null", ""):
@@ -216,7 +235,7 @@ def _json_text(text: str, expected: type) -> Any:
     if not stripped:
         return expected()
     try:
-        value = json.loads(stripped)
+        value = _json_loads(stripped)
     except ValueError:
         raise _Mismatch() from None
     if not isinstance(value, expected):
@@ -226,11 +245,30 @@ def _json_text(text: str, expected: type) -> Any:
 
 def _untyped_text(text: str) -> Any:
     stripped = text.strip()
-    if stripped in ("true", "false", "null") or _JSON_NUMBER.fullmatch(stripped):
-        return json.loads(stripped)
-    if stripped[:1] in ("{", "["):
+    if stripped in ("true", "false", "null") or _JSON_NUMBER.fullmatch(stripped) or stripped[:1] in ("{", "["):
         try:
-            return json.loads(stripped)
+            return _json_loads(stripped)
         except ValueError:
             return text
     return text
+
+
+def _json_loads(text: str) -> Any:
+    """`json.loads`, refusing (ValueError) what the arguments' JSON could not carry.
+
+    Python reads `NaN` / `Infinity` and numbers beyond a double (`1e400` -> inf), which
+    `json.dumps` would write back as invalid JSON; it refuses integers past its digit limit
+    itself (ValueError too).
+    """
+    return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+
+
+def _refuse_constant(name: str) -> NoReturn:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is beyond a double")
+    return value

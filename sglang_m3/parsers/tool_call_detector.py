@@ -57,6 +57,13 @@ class MiniMaxM3ToolCallDetector(BaseFormatDetector):
     def _lookup(self, tools: Optional[List[Tool]]):
         return tool_lookup(_functions(tools), accept_unknown=envs.SGLANG_FORWARD_UNKNOWN_TOOLS.get())
 
+    @classmethod
+    def parses_without_tools(cls) -> bool:
+        """SGLang's `FunctionCallParser` hands a request that declares no tools to the detector
+        only when this says so; with `SGLANG_FORWARD_UNKNOWN_TOOLS` set, such markup is parsed
+        into calls (as `_lookup` reads the same setting), otherwise it stays content unread."""
+        return envs.SGLANG_FORWARD_UNKNOWN_TOOLS.get()
+
     def has_tool_call(self, text: str) -> bool:
         return TOOL_CALL_OPEN in text
 

@@ -17,11 +17,15 @@ Rules:
   `]<]minimax[>[<tool_call>` opens a new block). No character is dropped.
 - A stream that ends inside a block (the model stopped mid-call) returns the uncommitted rest
   as content.
+
+Cost: an open invoke is searched for its end once, not again per chunk. The part of it known to
+hold no marker moves out of the buffer, so feeding a long argument in small chunks costs time
+linear in its length (the buffer the next chunk joins and searches stays a few markers long).
 """
 
 import json
 from dataclasses import dataclass
-from typing import Any, Dict, List, Union
+from typing import Any, Dict, List, Tuple, Union
 
 from sglang_m3.parsers.m3_format import (
     INVOKE_CLOSE,
@@ -38,6 +42,10 @@ from sglang_m3.parsers.xml_elements import MalformedCall, parse_siblings
 _WHITESPACE = " \t\r\n"
 # Markers that cannot occur inside one invoke: seeing one first means the invoke is broken.
 _FOREIGN_IN_INVOKE = (TOOL_CALL_OPEN, TOOL_CALL_CLOSE, INVOKE_OPEN_PREFIX)
+_INVOKE_MARKERS = (INVOKE_CLOSE, *_FOREIGN_IN_INVOKE)
+# Text of an open invoke searched without finding a marker, less this many last characters
+# (where one may still be starting), holds none.
+_MARKER_OVERLAP = max(map(len, _INVOKE_MARKERS)) - 1
 
 
 @dataclass(frozen=True)
@@ -97,6 +105,9 @@ class ToolCallScanner:
         self._in_block = False
         # Block markup read but not yet committed by a good invoke or the closing tag.
         self._uncommitted = ""
+        # The open invoke's text known to hold no marker (its opening tag first); the buffer
+        # goes on from its end. Empty while no invoke is open.
+        self._invoke_head: List[str] = []
 
     def feed(self, text: str) -> List[ScanEvent]:
         self._buffer += text
@@ -107,14 +118,16 @@ class ToolCallScanner:
 
     def finish(self) -> List[ScanEvent]:
         """End of output: whatever is still held back is content."""
-        rest = self._uncommitted + self._buffer
-        self._buffer, self._uncommitted, self._in_block = "", "", False
+        rest = self._uncommitted + "".join(self._invoke_head) + self._buffer
+        self._buffer, self._uncommitted, self._in_block, self._invoke_head = "", "", False, []
         return [ContentText(rest)] if rest else []
 
     def _step(self, events: List[ScanEvent]) -> bool:
         """Consume what can be decided now; False when more text is needed."""
         if not self._in_block:
             return self._step_outside(events)
+        if self._invoke_head:
+            return self._step_invoke(events)
         return self._step_in_block(events)
 
     def _step_outside(self, events: List[ScanEvent]) -> bool:
@@ -143,22 +156,28 @@ class ToolCallScanner:
             self._in_block = False
             return True
         if self._buffer.startswith(INVOKE_OPEN_PREFIX):
-            return self._step_invoke(events)
+            self._invoke_head = [INVOKE_OPEN_PREFIX]
+            self._buffer = self._buffer[len(INVOKE_OPEN_PREFIX):]
+            return True
         if INVOKE_OPEN_PREFIX.startswith(self._buffer) or TOOL_CALL_CLOSE.startswith(self._buffer):
             return False
         self._abandon_block(events)
         return True
 
     def _step_invoke(self, events: List[ScanEvent]) -> bool:
-        end = self._buffer.find(INVOKE_CLOSE)
-        searched = len(self._buffer) if end == -1 else end
-        for marker in _FOREIGN_IN_INVOKE:
-            if 0 <= self._buffer.find(marker, len(INVOKE_OPEN_PREFIX)) < searched:
-                self._abandon_block(events)
-                return True
-        if end == -1:
+        """In an open invoke: its closing tag ends it; another marker first breaks the block."""
+        position, marker = _first_marker(self._buffer)
+        if position == -1:
+            searched = len(self._buffer) - _MARKER_OVERLAP
+            if searched > 0:
+                self._invoke_head.append(self._buffer[:searched])
+                self._buffer = self._buffer[searched:]
             return False
-        raw = self._buffer[: end + len(INVOKE_CLOSE)]
+        if marker != INVOKE_CLOSE:
+            self._abandon_block(events)
+            return True
+        end = position + len(INVOKE_CLOSE)
+        raw = "".join(self._invoke_head) + self._buffer[:end]
         try:
             call = parse_invoke(raw, self._lookup_tool)
         except MalformedCall:
@@ -166,15 +185,24 @@ class ToolCallScanner:
             return True
         events.append(Markup(self._uncommitted))
         events.append(call)
-        self._buffer = self._buffer[len(raw):]
-        self._uncommitted = ""
+        self._buffer = self._buffer[end:]
+        self._uncommitted, self._invoke_head = "", []
         return True
 
     def _abandon_block(self, events: List[ScanEvent]) -> None:
-        """The block breaks here: its uncommitted markup is content, the rest is rescanned."""
+        """The block breaks here: its uncommitted markup is content, the rest (an open invoke
+        included) is rescanned."""
         events.append(ContentText(self._uncommitted))
-        self._uncommitted = ""
+        self._buffer = "".join(self._invoke_head) + self._buffer
+        self._uncommitted, self._invoke_head = "", []
         self._in_block = False
+
+
+def _first_marker(text: str) -> Tuple[int, str]:
+    """The first marker in the text of an open invoke (its opening tag excluded) that ends the
+    invoke: (position, marker), or (-1, "") when there is none yet."""
+    found = [(position, marker) for marker in _INVOKE_MARKERS if (position := text.find(marker)) != -1]
+    return min(found, default=(-1, ""))
 
 
 def _merged(events: List[ScanEvent]) -> List[ScanEvent]:

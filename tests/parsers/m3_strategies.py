@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from sglang_m3.parsers.m3_format import NAMESPACE
 
-_NUMBER = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?")
+# ASCII digits, as the parser reads them: text in other digits is a string.
+_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 
 names = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,8}", fullmatch=True).filter(
     lambda name: name not in ("tool_call", "item")
@@ -61,12 +62,12 @@ def scalar_pairs(untyped_allowed: bool = True):
         st.just(({"type": "null"}, None)),
         _enum_pairs(),
         st.one_of(
-            free_text.filter(lambda text: text.strip() not in ("null", "")),
+            free_text.filter(lambda text: text.strip() != "null"),  # blank text is the string
             st.none(),
         ).map(lambda value: ({"type": ["string", "null"]}, value)),
         st.one_of(
             st.integers(-1000, 1000),
-            free_text.filter(lambda text: not re.fullmatch(r"-?(?:0|[1-9]\d*)", text.strip())),
+            free_text.filter(lambda text: not re.fullmatch(r"-?(?:0|[1-9][0-9]*)", text.strip())),
         ).map(lambda value: ({"anyOf": [{"type": "string"}, {"type": "integer"}]}, value)),
     ]
     if untyped_allowed:

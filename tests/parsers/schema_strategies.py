@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from sglang_m3.parsers.m3_format import NAMESPACE as NS
 from tests.parsers import m3_strategies as m3
 
-_INTEGER = re.compile(r"-?(?:0|[1-9]\d*)")
-_NUMBER = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?")
+_INTEGER = re.compile(r"-?(?:0|[1-9][0-9]*)")
+_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 _DECOY_MEMBER = "decoy.member"  # never an argument name (`m3.names` has no dots)
 _DECOYS = {
     "null": {"type": "null"},
@@ -34,10 +34,14 @@ _SCALAR_KINDS = ("null", "boolean", "integer", "number", "string")
 
 
 def _kinds_reading_text(text):
-    """The kinds whose reading of this leaf text differs from the string itself."""
+    """The kinds whose reading of this leaf text differs from the string itself.
+
+    Null reads blank text only where no string may be meant, and every string value here comes
+    from a schema that allows one, so a null decoy takes only `null` away from a string.
+    """
     stripped = text.strip()
     kinds = set()
-    if stripped in ("", "null"):
+    if stripped == "null":
         kinds.add("null")
     if stripped.lower() in ("true", "false"):
         kinds.add("boolean")

@@ -280,11 +280,58 @@ def test_difference_11_member_named_like_its_parent_streams_whole():
     assert _one_shot(UpstreamToolDetector(), text, [nested]) == ("", [("f", {"a": {"a": "0"}})])
 
 
-# ---- recoveries shared with upstream ----------------------------------------------------------
-
-
 def _tool(parameters):
     return Tool.model_validate({"type": "function", "function": {"name": "f", "parameters": parameters}})
+
+
+@pytest.mark.parametrize("blank", ["", "  "])
+def test_difference_12_blank_text_under_a_nullable_string_is_the_string(blank):
+    """The chat template writes None as `null` and a string as its text, so blank text under
+    `type: [string, null]` is that string; upstream's streaming path agrees, its one-shot path
+    says null."""
+    tools = [_tool({"type": "object", "properties": {"s": {"type": ["string", "null"]}}})]
+    text = _call(f"{NS}<s>{blank}{NS}</s>")
+    expected = ("", [("f", {"s": blank})])
+    assert _one_shot(MiniMaxM3ToolCallDetector(), text, tools) == expected
+    assert _streamed(MiniMaxM3ToolCallDetector(), list(text), tools) == expected
+    assert _streamed(UpstreamToolDetector(), list(text), tools) == expected
+    assert _one_shot(UpstreamToolDetector(), text, tools) == ("", [("f", {"s": None})])
+
+
+def test_difference_13_typed_number_text_json_cannot_carry_stays_verbatim():
+    """JSON numbers are ASCII and finite. A `number` written in other digits, or beyond a
+    double, is kept as written, as both parsers keep it when the schema is untyped (below);
+    upstream converts other scripts' digits for a typed number and, past a double, returns the
+    whole call as content."""
+    digits, huge = _call(f"{NS}<n>3.１４{NS}</n>"), _call(f"{NS}<n>1e400{NS}</n>")
+    assert _one_shot(MiniMaxM3ToolCallDetector(), digits, [WEATHER]) == ("", [("f", {"n": "3.１４"})])
+    assert _one_shot(MiniMaxM3ToolCallDetector(), huge, [WEATHER]) == ("", [("f", {"n": "1e400"})])
+    assert _one_shot(UpstreamToolDetector(), digits, [WEATHER]) == ("", [("f", {"n": 3.14})])
+    assert _one_shot(UpstreamToolDetector(), huge, [WEATHER]) == (huge, [])
+
+
+@pytest.mark.parametrize(
+    "schema, text",
+    [
+        ({}, "1٢"),
+        ({"anyOf": [{"type": "string"}, {"type": "number"}]}, "2０２4"),
+        ({}, "-1e999"),
+        ({}, "9" * 5000),
+        ({"type": "integer"}, "9" * 5000),
+    ],
+)
+def test_number_like_text_json_cannot_carry_is_the_string_as_upstream_has_it(schema, text):
+    """Digits of other scripts, numbers beyond a double, integers past Python's conversion limit:
+    the string the model wrote, for both parsers, one-shot and streamed."""
+    tools = [_tool({"type": "object", "properties": {"x": schema}})]
+    reply = _call(f"{NS}<x>{text}{NS}</x>")
+    expected = ("", [("f", {"x": text})])
+    for detector in (MiniMaxM3ToolCallDetector, UpstreamToolDetector):
+        assert _one_shot(detector(), reply, tools) == expected
+        assert _streamed(detector(), m3.split_at(reply, range(7, len(reply), 7)), tools) == expected
+
+
+# ---- recoveries shared with upstream ----------------------------------------------------------
 
 
 @pytest.mark.parametrize(

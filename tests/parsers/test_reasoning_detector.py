@@ -5,6 +5,7 @@ import copy
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
 
 from sglang_m3.parsers.m3_format import THINK_CLOSE, THINK_OPEN
 from sglang_m3.parsers.reasoning_detector import MiniMaxM3ReasoningDetector
@@ -129,6 +130,32 @@ def test_continuing_a_final_message_keeps_its_part():
     assert (inside.detect_and_parse(" more</mm:think>ok").reasoning_text) == " more"
     after = MiniMaxM3ReasoningDetector(continue_final_message=True, previous_content="Hello")
     assert after.detect_and_parse("</mm:think> world").normal_text == "</mm:think> world"
+
+
+def _continued_content(content):
+    """The last message's content as SGLang hands it over: validated by the request model."""
+    request = ChatCompletionRequest(
+        model="m", continue_final_message=True, messages=[{"role": "user", "content": "q"}, {"role": "assistant", "content": content}]
+    )
+    return request.messages[-1].content
+
+
+@pytest.mark.parametrize(
+    "parts, text",
+    [
+        ([{"type": "text", "text": "Hel"}, {"type": "image_url", "image_url": {"url": "http://x/a.png"}}, {"type": "text", "text": "lo"}], "Hello"),
+        ([{"type": "text", "text": "<mm:think>so far"}], "<mm:think>so far"),
+        ([{"type": "thinking", "thinking": "hidden"}], ""),
+        (None, ""),
+    ],
+)
+@pytest.mark.parametrize("continuation", [" more", "</mm:think> world", " more</mm:think>ok"])
+def test_continuing_a_message_of_content_parts_continues_its_text(parts, text, continuation):
+    """Content parts (or none, beside tool calls) continue as the text their text parts render."""
+    as_parts = MiniMaxM3ReasoningDetector(continue_final_message=True, previous_content=_continued_content(parts))
+    as_text = MiniMaxM3ReasoningDetector(continue_final_message=True, previous_content=text)
+    ours, expected = as_parts.detect_and_parse(continuation), as_text.detect_and_parse(continuation)
+    assert (ours.reasoning_text, ours.normal_text) == (expected.reasoning_text, expected.normal_text)
 
 
 def test_self_opened_reasoning_is_announced_by_the_open_tag(chat_tokenizer):

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import pytest
 from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest, Tool
 from sglang.srt.function_call.function_call_parser import FunctionCallParser
+from sglang.srt.parser.reasoning_parser import MiniMaxM3Detector as UpstreamReasoningDetector
 from sglang.srt.parser.reasoning_parser import ReasoningParser
 from sglang.srt.server_args import ServerArgs
 
@@ -49,6 +50,45 @@ def test_upstream_thinking_mode_logic_drives_the_project_reasoning_parser(mode, 
     )
     parser = ReasoningParser("minimax-m3", request=request)
     assert parser.parse_non_stream("plan</mm:think>answer") == expected
+
+
+@pytest.mark.parametrize("forward", [False, True])
+def test_calls_with_no_tools_declared_follow_sglang_forward_unknown_tools(monkeypatch, forward):
+    """SGLang's parser asks the detector (`parses_without_tools`) before it parses a request that
+    declares no tools; the answer follows the setting the detector types unknown calls by."""
+    if forward:
+        monkeypatch.setenv("SGLANG_FORWARD_UNKNOWN_TOOLS", "1")
+    else:
+        monkeypatch.delenv("SGLANG_FORWARD_UNKNOWN_TOOLS", raising=False)
+    text = "ok " + CALL
+    expected = ("ok ", [("f", '{"n": 2}')]) if forward else (text, [])
+    parser = FunctionCallParser([], "minimax-m3")
+    assert parser.has_tool_call(text) is forward
+    normal_text, calls = parser.parse_non_stream(text)
+    assert (normal_text, [(call.name, call.parameters) for call in calls]) == expected
+
+    parser = FunctionCallParser([], "minimax-m3")
+    normal_text, names, arguments = "", [], ""
+    for streamed_text, items in [*map(parser.parse_stream_chunk, text), parser.parse_stream_end()]:
+        normal_text += streamed_text
+        names += [item.name for item in items if item.name]
+        arguments += "".join(item.parameters for item in items)
+    assert (normal_text, [(name, arguments) for name in names]) == expected
+
+
+def test_continuing_a_final_message_of_content_parts(monkeypatch):
+    """`continue_final_message` with OpenAI content parts: SGLang hands the parts to the detector
+    as they are; the reply goes on as upstream's detector has it."""
+    monkeypatch.setitem(ReasoningParser.DetectorMap, "upstream-minimax-m3", UpstreamReasoningDetector)
+    request = ChatCompletionRequest(
+        model="m",
+        continue_final_message=True,
+        messages=[{"role": "user", "content": "q"}, {"role": "assistant", "content": [{"type": "text", "text": "Partial"}]}],
+    )
+    for name in ("minimax-m3", "upstream-minimax-m3"):
+        parser = ReasoningParser(name, request=request)
+        assert parser.parse_stream_chunk(" answer") == ("", " answer")
+        assert ReasoningParser(name, request=request).parse_non_stream(" answer") == ("", " answer")
 
 
 def _serving(reasoning_parser, tool_call_parser, hf_config):

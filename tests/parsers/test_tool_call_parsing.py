@@ -1,12 +1,16 @@
 """Typing by schema and the handling of broken calls, case by case."""
 
 import json
+import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sglang.srt.entrypoints.openai.protocol import Tool
 
 from sglang_m3.parsers.m3_format import NAMESPACE as NS
 from sglang_m3.parsers.tool_call_detector import MiniMaxM3ToolCallDetector
+from tests.parsers.test_tool_call_properties import parse_streamed, rendered_reply
 
 
 def block(*invokes):
@@ -51,6 +55,15 @@ def arguments_of(schema, body):
         ({"type": ["integer", "null"]}, "null", None),
         ({"type": ["string", "null"]}, "null", None),
         ({"type": ["string", "null"]}, "nil", "nil"),
+        # The template writes None as `null` and "" as nothing: blank text is the string
+        # wherever a string may be meant, null only where none may.
+        ({"type": ["string", "null"]}, "", ""),
+        ({"type": ["string", "null"]}, "  ", "  "),
+        ({"anyOf": [{"type": "string"}, {"type": "null"}]}, "", ""),
+        ({"type": "string", "nullable": True}, "\n", "\n"),
+        ({"anyOf": [{}, {"type": "null"}]}, "", ""),
+        ({"type": ["integer", "null"]}, "", None),
+        ({"type": "null"}, " ", None),
         ({"anyOf": [{"type": "string"}, {"type": "integer"}]}, "5", 5),
         ({"anyOf": [{"type": "string"}, {"type": "integer"}]}, "5a", "5a"),
         ({"oneOf": [{"type": "boolean"}, {"type": "number"}]}, "0.5", 0.5),
@@ -119,6 +132,84 @@ def test_containers(schema, body, expected):
     }
     _, calls = parse(block(invoke("f", arg("x", body))), [tool("f", parameters)])
     assert json.dumps(calls[0][1]["x"]) == json.dumps(expected)
+
+
+def _refuse_constant(name):
+    raise ValueError(f"{name} is not JSON")
+
+
+def strict_json(text):
+    """`json.loads` without Python's NaN / Infinity extension."""
+    return json.loads(text, parse_constant=_refuse_constant)
+
+
+@pytest.mark.parametrize(
+    "schema, text",
+    [
+        ({"type": "integer"}, "1٣"),  # Arabic-Indic digit
+        ({"type": "number"}, "3.１４"),  # full-width digits
+        ({"anyOf": [{"type": "string"}, {"type": "number"}]}, "2０２4"),
+        ({}, "1٢"),
+        ({"type": "integer"}, "9" * 5000),  # past Python's int conversion limit
+        ({}, "-" + "9" * 5000),
+        ({"type": "number"}, "1e400"),  # beyond a double: JSON has no infinity
+        ({"type": ["number", "null"]}, "-1e999"),
+        ({}, "-1e999"),
+        ({"type": "object"}, '{"a": 1e400}'),
+        ({"type": "array"}, "[NaN]"),
+        ({}, '{"a": Infinity}'),
+    ],
+)
+def test_number_like_text_json_cannot_carry_is_kept_verbatim(schema, text):
+    """The call is kept, holding the text as the model wrote it, in arguments that are JSON."""
+    result = MiniMaxM3ToolCallDetector().detect_and_parse(
+        block(invoke("f", arg("x", text))), [tool("f", {"type": "object", "properties": {"x": schema}})]
+    )
+    assert result.normal_text == ""
+    assert [(call.name, strict_json(call.parameters)) for call in result.calls] == [("f", {"x": text})]
+
+
+def _json_number(text):
+    """What strict JSON reads `text` as, when that is a finite number; else None."""
+    try:
+        value = strict_json(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    # `\d` draws digits of every script; exponents reach past a double's range.
+    text=st.from_regex(r"-?\d{1,4}(\.\d{1,3})?([eE][+-]?\d{1,3})?", fullmatch=True),
+    schema=st.sampled_from(
+        [{"type": "number"}, {"type": "integer"}, {}, {"anyOf": [{"type": "string"}, {"type": "number"}]}]
+    ),
+)
+def test_number_like_text_is_a_json_number_or_kept_verbatim(text, schema):
+    """Never a lost call nor invalid JSON: the number JSON reads (an integer for `integer`),
+    else the text as written; streamed one character at a time, the same."""
+    tools = [tool("f", {"type": "object", "properties": {"x": schema}})]
+    number = _json_number(text)
+    if schema.get("type") == "integer" and not isinstance(number, int):
+        number = None
+    expected = {"x": text if number is None else number}
+    reply = block(invoke("f", arg("x", text)))
+    result = MiniMaxM3ToolCallDetector().detect_and_parse(reply, tools)
+    assert [(call.name, call.parameters) for call in result.calls] == [("f", json.dumps(expected, ensure_ascii=False))]
+    assert strict_json(result.calls[0].parameters) == expected
+    assert parse_streamed(list(reply), tools) == ("", [("f", result.calls[0].parameters)])
+
+
+@pytest.mark.parametrize("arguments", [{"note": "", "tag": "  "}, {"note": None, "tag": None}, {"note": "null?", "tag": " x"}])
+def test_nullable_strings_round_trip_through_the_chat_template(chat_tokenizer, arguments):
+    """The project's template writes None as `null` and a string as its text, so each reads back."""
+    schema = {
+        "type": "object",
+        "properties": {"note": {"anyOf": [{"type": "string"}, {"type": "null"}]}, "tag": {"type": ["string", "null"]}},
+    }
+    reply = rendered_reply(chat_tokenizer, [("save", schema, arguments)])
+    assert parse(reply, [tool("save", schema)]) == ("", [("save", arguments)])
 
 
 WEATHER = tool("get_weather", {"type": "object", "properties": {"city": {"type": "string"}}})

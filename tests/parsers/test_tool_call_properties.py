@@ -7,10 +7,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sglang.srt.entrypoints.openai.protocol import Tool
 
+from sglang_m3.parsers import tool_call_scanner
 from sglang_m3.parsers.declared_tools import tool_lookup
-from sglang_m3.parsers.m3_format import INVOKE_CLOSE, NAMESPACE, TOOL_CALL_CLOSE, TOOL_CALL_OPEN
+from sglang_m3.parsers.m3_format import INVOKE_CLOSE, INVOKE_OPEN_PREFIX, NAMESPACE, TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 from sglang_m3.parsers.tool_call_detector import MiniMaxM3ToolCallDetector
-from sglang_m3.parsers.tool_call_scanner import ToolCallScanner, scan_all
+from sglang_m3.parsers.tool_call_scanner import ParsedCall, ToolCallScanner, scan_all
 from tests.parsers import m3_strategies as m3
 
 PROPERTY_SETTINGS = settings(max_examples=150, deadline=None)
@@ -177,3 +178,57 @@ def test_arbitrary_markup_soup_is_accounted_for(text, data):
     events += scanner.finish()
     assert scanned_text(events) == text
     assert [e for e in events if hasattr(e, "raw")] == [e for e in one_shot if hasattr(e, "raw")]
+
+
+def scanned_in_chunks(lookup, chunks):
+    scanner = ToolCallScanner(lookup)
+    events = [event for chunk in chunks for event in scanner.feed(chunk)]
+    return tool_call_scanner._merged(events + scanner.finish())
+
+
+STRING_ARGUMENT = tool_lookup({"f": {"type": "object", "properties": {"s": {"type": "string"}}}})
+# Text that holds no marker but may end in the start of one (no "[": no piece completes another).
+_filler = st.text(alphabet="ab <>/]\n", max_size=120) | st.sampled_from([NAMESPACE[:length] for length in range(1, len(NAMESPACE))])
+_in_argument = st.sampled_from(["", NAMESPACE, INVOKE_CLOSE, TOOL_CALL_OPEN, TOOL_CALL_CLOSE, INVOKE_OPEN_PREFIX + 'f">'])
+
+
+@PROPERTY_SETTINGS
+@given(before=_filler, marker=_in_argument, after=_filler, trailing=m3.free_text, size=st.integers(1, 40), data=st.data())
+def test_an_open_invoke_is_searched_alike_wherever_chunks_cut_it(before, marker, after, trailing, size, data):
+    """A long argument with a marker (or none) at any offset from the chunk cuts: the same events
+    as in one shot, in fixed-size and in random chunks; a call exactly when no marker broke it."""
+    argument = before + marker + after
+    text = f'{TOOL_CALL_OPEN}\n{INVOKE_OPEN_PREFIX}f">{NAMESPACE}<s>{argument}{NAMESPACE}</s>\n{INVOKE_CLOSE}\n{TOOL_CALL_CLOSE}{trailing}'
+    one_shot = scan_all(text, STRING_ARGUMENT)
+    assert scanned_text(one_shot) == text
+    calls = [(event.name, event.arguments) for event in one_shot if isinstance(event, ParsedCall)]
+    assert calls == ([] if NAMESPACE in argument else [("f", {"s": argument})])
+    fixed = [text[start: start + size] for start in range(0, len(text), size)]
+    assert scanned_in_chunks(STRING_ARGUMENT, fixed) == one_shot
+    assert scanned_in_chunks(STRING_ARGUMENT, m3.split_at(text, data.draw(m3.chunkings(len(text))))) == one_shot
+
+
+def test_streaming_a_long_argument_searches_each_character_a_bounded_number_of_times(monkeypatch):
+    """Work, not time. Every search of an open invoke goes through `_first_marker`, over the text
+    the scanner still holds (which each chunk is also joined to): 200 KB fed 4 characters at a
+    time is searched in pieces of at most a marker's length plus one chunk, about as many
+    characters in all as one-shot scanning plus that overlap per chunk. Before, every chunk
+    searched (and copied) the whole invoke so far again: quadratic."""
+    searched = []
+    first_marker = tool_call_scanner._first_marker
+
+    def counted_first_marker(text):
+        searched.append(len(text))
+        return first_marker(text)
+
+    monkeypatch.setattr(tool_call_scanner, "_first_marker", counted_first_marker)
+    content = 'def f(x):\n    return x < 3 and "<b>"\n' * 5500
+    text = f'ok {TOOL_CALL_OPEN}\n{INVOKE_OPEN_PREFIX}f">\n{NAMESPACE}<s>{content}{NAMESPACE}</s>\n{INVOKE_CLOSE}\n{TOOL_CALL_CLOSE}'
+    chunk_size = 4
+    chunks = [text[start: start + chunk_size] for start in range(0, len(text), chunk_size)]
+    assert len(text) > 200_000
+
+    events = scanned_in_chunks(STRING_ARGUMENT, chunks)
+    assert [(event.name, event.arguments) for event in events if isinstance(event, ParsedCall)] == [("f", {"s": content})]
+    assert max(searched) <= tool_call_scanner._MARKER_OVERLAP + chunk_size
+    assert sum(searched) <= len(text) + len(chunks) * tool_call_scanner._MARKER_OVERLAP
