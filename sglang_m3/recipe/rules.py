@@ -593,9 +593,11 @@ def _check_sparse_offload(recipe: Recipe, profile: HardwareProfile) -> Iterator[
                      "sparse-offload serves speculative chains only (a draft tree's attention reads each draft from "
                      "its pool slot, which lives in the host store; the server refuses trees); set eagleTopk: 1",
                      "offload.sparse-tree")
+    # M3's geometry counts the selection; the cpu profile serves the tiny model, whose heads and
+    # top-k are its own (the server checks that one at start-up)
     needed = sparse_offload_blocks_needed(recipe)
     blocks = recipe.spec.host_offload.cache_blocks
-    if blocks is not None and blocks < needed:
+    if profile.is_gpu and blocks is not None and blocks < needed:
         yield _error("spec.hostOffload.cacheBlocks",
                      f"cacheBlocks {blocks} is smaller than one request's selection: query tokens per step x KV "
                      f"heads per rank x top-{M3.sparse_topk_blocks} = {needed} blocks (the server refuses it); "
