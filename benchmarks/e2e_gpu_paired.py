@@ -50,6 +50,7 @@ import threading
 from dataclasses import dataclass, field
 
 sys.path.insert(0, os.path.dirname(__file__))
+from host_probe import host_probe  # noqa: E402
 from e2e_gpu import THROUGHPUT_OUTPUT, THROUGHPUT_PROMPT, commit, gpu_name, plugin_switches, start_server, stop_server, warm_up  # noqa: E402
 from midsize_m3 import midsize_text_config, write_midsize_checkpoint  # noqa: E402
 from serving_client import random_prompt, run_group, stream_generate  # noqa: E402
