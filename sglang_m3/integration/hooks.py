@@ -76,7 +76,17 @@ def wrap_with_msa_backend(original, runner, full_attn_backend):
         seconds = prepare_cudnn(spec.num_heads // attn_tp_size, runner.model_config.get_num_kv_heads(attn_tp_size), spec.head_dim,
                                 runner.dtype, device)
         logger.info("sglang-m3: dense prefill's cuDNN attention prepared in %.2f s", seconds)
-    return M3HybridAttnBackend(dense, _sparse_backend(runner, spec), spec.sparse_layer_ids, dense_prefill)
+    return M3HybridAttnBackend(dense, _sparse_backend(runner, spec), spec.sparse_layer_ids, dense_prefill,
+                               _dense_attention_layers(runner.model, spec.sparse_layer_ids))
+
+
+def _dense_attention_layers(model, sparse_layer_ids) -> list:
+    """The loaded model's attention modules of its dense layers (the hybrid asks whether the MSA
+    backend can attend each; the model is loaded before SGLang builds its attention backends)."""
+    from sglang.srt.layers.radix_attention import RadixAttention
+
+    sparse = frozenset(sparse_layer_ids)
+    return [module for module in model.modules() if isinstance(module, RadixAttention) and module.layer_id not in sparse]
 
 
 def _sparse_backend(runner, spec):

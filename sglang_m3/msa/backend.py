@@ -97,6 +97,14 @@ class MSATorchBackend(AttentionBackend):
         """Whether this backend attends a dense layer's call itself: never here (see the Triton backend)."""
         return False
 
+    def computes_dense_layer(self, layer) -> bool:
+        """Whether this backend can attend that dense layer in the batches it takes: never here."""
+        return False
+
+    def takes_dense_batch(self, forward_batch) -> bool:
+        """Whether this backend attends the dense layers of this batch (those it can): never here."""
+        return False
+
     def _store(self, layer, forward_batch, k, v, index_k) -> None:
         loc = forward_batch.out_cache_loc
         pool = self.token_to_kv_pool

@@ -53,15 +53,16 @@ def batch_kind(forward_mode) -> str | None:
     return "decode" if forward_mode.is_decode() else None
 
 
+def computes_layer(layer, num_kv_heads: int) -> bool:
+    """Whether the decode kernels can attend this layer at all: as many KV heads as a plan of
+    ``num_kv_heads`` (its merge tickets count them), and plain causal attention."""
+    return getattr(layer, "tp_k_head_num", num_kv_heads) == num_kv_heads and plain_causal_call(layer, {})
+
+
 def computes_call(layer, plan, extra: dict) -> bool:
     """Whether the decode kernels compute this layer's call as SGLang's backend would, given a
-    plan: one for the decode kernels, made for as many KV heads as the layer has (its merge
-    tickets count them), and plain causal attention."""
-    return (
-        isinstance(plan, DecodePlan)
-        and getattr(layer, "tp_k_head_num", plan.num_kv_heads) == plan.num_kv_heads
-        and plain_causal_call(layer, extra)
-    )
+    plan: one for the decode kernels, a layer :func:`computes_layer` accepts, no extra operands."""
+    return isinstance(plan, DecodePlan) and not extra and computes_layer(layer, plan.num_kv_heads)
 
 
 def takes(layer, forward_batch, plan, extra: dict, kinds: frozenset[str]) -> bool:

@@ -21,34 +21,50 @@ class M3HybridAttnBackend(AttentionBackend):
     what the MSA backend supports. Anything the base class lacks goes to the dense backend.
     """
 
-    def __init__(self, dense: AttentionBackend, sparse: AttentionBackend, sparse_layer_ids, dense_prefill=None):
+    def __init__(self, dense: AttentionBackend, sparse: AttentionBackend, sparse_layer_ids, dense_prefill=None, dense_layers=()):
         self.dense = dense
         self.sparse = sparse
         self.sparse_layer_ids = frozenset(sparse_layer_ids)
         # Extend batches of dense layers on CUDA (``sglang_m3.msa.dense_prefill``); None keeps SGLang's.
         self.dense_prefill = dense_prefill
+        # Whether the MSA backend can attend every one of the model's dense layers (their attention
+        # modules, ``dense_layers``; none given: not known, so SGLang's backend always plans).
+        self.dense_layers_on_msa = bool(dense_layers) and all(sparse.computes_dense_layer(layer) for layer in dense_layers)
+        self._dense_planned = True  # whether SGLang's backend planned the current batch
         # Class-level defaults of AttentionBackend would shadow the delegation below.
         self.kv_index_translator = dense.kv_index_translator
         self.attn_backend_list = [dense, sparse]
 
     def __getattr__(self, name):
         # Only reached for attributes this class does not define.
-        if name in ("dense", "sparse", "sparse_layer_ids", "dense_prefill"):
+        if name in ("dense", "sparse", "sparse_layer_ids", "dense_prefill", "dense_layers_on_msa", "_dense_planned"):
             raise AttributeError(name)
         return getattr(self.dense, name)
 
+    def _dense_backend_plans(self, forward_batch) -> bool:
+        """Whether SGLang's backend plans this batch: not when the MSA backend attends every dense
+        layer of it (verify and, switched on, decode batches: ``sglang_m3.msa.dense_decode``).
+        Its plan would go unread, and at concurrency 1 a decode step is as long as the host's work:
+        the plan's index fill and split count are Triton launches, about a tenth of the step's
+        host samples in the H200 py-spy profile (``benchmarks/results/speculative_gpu_h200/``)."""
+        self._dense_planned = not (self.dense_layers_on_msa and self.sparse.takes_dense_batch(forward_batch))
+        return self._dense_planned
+
     def init_forward_metadata(self, forward_batch):
-        self.dense.init_forward_metadata(forward_batch)
+        if self._dense_backend_plans(forward_batch):
+            self.dense.init_forward_metadata(forward_batch)
         self.sparse.init_forward_metadata(forward_batch)
         if self.dense_prefill is not None:
             self.dense_prefill.plan(forward_batch)
 
     def init_forward_metadata_out_graph(self, forward_batch, in_capture=False):
-        self.dense.init_forward_metadata_out_graph(forward_batch, in_capture)
+        if self._dense_backend_plans(forward_batch):
+            self.dense.init_forward_metadata_out_graph(forward_batch, in_capture)
         self.sparse.init_forward_metadata_out_graph(forward_batch, in_capture)
 
     def init_forward_metadata_in_graph(self, forward_batch):
-        self.dense.init_forward_metadata_in_graph(forward_batch)
+        if self._dense_backend_plans(forward_batch):
+            self.dense.init_forward_metadata_in_graph(forward_batch)
         self.sparse.init_forward_metadata_in_graph(forward_batch)
 
     def init_cuda_graph_state(self, max_bs, max_num_tokens):
@@ -93,6 +109,12 @@ class M3HybridAttnBackend(AttentionBackend):
             return self.dense_prefill.forward_extend
         if self.sparse.takes_dense_layer(layer, forward_batch, kwargs):
             return self.sparse.forward_dense_layer
+        if not self._dense_planned:
+            raise RuntimeError(
+                f"dense layer {layer.layer_id}'s call ({sorted(kwargs)} extra operands) is one the MSA decode kernels do not "
+                f"compute, in a {forward_batch.forward_mode.name} batch SGLang's backend did not plan: set "
+                "SGLANG_M3_DENSE_VERIFY=sglang / SGLANG_M3_DENSE_DECODE=sglang"
+            )
         return None
 
     def forward(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):

@@ -134,6 +134,9 @@ class MSAOffloadTritonBackend(MSATritonBackend):
         ``SGLANG_M3_DENSE_VERIFY`` / ``SGLANG_M3_DENSE_DECODE`` say (not tested with fetch rounds)."""
         return False
 
+    def takes_dense_batch(self, forward_batch) -> bool:
+        return False  # as takes_dense_layer: SGLang's backend plans every batch
+
     # -- metadata ---------------------------------------------------------------------------------
 
     def init_forward_metadata(self, forward_batch) -> None:

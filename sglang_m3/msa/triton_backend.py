@@ -98,6 +98,12 @@ class MSATritonBackend(MSATorchBackend):
         """Whether this backend attends a dense layer's call (``sglang_m3.msa.dense_decode``)."""
         return dense_decode.takes(layer, forward_batch, self.kernel_plan, extra, self.dense_batch_kinds)
 
+    def computes_dense_layer(self, layer) -> bool:
+        return dense_decode.computes_layer(layer, self.num_kv_heads)
+
+    def takes_dense_batch(self, forward_batch) -> bool:
+        return dense_decode.batch_kind(forward_batch.forward_mode) in self.dense_batch_kinds
+
     def forward_dense_layer(self, q, k, v, layer, forward_batch, save_kv_cache=True) -> torch.Tensor:
         kind = dense_decode.batch_kind(forward_batch.forward_mode)
         if kind not in self._dense_kinds_logged:

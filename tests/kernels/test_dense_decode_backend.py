@@ -22,14 +22,21 @@ DENSE_LAYER = LAYER  # layer 0: not among SPARSE_LAYER_IDS
 
 
 class RecordingDense:
-    """SGLang's dense backend as the hybrid sees it: planning is a no-op, every call is recorded."""
+    """SGLang's dense backend as the hybrid sees it: plans and calls are recorded, planning does nothing."""
 
     def __init__(self):
         self.calls = []
+        self.plans = []
         self.kv_index_translator = None
 
     def init_forward_metadata(self, forward_batch):
-        pass
+        self.plans.append("eager")
+
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture=False):
+        self.plans.append("out_graph")
+
+    def init_forward_metadata_in_graph(self, forward_batch):
+        self.plans.append("in_graph")
 
     def forward(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
         self.calls.append(("forward", layer.layer_id))
@@ -38,8 +45,9 @@ class RecordingDense:
     forward_extend = forward
 
 
-def _hybrid(backend_module, batch, monkeypatch, verify=None, decode=None):
-    """The hybrid over ``batch`` with the two switches set (None: unset, their defaults)."""
+def _hybrid(backend_module, batch, monkeypatch, verify=None, decode=None, dense_layers=()):
+    """The hybrid over ``batch`` with the two switches set (None: unset, their defaults), told of
+    the model's ``dense_layers`` (none: not known, so SGLang's backend plans every batch)."""
     from sglang_m3.msa.dense_decode import DECODE_ENV, VERIFY_ENV
     from sglang_m3.msa.hybrid import M3HybridAttnBackend
 
@@ -49,7 +57,7 @@ def _hybrid(backend_module, batch, monkeypatch, verify=None, decode=None):
         else:
             monkeypatch.setenv(name, switch)
     dense = RecordingDense()
-    return M3HybridAttnBackend(dense, make_backend(backend_module, batch), SPARSE_LAYER_IDS), dense
+    return M3HybridAttnBackend(dense, make_backend(backend_module, batch), SPARSE_LAYER_IDS, dense_layers=dense_layers), dense
 
 
 def _verify_batch(q_len, seed):
@@ -136,3 +144,57 @@ def test_a_bad_switch_value_is_refused_with_the_variable_named(backend_module, m
     batch = _verify_batch(2, seed=1)
     with pytest.raises(ValueError, match=f"SGLANG_M3_DENSE_{switch.upper()}='on'"):
         _hybrid(backend_module, batch, monkeypatch, **{switch: "on"})
+
+
+#: the model's dense layer as the hybrid sees it, with its KV heads (the plan's)
+PLAIN_DENSE = SimpleNamespace(**{**vars(DENSE_LAYER), "tp_k_head_num": HKV})
+
+
+@pytest.mark.parametrize("mode, q_len, decode", [("TARGET_VERIFY", 4, None), ("DECODE", 1, "msa")])
+def test_sglangs_backend_does_not_plan_a_batch_whose_dense_layers_all_run_on_the_msa_kernels(backend_module, monkeypatch, mode, q_len, decode):
+    """Its plan would go unread: eager, out-of-graph and in-graph planning all skip it, and the dense
+    layer's output is still the reference."""
+    batch = _verify_batch(q_len, seed=11)
+    hybrid, dense = _hybrid(backend_module, batch, monkeypatch, decode=decode, dense_layers=[PLAIN_DENSE])
+    fb = forward_batch(mode, batch)
+    hybrid.init_forward_metadata(fb)
+    out = hybrid.forward(batch.q.reshape(batch.q.shape[0], -1), None, None, PLAIN_DENSE, fb, save_kv_cache=False)
+    assert dense.plans == [] and dense.calls == []
+    every_block = dataclasses.replace(PARAMS, topk=1 << 10)
+    for b in range(3):
+        want, _, _ = reference_request(batch, b, every_block)
+        torch.testing.assert_close(out.view(-1, HQ, D)[batch.rows_of(b)], want, rtol=1e-4, atol=1e-4)
+    hybrid.sparse.init_cuda_graph_state(4, 4 * 256)
+    hybrid.init_forward_metadata_out_graph(fb, in_capture=True)
+    hybrid.init_forward_metadata_in_graph(fb)
+    assert dense.plans == []
+
+
+@pytest.mark.parametrize("mode, q_len, verify, decode, layers", [
+    ("DECODE", 1, None, None, "plain"),  # decode batches' dense layers stay on SGLang's backend by default
+    ("TARGET_VERIFY", 2, "sglang", None, "plain"),
+    ("TARGET_VERIFY", 2, None, None, "none"),  # the model's dense layers not known
+    ("TARGET_VERIFY", 2, None, None, "other_heads"),  # one dense layer the kernels cannot attend
+])
+def test_sglangs_backend_plans_every_batch_whose_dense_layers_it_may_attend(backend_module, monkeypatch, mode, q_len, verify, decode, layers):
+    batch = _verify_batch(q_len, seed=12)
+    dense_layers = {
+        "plain": [PLAIN_DENSE],
+        "none": [],
+        "other_heads": [PLAIN_DENSE, SimpleNamespace(**{**vars(PLAIN_DENSE), "layer_id": 3, "tp_k_head_num": HKV * 2})],
+    }[layers]
+    hybrid, dense = _hybrid(backend_module, batch, monkeypatch, verify, decode, dense_layers=dense_layers)
+    hybrid.init_forward_metadata(forward_batch(mode, batch))
+    assert dense.plans == ["eager"]
+
+
+def test_a_dense_call_the_kernels_cannot_compute_in_an_unplanned_batch_is_refused(backend_module, monkeypatch):
+    """Extra operands (which M3's dense layers never pass) would leave the call to a backend that
+    did not plan the batch: refused, naming the switches that restore SGLang's planning."""
+    batch = _verify_batch(2, seed=13)
+    hybrid, dense = _hybrid(backend_module, batch, monkeypatch, dense_layers=[PLAIN_DENSE])
+    fb = forward_batch("TARGET_VERIFY", batch)
+    hybrid.init_forward_metadata(fb)
+    with pytest.raises(RuntimeError, match="SGLANG_M3_DENSE_VERIFY=sglang"):
+        hybrid.forward(batch.q.reshape(batch.q.shape[0], -1), None, None, PLAIN_DENSE, fb, save_kv_cache=False, sinks=None)
+    assert dense.calls == []
