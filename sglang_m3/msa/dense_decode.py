@@ -1,4 +1,4 @@
-"""M3's dense-attention layers in verify (and, opt-in, decode) batches, on the MSA decode kernels.
+"""M3's dense-attention layers in verify and decode batches, on the MSA decode kernels.
 
 SGLang's Triton backend verifies drafts with its extend kernel, which gives each (request, query
 head) one program walking the whole context: on the H200 that took 170 us per dense layer at a
@@ -14,11 +14,14 @@ Verify batches (``SGLANG_M3_DENSE_VERIFY``, default ``msa``): on the H200
 against 1.97 ms per token at concurrency 1 and 3.02 against 3.30 at 16, greedy output identical.
 ``sglang`` keeps SGLang's backend (an A/B switch).
 
-Decode batches (``SGLANG_M3_DENSE_DECODE``, default ``sglang``): SGLang's split decode kernel took
-29 us per dense layer for one request at 2K on the H200, in a grid of 64 programs. ``msa`` runs
-them here too. It stays opt-in until it is timed on a GPU: the kernels are the verify path's at
-one query token (tested on the GPU, ``tests/kernels/test_msa_gpu.py::test_dense_decode_*``), but
-a plain decode step has not been served that way.
+Decode batches (``SGLANG_M3_DENSE_DECODE``, default ``msa``): the verify path's kernels at one
+query token (tested on the GPU, ``tests/kernels/test_msa_gpu.py::test_dense_decode_*``). Where
+every dense layer runs here, SGLang's backend does not plan the batch at all
+(``sglang_m3.msa.hybrid``), and that plan, not the kernel, was the cost: a decode step is as long
+as the scheduler's host work at concurrency 1. A same-minute A/B on the H200 with both servers
+alive (``benchmarks/results/dense_decode_h200/``) decoded a 2K-prompt request at 2.557 ms per
+token here against 2.845 ms on SGLang's split decode kernel (planned), and sixteen at 5.937
+against 5.925 ms. ``sglang`` keeps SGLang's backend.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ def enabled_batch_kinds() -> frozenset[str]:
     kinds = set()
     if env_choice(VERIFY_ENV, ("msa", "sglang")) == "msa":
         kinds.add("verify")
-    if env_choice(DECODE_ENV, ("sglang", "msa")) == "msa":
+    if env_choice(DECODE_ENV, ("msa", "sglang")) == "msa":
         kinds.add("decode")
     return frozenset(kinds)
 

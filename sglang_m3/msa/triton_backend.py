@@ -20,8 +20,9 @@ copied into the plan out of the graph, before every replay: the runner keeps no 
 tree mask in its input buffers, the real ``spec_info`` holds it. Extend batches are never
 graphed here: their plans depend on host-side lengths.
 
-The model's dense-attention layers of verify batches (and, with ``SGLANG_M3_DENSE_DECODE=msa``, of
-decode batches) run here too, over every block of the same plan (:mod:`sglang_m3.msa.dense_decode`).
+The model's dense-attention layers of verify and decode batches run here too (unless
+``SGLANG_M3_DENSE_VERIFY`` / ``SGLANG_M3_DENSE_DECODE`` say ``sglang``), over every block of the
+same plan (:mod:`sglang_m3.msa.dense_decode`).
 
 Extend requests that hold at most ``topk * block_size`` tokens (2,048 on M3) select every
 visible block, so their MSA is dense causal attention: they run SDPA per request

@@ -2,7 +2,8 @@
 
 fp32: text-only tiny checkpoints in both config layouts, each served with decode CUDA graphs
 (the shipped layout with SGLang's breakable prefill graphs too, and once more with the dense
-layer of decode batches on the MSA kernels, ``SGLANG_M3_DENSE_DECODE=msa``), the MoE on the graph-safe static
+layer of decode batches on SGLang's backend, ``SGLANG_M3_DENSE_DECODE=sglang``, instead of the MSA
+kernels), the MoE on the graph-safe static
 torch path (SGLang's Triton fused MoE computes in fp16 for fp32 activations), the MSA Triton
 backend (page size = MSA block = 16), a prefill chunk of 112 tokens (prompts end mid-block) and
 the radix cache: greedy tokens must be identical to transformers' and prompt logprobs within
@@ -68,12 +69,12 @@ def check(server, model_dir, prompt, label, result=None, logprob_start=0):
     return result
 
 
-DENSE_DECODE = {"SGLANG_M3_DENSE_DECODE": "msa"}  # sglang_m3.msa.dense_decode.DECODE_ENV (no SGLang import here)
+SGLANG_DENSE_DECODE = {"SGLANG_M3_DENSE_DECODE": "sglang"}  # sglang_m3.msa.dense_decode.DECODE_ENV (no SGLang import here)
 DENSE_DECODE_LOG = "a decode batch's dense layer 0 runs on the MSA decode kernels"
 
 # (name, layout, prefill graphs, environment): the shipped layout also replays SGLang's padded
-# prefill graphs; the third server attends the dense layer of decode batches on the MSA kernels.
-SERVED = [("shipped", "shipped", True, {}), ("hf", "hf", False, {}), ("dense-decode", "shipped", False, DENSE_DECODE)]
+# prefill graphs; the third server attends the dense layer of decode batches on SGLang's backend.
+SERVED = [("shipped", "shipped", True, {}), ("hf", "hf", False, {}), ("sglang-dense-decode", "shipped", False, SGLANG_DENSE_DECODE)]
 
 
 @pytest.fixture(scope="module", params=SERVED, ids=[name for name, *_ in SERVED])
@@ -93,7 +94,7 @@ def test_cuda_graphs_captured_and_static_moe_used(served):
     if prefill_graphs:
         assert re.search(r"Capture .*prefill.* end", log), "no prefill CUDA graph capture in the server log"
     assert "M3 MoE experts: static path" in log
-    assert (DENSE_DECODE_LOG in log) == (served_as == "dense-decode")
+    assert (DENSE_DECODE_LOG in log) == (served_as != "sglang-dense-decode")
     info = requests.get(f"{server.base_url}/get_server_info", timeout=30).json()
     assert not info.get("disable_cuda_graph", False)
 

@@ -2,7 +2,7 @@
 kernels (``sglang_m3.msa.dense_decode``), on the CPU under the Triton interpreter.
 
 The hybrid routes a dense layer's call of a verify batch to the MSA Triton backend unless
-``SGLANG_M3_DENSE_VERIFY=sglang``, and of a decode batch when ``SGLANG_M3_DENSE_DECODE=msa``;
+``SGLANG_M3_DENSE_VERIFY=sglang``, and of a decode batch unless ``SGLANG_M3_DENSE_DECODE=sglang``;
 otherwise SGLang's dense backend takes it. What the MSA backend returns is the
 layer's causal attention over every key before each draft (the torch reference with every block
 chosen), and it writes the layer's K/V first as SGLang's pool expects.
@@ -99,11 +99,11 @@ def test_the_dense_layer_writes_its_kv_before_attending(backend_module, monkeypa
 
 
 @pytest.mark.parametrize("verify, decode, mode", [
-    ("sglang", None, "TARGET_VERIFY"), ("sglang", "msa", "TARGET_VERIFY"), ("msa", None, "DECODE"), (None, "sglang", "DECODE"),
+    ("sglang", None, "TARGET_VERIFY"), ("sglang", "msa", "TARGET_VERIFY"), ("msa", "sglang", "DECODE"), (None, "sglang", "DECODE"),
 ])
 def test_dense_layers_stay_on_sglangs_backend_otherwise(backend_module, monkeypatch, verify, decode, mode):
-    """Verify batches with ``SGLANG_M3_DENSE_VERIFY=sglang``; decode batches unless
-    ``SGLANG_M3_DENSE_DECODE=msa`` (the other switch never moves them)."""
+    """Verify batches with ``SGLANG_M3_DENSE_VERIFY=sglang``, decode batches with
+    ``SGLANG_M3_DENSE_DECODE=sglang`` (the other switch never moves them)."""
     batch = _verify_batch(2 if mode == "TARGET_VERIFY" else 1, seed=3)
     hybrid, dense = _hybrid(backend_module, batch, monkeypatch, verify, decode)
     fb = forward_batch(mode, batch)
@@ -112,12 +112,12 @@ def test_dense_layers_stay_on_sglangs_backend_otherwise(backend_module, monkeypa
     assert dense.calls == [("forward", 0)]
 
 
-@pytest.mark.parametrize("entry", ["forward", "forward_decode"])
-def test_dense_layer_of_a_decode_batch_runs_on_the_msa_kernels_when_switched_on(backend_module, monkeypatch, entry):
-    """``SGLANG_M3_DENSE_DECODE=msa``: one query token per request over every key up to it, through
-    either of the hybrid's entries SGLang calls for a decode batch."""
+@pytest.mark.parametrize("entry, switch", [("forward", None), ("forward_decode", None), ("forward_decode", "msa")])
+def test_dense_layer_of_a_decode_batch_runs_on_the_msa_kernels(backend_module, monkeypatch, entry, switch):
+    """By default (and with ``SGLANG_M3_DENSE_DECODE=msa``): one query token per request over every
+    key up to it, through either of the hybrid's entries SGLang calls for a decode batch."""
     batch = _verify_batch(1, seed=21)
-    hybrid, dense = _hybrid(backend_module, batch, monkeypatch, decode="msa")
+    hybrid, dense = _hybrid(backend_module, batch, monkeypatch, decode=switch)
     fb = forward_batch("DECODE", batch)
     hybrid.init_forward_metadata(fb)
     out = getattr(hybrid, entry)(batch.q.reshape(batch.q.shape[0], -1), None, None, DENSE_LAYER, fb, save_kv_cache=False)
@@ -150,7 +150,7 @@ def test_a_bad_switch_value_is_refused_with_the_variable_named(backend_module, m
 PLAIN_DENSE = SimpleNamespace(**{**vars(DENSE_LAYER), "tp_k_head_num": HKV})
 
 
-@pytest.mark.parametrize("mode, q_len, decode", [("TARGET_VERIFY", 4, None), ("DECODE", 1, "msa")])
+@pytest.mark.parametrize("mode, q_len, decode", [("TARGET_VERIFY", 4, None), ("DECODE", 1, None), ("DECODE", 1, "msa")])
 def test_sglangs_backend_does_not_plan_a_batch_whose_dense_layers_all_run_on_the_msa_kernels(backend_module, monkeypatch, mode, q_len, decode):
     """Its plan would go unread: eager, out-of-graph and in-graph planning all skip it, and the dense
     layer's output is still the reference."""
@@ -171,7 +171,7 @@ def test_sglangs_backend_does_not_plan_a_batch_whose_dense_layers_all_run_on_the
 
 
 @pytest.mark.parametrize("mode, q_len, verify, decode, layers", [
-    ("DECODE", 1, None, None, "plain"),  # decode batches' dense layers stay on SGLang's backend by default
+    ("DECODE", 1, None, "sglang", "plain"),
     ("TARGET_VERIFY", 2, "sglang", None, "plain"),
     ("TARGET_VERIFY", 2, None, None, "none"),  # the model's dense layers not known
     ("TARGET_VERIFY", 2, None, None, "other_heads"),  # one dense layer the kernels cannot attend

@@ -131,7 +131,7 @@ def test_capture_then_replays_keep_addresses_and_match_reference(backend_module,
     ("DECODE", 1, "SGLANG_M3_DENSE_DECODE", CONTEXT),
 ])
 def test_dense_layers_of_graphed_batches_read_the_same_static_plan(backend_module, monkeypatch, mode, q_len, switch, longest):
-    """``SGLANG_M3_DENSE_VERIFY=msa`` (the default) / ``SGLANG_M3_DENSE_DECODE=msa``: a dense layer
+    """``SGLANG_M3_DENSE_VERIFY=msa`` / ``SGLANG_M3_DENSE_DECODE=msa`` (the defaults): a dense layer
     of a graphed verify or decode batch runs on the static plan the sparse layers refreshed
     (captured once, then replayed), every block up to each query token."""
     monkeypatch.setenv(switch, "msa")
