@@ -167,10 +167,13 @@ def decode_phase(args, base_url: str, process, prompts: list, label: str, gc_dir
     collapsed = os.path.join(args.out, f"host_profile_{label}.txt")
     # long enough for every request: a 2K prefill plus up to 4 ms a token on the mid-size model
     seconds = int(len(prompts) * (0.5 + args.tokens * 0.004)) + 5
-    recorder = subprocess.Popen([
-        args.py_spy, "record", "--pid", str(process.pid), "--subprocesses", "--nonblocking", "--rate", str(args.rate),
-        "--duration", str(seconds), "--format", "raw", "--output", collapsed,
-    ], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    # py-spy's own messages (which processes it attached to, and why it could not) are kept: on
+    # one lease it sampled the launcher alone and said nothing where it could be read.
+    with open(os.path.join(args.out, f"py_spy_{label}.log"), "w", encoding="utf-8") as spy_log:
+        recorder = subprocess.Popen([
+            args.py_spy, "record", "--pid", str(process.pid), "--subprocesses", "--nonblocking", "--rate", str(args.rate),
+            "--duration", str(seconds), "--format", "raw", "--output", collapsed,
+        ], stdout=spy_log, stderr=subprocess.STDOUT)
     time.sleep(2)  # py-spy attaches to each process
     threads_before, gc_before, started = thread_cpu(process.pid), gc_totals(gc_dir), time.perf_counter()
     tpots = single_stream_tpot_ms(base_url, prompts, args.tokens)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from sglang_m3.recipe.render import SPARSE_OFFLOAD_BLOCKS_ENV
+from sglang_m3.recipe.render import SPARSE_OFFLOAD_BLOCKS_ENV, sparse_offload_selection_blocks
 
 SPARSE_OFFLOAD_LOG_STEPS_ENV = "SGLANG_M3_SPARSE_OFFLOAD_LOG_STEPS"
 DEFAULT_LOG_STEPS = 100
@@ -68,7 +68,7 @@ class OffloadShape:
     @property
     def pages_per_request(self) -> int:
         """Distinct pages one request can need in one step: every query token's top-k per KV head."""
-        return self.max_query_tokens * self.kv_heads * self.topk
+        return sparse_offload_selection_blocks(self.max_query_tokens, self.kv_heads, self.topk)
 
     @property
     def requests_per_round(self) -> int:

@@ -30,6 +30,24 @@ INDEX_KEY_DTYPE_ENV = "SGLANG_M3_INDEX_KEY_DTYPE"
 SPARSE_OFFLOAD_BLOCKS_ENV = "SGLANG_M3_SPARSE_OFFLOAD_BLOCKS"
 SPARSE_OFFLOAD_HOST_GB_ENV = "SGLANG_M3_SPARSE_OFFLOAD_HOST_GB"
 
+
+def sparse_offload_selection_blocks(query_tokens: int, kv_heads: int, topk: int) -> int:
+    """Distinct blocks one request can select in one sparse-offload step on one rank: every query
+    token's top-k for each KV head the rank holds. The server sizes its fetch rounds by it
+    (``sglang_m3.cache.offload_settings.OffloadShape``), and the recipe rules refuse a
+    ``cacheBlocks`` below it."""
+    return query_tokens * kv_heads * topk
+
+
+#: Every environment variable the renderer owns, with the typed field that renders it. A
+#: ``spec.env`` entry naming one would override that field where the rules and the memory fit do
+#: not see it; the value names the field.
+TYPED_ENV: dict[str, str] = {
+    INDEX_KEY_DTYPE_ENV: "spec.kvCache.indexKeyDtype",
+    SPARSE_OFFLOAD_BLOCKS_ENV: "spec.hostOffload.cacheBlocks",
+    SPARSE_OFFLOAD_HOST_GB_ENV: "spec.hostOffload.sizeGbPerRank",
+}
+
 #: Every SGLang option the renderer owns, with the aliases SGLang registers for it. An extra
 #: argument spelling any of these (or an abbreviation argparse would expand to one) duplicates
 #: a typed field; the value names that field.

@@ -14,11 +14,10 @@ from .findings import Finding
 from .fit import estimate_fit, fit_applies
 from .model_geometry import M3, MAX_CONTEXT_LENGTH, TINY_MODEL_PATH
 from .render import (
-    INDEX_KEY_DTYPE_ENV,
-    SPARSE_OFFLOAD_BLOCKS_ENV,
-    SPARSE_OFFLOAD_HOST_GB_ENV,
+    TYPED_ENV,
     TYPED_FLAGS,
     attention_backend_for,
+    sparse_offload_selection_blocks,
 )
 from .schema import Recipe
 
@@ -294,13 +293,18 @@ def check_kv_dtype(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding
             "kv.fp8-e5m2")
 
 
+def check_typed_env(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
+    for env, field in TYPED_ENV.items():
+        if env in recipe.spec.env:
+            name = field.rsplit(".", 1)[1]
+            yield _error(
+                f"spec.env.{env}",
+                f"{env} is what {field} renders; set {name}: {recipe.spec.env[env]} instead and remove it from "
+                f"env (the env value would override it unseen by these rules and the memory fit)",
+                "env.typed-field")
+
+
 def check_index_key_dtype(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
-    if INDEX_KEY_DTYPE_ENV in recipe.spec.env:
-        yield _error(
-            f"spec.env.{INDEX_KEY_DTYPE_ENV}",
-            f"{INDEX_KEY_DTYPE_ENV} is what spec.kvCache.indexKeyDtype renders; set "
-            f"indexKeyDtype: {recipe.spec.env[INDEX_KEY_DTYPE_ENV]} instead and remove it from env",
-            "kv.index-key-dtype-env")
     if recipe.spec.kv_cache.index_key_dtype == "fp8_e4m3" and profile.is_gpu and profile.vendor != "nvidia":
         yield _warning(
             "spec.kvCache.indexKeyDtype",
@@ -385,13 +389,13 @@ def check_speculative(recipe: Recipe, profile: HardwareProfile) -> Iterator[Find
             f"tokens; set numDraftTokens: {speculative.num_steps + 1}",
             "speculative.draft-tokens")
     yield from _check_pipeline_speculative(recipe)
-    if profile.is_gpu and profile.architecture != "blackwell":
+    if profile.is_gpu and profile.vendor != "nvidia":
         yield _warning(
             "spec.speculative",
-            f"on {profile.name} M3's sparse layers run on SGLang's Triton path, where EAGLE "
-            f"verification is not wired upstream; expect this to need the project's own "
-            f"backend and verify before relying on it",
-            "speculative.triton-path")
+            f"M3's EAGLE verification runs on the project's MSA Triton kernels (the dense layers' "
+            f"too), served token-exact on NVIDIA GPUs (H100 and H200, in the project's GPU harness) "
+            f"but never on ROCm; verify it on {profile.name} before relying on it",
+            "speculative.unverified-gpu")
 
 
 #: SGLang 0.5.23 verifies EAGLE over pipeline stages only when this is set (PP_SPEC relay).
@@ -603,12 +607,6 @@ def _check_sparse_offload(recipe: Recipe, profile: HardwareProfile) -> Iterator[
                      f"heads per rank x top-{M3.sparse_topk_blocks} = {needed} blocks (the server refuses it); "
                      f"set cacheBlocks to at least {needed}",
                      "offload.cache-blocks-min")
-    for env, field in ((SPARSE_OFFLOAD_BLOCKS_ENV, "cacheBlocks"), (SPARSE_OFFLOAD_HOST_GB_ENV, "sizeGbPerRank")):
-        if env in recipe.spec.env:
-            yield _error(f"spec.env.{env}",
-                         f"{env} is what spec.hostOffload.{field} renders; set {field} instead and remove it "
-                         f"from env (the env value would override it unseen by the memory fit)",
-                         "offload.env-duplicate")
 
 
 def sparse_offload_blocks_needed(recipe: Recipe) -> int:
@@ -618,7 +616,7 @@ def sparse_offload_blocks_needed(recipe: Recipe) -> int:
     attention_tp = parallel.tp // parallel.attention_dp
     kv_heads = max(1, M3.num_kv_heads // attention_tp)
     query_tokens = speculative.num_draft_tokens if speculative is not None else 1
-    return query_tokens * kv_heads * M3.sparse_topk_blocks
+    return sparse_offload_selection_blocks(query_tokens, kv_heads, M3.sparse_topk_blocks)
 
 
 def check_provenance(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
@@ -650,6 +648,7 @@ RULES: tuple[Rule, ...] = (
     check_scale_up_domain,
     check_page_size,
     check_kv_dtype,
+    check_typed_env,
     check_index_key_dtype,
     check_context_length,
     check_speculative,

@@ -36,9 +36,9 @@ def _findings(recipe):
 
 def test_setting_the_switch_through_env_is_refused_naming_the_field():
     found = _findings(make_recipe(spec__env={INDEX_KEY_DTYPE_ENV: "fp8_e4m3"}))
-    assert ("error", "kv.index-key-dtype-env", f"spec.env.{INDEX_KEY_DTYPE_ENV}") in found
+    assert ("error", "env.typed-field", f"spec.env.{INDEX_KEY_DTYPE_ENV}") in found
     message = next(f.message for f in validate_recipe(make_recipe(spec__env={INDEX_KEY_DTYPE_ENV: "fp8_e4m3"}))
-                   if f.rule == "kv.index-key-dtype-env")
+                   if f.rule == "env.typed-field")
     assert "indexKeyDtype: fp8_e4m3" in message
 
 
