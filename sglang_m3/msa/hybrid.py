@@ -13,7 +13,9 @@ from sglang.srt.layers.attention.base_attn_backend import AttentionBackend, Shar
 
 
 class M3HybridAttnBackend(AttentionBackend):
-    """Both backends plan every batch; a call goes to the one that owns its layer.
+    """Both backends plan every batch (SGLang's not one whose dense layers all run on the MSA
+    kernels, see ``_dense_backend_plans``); a call goes to the one that owns its layer, or to the
+    plugin's own dense path where that takes it.
 
     ``__getattr__`` never sees what ``AttentionBackend`` itself defines, so the graph hooks
     whose base defaults would hide the children's answers are defined here. The remaining base
