@@ -167,3 +167,15 @@ def test_experts_that_do_not_divide_over_ep(tmp_path, capsys):
 def test_missing_config_is_an_error(tmp_path, capsys):
     code, _, err = _run(capsys, str(tmp_path / "absent.json"))
     assert code == 1 and "no such file or directory" in err
+
+
+@pytest.mark.parametrize("where", ["missing-folder/geometry.json", "a-directory"])
+def test_write_geometry_to_an_impossible_path_names_it(where, tmp_path, capsys):
+    (tmp_path / "a-directory").mkdir()
+    target = str(tmp_path / where)
+    code, out, err = _run(capsys, REAL_CONFIG, "--write-geometry", target)
+    assert code == 1 and out == ""
+    assert f"sglang-m3 inspect: --write-geometry: cannot write {target}: " in err
+    assert "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-directory"]
+    assert not any((tmp_path / "a-directory").iterdir())

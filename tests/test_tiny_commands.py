@@ -1,6 +1,9 @@
 """``sglang-m3 tiny-checkpoint`` / ``tiny-draft`` on bad paths: one line naming the path, exit 1,
 nothing written."""
 
+import errno
+import json
+
 import pytest
 
 from sglang_m3.cli import main
@@ -48,3 +51,51 @@ def test_a_non_empty_directory_keeps_the_commands_own_message(tmp_path, capsys):
     assert main(["tiny-checkpoint", str(tmp_path)]) == 1
     assert capsys.readouterr().err.strip() == f"sglang-m3 tiny-checkpoint: {tmp_path} exists and is not empty"
     assert (tmp_path / "kept.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("count", ["-1", "two"])
+def test_tiny_checkpoint_refuses_a_bad_mtp_module_count(count, tmp_path, capsys):
+    out = tmp_path / "ckpt"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["tiny-checkpoint", str(out), "--mtp-modules", count])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --mtp-modules:" in err and count in err
+    assert not out.exists()
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tmp_path_factory):
+    target = str(tmp_path_factory.mktemp("target") / "m3")
+    assert main(["tiny-checkpoint", target]) == 0
+    return target
+
+
+def _disk_full_at_config_json(monkeypatch):
+    """model.safetensors is written, then config.json fails as on a full disk."""
+    from sglang_m3.speculative import tiny_draft
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tiny_draft.json, "dump", full)
+
+
+@pytest.mark.parametrize("existing", [False, True], ids=["absent", "empty"])
+def test_tiny_draft_failing_part_way_leaves_nothing_behind(existing, tiny_target, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "draft"
+    if existing:
+        out.mkdir()
+    capsys.readouterr()
+    _disk_full_at_config_json(monkeypatch)
+    assert main(["tiny-draft", tiny_target, str(out)]) == 1
+    assert capsys.readouterr().err.strip() == f"sglang-m3 tiny-draft: cannot write {out}: No space left on device"
+    if existing:  # the caller's empty directory stays, empty
+        assert out.is_dir() and not any(out.iterdir())
+    else:
+        assert not out.exists()
+    monkeypatch.undo()
+    # so the same command succeeds once the disk has room again
+    assert main(["tiny-draft", tiny_target, str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["LlamaForCausalLMEagle3"]

@@ -10,7 +10,18 @@ import argparse
 import json
 import sys
 
+from sglang_m3.commands.output_errors import describe_write_error
+
 GB = 10**9
+
+
+def write_geometry(path: str, record: dict) -> None:
+    """Write ``record`` as JSON to ``path``. The text is made before the file is opened, so a
+    failure while making it cannot leave the previous record (usually the committed one)
+    truncated; errors opening ``path`` reach the caller as OSError."""
+    text = json.dumps(record, indent=2) + "\n"
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(text)
 
 
 def register(subparsers) -> None:
@@ -47,9 +58,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"sglang-m3 inspect: {error}", file=sys.stderr)
         return 1
     if args.write_geometry:
-        with open(args.write_geometry, "w", encoding="utf-8") as handle:
-            json.dump(geometry_record(report), handle, indent=2)
-            handle.write("\n")
+        try:
+            write_geometry(args.write_geometry, geometry_record(report))
+        except OSError as error:  # a missing folder, a directory, no permission: no traceback
+            print(f"sglang-m3 inspect: --write-geometry: {describe_write_error(args.write_geometry, error)}", file=sys.stderr)
+            return 1
         print(f"wrote the geometry record to {args.write_geometry}", file=sys.stderr)
     if args.json:
         print(json.dumps(report, indent=2))

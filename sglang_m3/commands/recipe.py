@@ -58,7 +58,9 @@ def register(subparsers) -> None:
                     "and the largest concurrency at the requested context. Exits 1 when the "
                     "recipe cannot fit.")
     fit.add_argument("file", metavar="FILE", help="recipe file")
-    fit.add_argument("--output", choices=("text", "json"), default="text")
+    fit.add_argument("--output", choices=("text", "json"), default="text",
+                     help="text: the table and its findings; json: {fit, table, findings} "
+                          "(default: text)")
     fit.set_defaults(handler=run_fit)
 
     render = commands.add_parser(
@@ -69,7 +71,9 @@ def register(subparsers) -> None:
     render.add_argument("--output", choices=("shell", "json"), default="shell",
                         help="shell: one command line to paste; json: {argv, env}")
     render.add_argument("--node-rank", default="0",
-                        help="node rank for multi-node recipes (default 0, the leader)")
+                        help="node rank for multi-node recipes: 0 .. nodes-1, or a variable "
+                             "reference such as $(LWS_WORKER_INDEX) left for Kubernetes to "
+                             "expand (default 0, the leader)")
     render.add_argument("--dist-init-addr", default=None,
                         help="leader host:port for multi-node recipes (default: the "
                              "LeaderWorkerSet leader address, expanded by Kubernetes)")
@@ -82,14 +86,17 @@ def register(subparsers) -> None:
                     "`sglang-m3 operator crd` prints the whole CRD). Both are generated from the "
                     "pydantic models the validator uses.")
     schema.add_argument("--crd", action="store_true", help="the CRD openAPIV3Schema")
-    schema.add_argument("--format", choices=("json", "yaml"), default="json")
+    schema.add_argument("--format", choices=("json", "yaml"), default="json",
+                        help="output format of the schema (default: json)")
     schema.set_defaults(handler=run_schema)
 
     catalog = commands.add_parser(
         "catalog", help="list the hardware profiles a recipe can name",
         description="The hardware catalog: memory, GPUs per node, architecture, weight "
                     "variants, attention backend and Kubernetes scheduling keys per profile.")
-    catalog.add_argument("--output", choices=("text", "json"), default="text")
+    catalog.add_argument("--output", choices=("text", "json"), default="text",
+                         help="text: one row per profile; json: every field of every profile "
+                              "(default: text)")
     catalog.set_defaults(handler=run_catalog)
 
 
@@ -186,6 +193,23 @@ def _table(rows: list[tuple[str, str]]) -> str:
 
 # --- render ---------------------------------------------------------------------------------
 
+def parse_node_rank(text: str, nodes: int) -> int | str:
+    """The rank as a number in ``0 .. nodes - 1``, or unchanged when it is a variable reference
+    (``$(LWS_WORKER_INDEX)``, ``$RANK``) that Kubernetes or the shell expands later. Anything else
+    (``5`` for a 2-node recipe, ``-1``, ``abc``) used to go into the command as it was and only
+    failed when SGLang's nodes could not rendezvous."""
+    if "$" in text:
+        return text
+    try:
+        rank = int(text)
+    except ValueError:
+        raise ValueError(f"takes a number or a variable reference such as "
+                         f"$(LWS_WORKER_INDEX), got {text!r}") from None
+    if not 0 <= rank < nodes:
+        raise ValueError(f"{rank} is outside 0 .. {nodes - 1} (spec.hardware.nodes is {nodes})")
+    return rank
+
+
 def run_render(args: argparse.Namespace) -> int:
     recipe = _load_or_report(args.file)
     if recipe is None:
@@ -196,7 +220,11 @@ def run_render(args: argparse.Namespace) -> int:
         for finding in findings:
             print(f"  {finding}", file=sys.stderr)
         return 1
-    node_rank = int(args.node_rank) if args.node_rank.isdigit() else args.node_rank
+    try:
+        node_rank = parse_node_rank(args.node_rank, recipe.spec.hardware.nodes)
+    except ValueError as error:
+        print(f"{args.file}: not rendered: --node-rank: {error}", file=sys.stderr)
+        return 1
     launch = render_launch(recipe, node_rank=node_rank, dist_init_addr=args.dist_init_addr)
     if args.output == "json":
         print(json.dumps({"argv": launch.argv, "env": launch.env}, indent=2))

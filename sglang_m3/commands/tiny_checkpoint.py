@@ -8,6 +8,18 @@ import sys
 from sglang_m3.commands.output_errors import describe_write_error
 
 
+def _module_count(text: str) -> int:
+    """A count of MTP modules, 0 or more. A negative count would otherwise be accepted: the
+    builder adds no module for it and the command reports "-1 MTP module(s)" as a success."""
+    try:
+        count = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes a whole number of modules, got {text!r}") from None
+    if count < 0:
+        raise argparse.ArgumentTypeError(f"takes 0 or more modules, got {count}")
+    return count
+
+
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "tiny-checkpoint",
@@ -36,7 +48,7 @@ def register(subparsers) -> None:
     )
     parser.add_argument(
         "--mtp-modules",
-        type=int,
+        type=_module_count,
         default=0,
         help="add this many multi-token-prediction modules (model.mtp.layers.N.*; shipped layout only; servers skip them) (default 0)",
     )

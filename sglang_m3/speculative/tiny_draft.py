@@ -29,8 +29,10 @@ Two kinds:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 
 import torch
 from safetensors import safe_open
@@ -90,11 +92,28 @@ def build_tiny_draft(
     if copy_target_lm_head:
         _make_copy_draft(tensors, target, spec, len(layer_ids))
 
+    created = not os.path.isdir(out_dir)
     os.makedirs(out_dir, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(out_dir, "model.safetensors"))
-    with open(os.path.join(out_dir, "config.json"), "w", encoding="utf-8") as handle:
-        json.dump(_draft_config(spec, vocab, aux_layer_ids, copy_target_lm_head), handle, indent=2)
+    try:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(out_dir, "model.safetensors"))
+        with open(os.path.join(out_dir, "config.json"), "w", encoding="utf-8") as handle:
+            json.dump(_draft_config(spec, vocab, aux_layer_ids, copy_target_lm_head), handle, indent=2)
+    except BaseException:
+        _remove_partial_draft(out_dir, created)
+        raise
     return out_dir
+
+
+def _remove_partial_draft(out_dir: str, created: bool) -> None:
+    """Undo a write that failed part-way (disk full, an interrupt): without this, a
+    ``model.safetensors`` with no ``config.json`` stays behind and the next run refuses the
+    directory as not empty. ``out_dir`` was empty or absent, so what is in it is ours."""
+    if created:
+        shutil.rmtree(out_dir, ignore_errors=True)
+        return
+    for name in ("model.safetensors", "config.json"):
+        with contextlib.suppress(OSError):
+            os.remove(os.path.join(out_dir, name))
 
 
 def _target_tensors(target_dir: str, names: tuple[str, ...]) -> dict[str, torch.Tensor]:

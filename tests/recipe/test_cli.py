@@ -106,3 +106,31 @@ def test_catalog_lists_every_profile(capsys):
     assert catalog["h100"]["variants"] == ["bf16", "mxfp8"]
     code, out, _ = run_cli(capsys, "catalog")
     assert len(out.splitlines()) == 1 + len(catalog)
+
+
+def test_render_refuses_a_node_rank_the_recipe_does_not_have(capsys):
+    path = LIBRARY / "h100-bf16-tp8-pp2.yaml"  # 2 nodes
+    for rank, message in [("2", "2 is outside 0 .. 1 (spec.hardware.nodes is 2)"),
+                          ("-1", "-1 is outside 0 .. 1"),
+                          ("leader", "takes a number or a variable reference")]:
+        code, out, err = run_cli(capsys, "render", str(path), "--node-rank", rank)
+        assert code == 1 and out == ""
+        assert f"{path}: not rendered: --node-rank: {message}" in err
+    code, out, err = run_cli(capsys, "render", str(LIBRARY / "cpu-tiny.yaml"), "--node-rank", "1")
+    assert code == 1 and out == "" and "--node-rank: 1 is outside 0 .. 0" in err
+
+
+def test_every_recipe_option_has_help(capsys):
+    """`--help` explains each option: none is listed bare."""
+    import argparse
+
+    from sglang_m3.commands import recipe as recipe_command
+
+    parser = argparse.ArgumentParser(prog="sglang-m3")
+    recipe_command.register(parser.add_subparsers(dest="command", required=True))
+    recipe_parser = parser._subparsers._group_actions[0].choices["recipe"]
+    commands = recipe_parser._subparsers._group_actions[0].choices
+    bare = [f"{name} {action.option_strings or action.dest}"
+            for name, sub in commands.items() for action in sub._actions
+            if not action.help and not isinstance(action, argparse._HelpAction)]
+    assert bare == []
