@@ -68,12 +68,6 @@ def computes_call(layer, plan, extra: dict) -> bool:
     return isinstance(plan, DecodePlan) and not extra and computes_layer(layer, plan.num_kv_heads)
 
 
-def takes(layer, forward_batch, plan, extra: dict, kinds: frozenset[str]) -> bool:
-    """Whether a dense layer's call in this batch is one the decode kernels compute: a batch of one
-    of ``kinds`` and a call :func:`computes_call` accepts."""
-    return batch_kind(forward_batch.forward_mode) in kinds and computes_call(layer, plan, extra)
-
-
 def attend(pool, plan: DecodePlan, q, k, v, layer, forward_batch, save_kv_cache: bool = True) -> torch.Tensor:
     """The layer's K/V written at the batch's slots, then causal GQA of every query token over
     every key before it: ``[tokens, heads * v_head_dim]``."""

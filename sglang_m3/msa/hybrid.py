@@ -45,7 +45,7 @@ class M3HybridAttnBackend(AttentionBackend):
 
     def _dense_backend_plans(self, forward_batch) -> bool:
         """Whether SGLang's backend plans this batch: not when the MSA backend attends every dense
-        layer of it (verify and, switched on, decode batches: ``sglang_m3.msa.dense_decode``).
+        layer of it (verify and decode batches unless switched off: ``sglang_m3.msa.dense_decode``).
         Its plan would go unread, and at concurrency 1 a decode step is as long as the host's work:
         the plan's index fill and split count are Triton launches, about a tenth of the step's
         host samples in the H200 py-spy profile (``benchmarks/results/speculative_gpu_h200/``)."""

@@ -97,7 +97,7 @@ class MSATritonBackend(MSATorchBackend):
 
     def takes_dense_layer(self, layer, forward_batch, extra: dict) -> bool:
         """Whether this backend attends a dense layer's call (``sglang_m3.msa.dense_decode``)."""
-        return dense_decode.takes(layer, forward_batch, self.kernel_plan, extra, self.dense_batch_kinds)
+        return self.takes_dense_batch(forward_batch) and dense_decode.computes_call(layer, self.kernel_plan, extra)
 
     def computes_dense_layer(self, layer) -> bool:
         return dense_decode.computes_layer(layer, self.num_kv_heads)

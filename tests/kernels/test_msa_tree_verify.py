@@ -108,3 +108,12 @@ def test_siblings_never_reach_a_token(interpreted_api):
     for token in range(len(tree)):
         same = torch.equal(changed[token], clean[token])
         assert same != (token in reached), f"token {token}: {'unchanged' if same else 'changed'}"
+
+
+def test_the_recipe_rules_refuse_trees_past_what_the_plans_hold():
+    """The recipe layer (no torch) restates the plans' ancestor-mask width; they must agree."""
+    from msa_kernels.plan import DraftTree
+
+    from sglang_m3.recipe.rules import MAX_DRAFT_TREE_TOKENS
+
+    assert MAX_DRAFT_TREE_TOKENS == DraftTree.MAX_TOKENS
