@@ -246,14 +246,39 @@ class MiniMaxM3SparseForCausalLM(nn.Module):
 
     def post_load_weights(self) -> None:
         """Once the weights are in (SGLang's dummy loader calls this itself): every MoE block's
-        router weight as 16-bit parts in the model's dtype, where they hold it exactly."""
+        router weight as 16-bit parts in the model's dtype, where they hold it exactly.
+
+        Random weights (``--load-format dummy``) stand for the published checkpoint, which
+        stores the routers in BF16: the fp32 router parameter is rounded to BF16 values first, so
+        that a benchmark on dummy weights runs the router a real checkpoint gives (one 16-bit
+        part), not the three parts of an fp32 weight that no published checkpoint has."""
         blocks = [m for m in self.modules() if hasattr(m, "gate_half")]
+        if blocks and weights_are_random():
+            for block in blocks:
+                block.gate.weight.data.copy_(block.gate.weight.data.to(PUBLISHED_ROUTER_DTYPE).float())
+            logger.info("random weights: the %d MoE routers hold %s values, as in the published checkpoint", len(blocks), PUBLISHED_ROUTER_DTYPE)
         dtype = self.model.embed_tokens.weight.dtype
         half = sum(prepare_half_router(block, dtype) for block in blocks)
         if half:
             parts = sorted({block.gate_half.shape[0] // block.gate.out_features for block in blocks if block.gate_half is not None})
             logger.info("router logits from a %s GEMM over %s part(s) of the fp32 weight in %d of %d MoE layers",
                         dtype, "/".join(map(str, parts)), half, len(blocks))
+
+
+#: the dtype of the router weights in the published M3 checkpoints (BF16 and MXFP8 alike)
+PUBLISHED_ROUTER_DTYPE = torch.bfloat16
+
+
+def weights_are_random() -> bool:
+    """Whether SGLang fills the weights at random (``--load-format dummy``) instead of reading a
+    checkpoint; False outside a server (no published load format)."""
+    from sglang.srt.runtime_context import get_model
+
+    try:
+        load_format = get_model().load_format
+    except ValueError:  # the runtime context is not published: a model built outside a server
+        return False
+    return str(getattr(load_format, "value", load_format)) == "dummy"
 
 
 def mxfp8_expert_layers(model: nn.Module) -> frozenset[int]:
