@@ -17,7 +17,11 @@ On the H200 (``benchmarks/results/router_gemm_h200/``, 128 experts x 6,144, thre
 logits' largest error against a float64 reference was 1.5e-6 to 7.7e-6 of the largest logit,
 against 1.2e-7 to 1.3e-6 for the fp32 linear, and the time per layer 13.8 against 18.8 us for 4
 rows and 251 against 1,596 us for a 32K-token prefill. A weight three parts cannot hold (fp16's
-narrow exponent range) keeps the fp32 linear.
+narrow exponent range) keeps the fp32 linear. At decode's few rows that GEMM is a cuBLAS split-K
+of two launches, 7 to 10 us back to back whatever the rows: up to ``MAX_GEMV_ROWS`` (8) CUDA rows
+take a Triton GEMV over the parts instead (:mod:`sglang_m3.models.router_gemv`: one launch,
+deterministic, 3 to 7 us), which sums the parts to the fp32 weight exactly, so that its logits are
+the fp32 linear's up to summation order.
 
 The parameters are registered on the MoE block itself (``gate.weight``,
 ``e_score_correction_bias``), the names the checkpoint loader maps onto.
@@ -29,6 +33,7 @@ import torch
 from torch import nn
 
 from sglang_m3.config import M3TextSpec
+from sglang_m3.models.router_gemv import gemv_serves, router_logits_gemv
 
 
 def add_router_parameters(block: nn.Module, spec: M3TextSpec) -> None:
@@ -75,10 +80,13 @@ def prepare_half_router(block: nn.Module, dtype: torch.dtype) -> bool:
 
 def router_logits(gate: nn.Linear, x: torch.Tensor, gate_half: torch.Tensor | None = None) -> torch.Tensor:
     """Router logits [T, E] in fp32: from the 16-bit parts when there are some for ``x``'s dtype
-    (one GEMM over all parts, then the parts' logits summed)."""
+    (CUDA rows up to ``MAX_GEMV_ROWS``: the GEMV of :mod:`router_gemv`; else one GEMM over all
+    parts, then the parts' logits summed)."""
     if gate_half is not None and x.dtype == gate_half.dtype:
-        logits = torch.mm(x, gate_half.t(), out_dtype=torch.float32)
         experts = gate.out_features
+        if gemv_serves(x):
+            return router_logits_gemv(x, gate_half, experts)
+        logits = torch.mm(x, gate_half.t(), out_dtype=torch.float32)
         parts = gate_half.shape[0] // experts
         return logits if parts == 1 else logits.view(-1, parts, experts).sum(1)
     return gate(x.float())
