@@ -64,6 +64,29 @@ def test_tiny_checkpoint_refuses_a_bad_mtp_module_count(count, tmp_path, capsys)
     assert not out.exists()
 
 
+@pytest.mark.parametrize("command", ["tiny-checkpoint", "tiny-draft"])
+@pytest.mark.parametrize("seed", [str(2**70), "-1", "1.5"])
+def test_tiny_commands_refuse_a_seed_torch_cannot_take(command, seed, tmp_path, capsys):
+    """torch.manual_seed overflows past 2**63 - 1 ("Overflow when unpacking long long", no option
+    named): argparse refuses such a seed by name, before anything is written."""
+    out = tmp_path / "out"
+    args = [command, str(out), "--seed", seed] if command == "tiny-checkpoint" else [command, str(tmp_path / "target"), str(out), "--seed", seed]
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --seed:" in err and seed in err
+    assert not out.exists()
+
+
+def test_tiny_checkpoint_names_both_flags_for_mtp_modules_in_the_hf_layout(tmp_path, capsys):
+    out = tmp_path / "ckpt"
+    assert main(["tiny-checkpoint", str(out), "--layout", "hf", "--mtp-modules", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "--mtp-modules 1 needs --layout shipped (got --layout hf)" in err
+    assert not out.exists()
+
+
 @pytest.fixture(scope="module")
 def tiny_target(tmp_path_factory):
     target = str(tmp_path_factory.mktemp("target") / "m3")

@@ -5,19 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from sglang_m3.commands.arg_types import module_count, seed
 from sglang_m3.commands.output_errors import describe_write_error
-
-
-def _module_count(text: str) -> int:
-    """A count of MTP modules, 0 or more. A negative count would otherwise be accepted: the
-    builder adds no module for it and the command reports "-1 MTP module(s)" as a success."""
-    try:
-        count = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"takes a whole number of modules, got {text!r}") from None
-    if count < 0:
-        raise argparse.ArgumentTypeError(f"takes 0 or more modules, got {count}")
-    return count
 
 
 def register(subparsers) -> None:
@@ -33,7 +22,7 @@ def register(subparsers) -> None:
         ),
     )
     parser.add_argument("directory", help="output directory (created; must be empty or absent)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
+    parser.add_argument("--seed", type=seed, default=0, help="seed of the random weights, 0 to 2**63 - 1 (default 0)")
     parser.add_argument("--vision", action="store_true", help="include the vision tower (architecture MiniMaxM3SparseForConditionalGeneration)")
     parser.add_argument(
         "--layout",
@@ -48,7 +37,7 @@ def register(subparsers) -> None:
     )
     parser.add_argument(
         "--mtp-modules",
-        type=_module_count,
+        type=module_count,
         default=0,
         help="add this many multi-token-prediction modules (model.mtp.layers.N.*; shipped layout only; servers skip them) (default 0)",
     )
@@ -77,6 +66,10 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from sglang_m3.tiny.checkpoint import build_tiny_checkpoint
 
+    if args.mtp_modules and args.layout != "shipped":
+        print(f"sglang-m3 tiny-checkpoint: --mtp-modules {args.mtp_modules} needs --layout shipped (got --layout "
+              f"{args.layout}): MTP modules are part of the shipped layout only, transformers writes none", file=sys.stderr)
+        return 2
     try:
         path = build_tiny_checkpoint(
             args.directory, seed=args.seed, vision=args.vision, layout=args.layout, mtp_modules=args.mtp_modules,

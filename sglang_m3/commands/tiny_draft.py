@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from sglang_m3.commands.arg_types import seed
 from sglang_m3.commands.output_errors import describe_write_error
 
 
@@ -30,7 +31,7 @@ def register(subparsers) -> None:
     )
     parser.add_argument("target", help="the target M3 checkpoint directory (e.g. from sglang-m3 tiny-checkpoint)")
     parser.add_argument("directory", help="output directory (created; must be empty or absent)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
+    parser.add_argument("--seed", type=seed, default=0, help="seed of the random weights, 0 to 2**63 - 1 (default 0)")
     parser.add_argument(
         "--draft-vocab-size",
         type=int,
