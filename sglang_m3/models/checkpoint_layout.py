@@ -1,8 +1,9 @@
 """Where each tensor of an original M3 checkpoint goes, and what shape it must have.
 
-The loader checks every incoming tensor against ``expected_text_tensors`` before copying it, and
-checks at the end that every expected tensor arrived, so a truncated or mismatched checkpoint
-fails at load time with the tensor's name instead of producing garbage later.
+The loader checks every incoming tensor against ``expected_text_tensors`` before copying it (and
+that no earlier tensor loaded the same weight), and checks at the end that every expected tensor
+arrived, so a truncated, duplicated or mismatched checkpoint fails at load time with the tensor's
+name instead of producing garbage later.
 
 Checkpoint names are the original ones (as ``transformers`` saves them): VL checkpoints prefix the
 text model with ``language_model.``; text-only ones do not. A dense MLP layer may appear under

@@ -337,6 +337,13 @@ class TextWeightLoader:
             raise CheckpointError(
                 f"checkpoint tensor '{checkpoint_name}' has shape {tuple(tensor.shape)}, expected {self.expected[name]}"
             )
+        if name in self.seen:
+            # Two tensors for one weight (stored twice, or a dense MLP under both the ``mlp.`` and
+            # the ``block_sparse_moe.`` spelling): whichever came last would win, silently.
+            raise CheckpointError(
+                f"checkpoint tensor '{checkpoint_name}' loads into '{name}', which an earlier tensor "
+                "already loaded: the checkpoint stores this weight twice"
+            )
         self.seen.add(name)
         self._copy(name, tensor)
 

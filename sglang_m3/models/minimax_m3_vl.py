@@ -15,7 +15,7 @@ import torch
 from sglang.srt.managers.mm_utils import general_mm_embed_routine, pad_mm_tokens
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
-from sglang_m3.models.minimax_m3 import MiniMaxM3SparseForCausalLM
+from sglang_m3.models.minimax_m3 import MiniMaxM3SparseForCausalLM, TextWeightLoader
 from sglang_m3.models.vision import MiniMaxM3VisionEncoder
 
 
@@ -46,18 +46,26 @@ class MiniMaxM3SparseForConditionalGeneration(MiniMaxM3SparseForCausalLM):
         return self.logits(input_ids, output, forward_batch)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Vision tensors go to the encoder, everything else to the text model; both check completeness."""
-        text_weights: list[tuple[str, torch.Tensor]] = []
+        """Vision tensors go to the encoder, everything else to the text model; both check completeness.
+
+        One pass over the stream, each tensor copied before the next is drawn, as SGLang's weight
+        iterators expect: its fastsafetensors iterator closes a file's device buffer once it has
+        yielded that file's tensors, and without mmap (``--weight-loader-disable-mmap``) every
+        yielded tensor is host memory. Holding the text tensors back until the vision tower had
+        seen the whole stream loaded freed memory or held the whole text model in RAM.
+        """
+        text = TextWeightLoader(self)
 
         def vision_stream():
             for name, tensor in weights:
                 if MiniMaxM3VisionEncoder.param_name(name) is None:
-                    text_weights.append((name, tensor))
+                    text.load_one(name, tensor)
                 else:
                     yield name, tensor
 
         self.vision.load_weights(vision_stream())
-        super().load_weights(text_weights)
+        text.finish()
+        self.post_load_weights()
 
 
 EntryClass = [MiniMaxM3SparseForConditionalGeneration]

@@ -1,0 +1,187 @@
+"""Checkpoint loading as real checkpoints arrive: sharded, in other dtypes, streamed by iterators
+whose tensors live only until the next is drawn, with a weight stored twice or one missing.
+
+The model classes are built outside a server (SGLang's parallel layers as rank 0 of 1, the logits
+processor stubbed: it reads server settings and plays no part in loading) and fed the tiny
+checkpoints' tensors, as SGLang's loader feeds ``load_weights``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from fused_attn_cases import as_rank
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+import sglang_m3.models.minimax_m3 as minimax_m3
+from sglang_m3.config import M3TextSpec
+from sglang_m3.models.checkpoint_layout import CheckpointError
+from sglang_m3.models.minimax_m3 import MiniMaxM3SparseForCausalLM, TextWeightLoader
+from sglang_m3.models.minimax_m3_vl import MiniMaxM3SparseForConditionalGeneration
+
+LAYER = "language_model.model.layers."
+GATE = LAYER + "1.block_sparse_moe.gate.weight"
+
+
+def read_tensors(model_dir: str) -> dict[str, torch.Tensor]:
+    with safe_open(f"{model_dir}/model.safetensors", "pt") as handle:
+        return {name: handle.get_tensor(name) for name in handle.keys()}
+
+
+def build(model_class, model_dir: str, dtype=torch.float32) -> nn.Module:
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_dir)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # SGLang's loader builds the model under the model's dtype
+    try:
+        with pytest.MonkeyPatch.context() as patch, as_rank():
+            patch.setattr(minimax_m3, "LogitsProcessor", lambda config: nn.Identity())
+            return model_class(config)
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def loaded(model: nn.Module, weights) -> dict[str, torch.Tensor]:
+    with as_rank(), torch.no_grad():
+        model.load_weights(weights)
+    return {name: value.detach().clone() for name, value in model.state_dict().items()}
+
+
+@pytest.fixture(scope="module")
+def text_dir(tiny_m3_checkpoint):
+    return tiny_m3_checkpoint
+
+
+@pytest.fixture(scope="module")
+def vl_dir(tiny_m3_vl_checkpoint):
+    return tiny_m3_vl_checkpoint
+
+
+CLASSES = {"text": (MiniMaxM3SparseForCausalLM, "text_dir"), "vl": (MiniMaxM3SparseForConditionalGeneration, "vl_dir")}
+
+
+@pytest.fixture(scope="module", params=sorted(CLASSES))
+def reference(request):
+    """(model class, checkpoint dir, its tensors, the state after a plain load)."""
+    model_class, fixture = CLASSES[request.param]
+    model_dir = request.getfixturevalue(fixture)
+    tensors = read_tensors(model_dir)
+    return model_class, model_dir, tensors, loaded(build(model_class, model_dir), tensors.items())
+
+
+def assert_same_state(got: dict, want: dict) -> None:
+    assert got.keys() == want.keys()
+    differ = [name for name in want if not torch.equal(got[name], want[name])]
+    assert not differ, f"{len(differ)} of {len(want)} differ, e.g. {differ[:3]}"
+
+
+def test_each_tensor_is_copied_before_the_next_is_drawn(reference):
+    """SGLang's fastsafetensors iterator frees a file's buffer once its tensors are yielded, and
+    without mmap every yielded tensor is host memory: a loader that holds tensors back (the VL class
+    kept every text tensor until the vision tower had seen the whole stream) loads freed memory or
+    holds the whole model in RAM. Here a tensor turns to NaN as soon as the next one is drawn."""
+    model_class, model_dir, tensors, want = reference
+
+    def short_lived():
+        for name, tensor in tensors.items():
+            buffer = tensor.clone()
+            yield name, buffer
+            buffer.fill_(float("nan"))
+
+    assert_same_state(loaded(build(model_class, model_dir), short_lived()), want)
+
+
+def _write_shards(tensors: dict, directory, shards: int = 3) -> list[str]:
+    """The tensors over ``shards`` files, names dealt out of order, with the index a sharded
+    checkpoint ships; returns the files SGLang's loader would read, in its order."""
+    from sglang.srt.model_loader.weight_utils import filter_duplicate_safetensors_files
+
+    files = [f"model-{i + 1:05d}-of-{shards:05d}.safetensors" for i in range(shards)]
+    weight_map = {name: files[(i * 7) % shards] for i, name in enumerate(sorted(tensors))}
+    for file in files:
+        save_file({n: t for n, t in tensors.items() if weight_map[n] == file}, os.path.join(directory, file), metadata={"format": "pt"})
+    with open(os.path.join(directory, "model.safetensors.index.json"), "w", encoding="utf-8") as handle:
+        json.dump({"metadata": {}, "weight_map": weight_map}, handle)
+    found = sorted(os.path.join(directory, file) for file in os.listdir(directory) if file.endswith(".safetensors"))
+    return filter_duplicate_safetensors_files(found, str(directory), "model.safetensors.index.json")
+
+
+def test_sharded_checkpoint_loads_as_the_single_file(reference, tmp_path):
+    from sglang.srt.model_loader.weight_utils import buffered_multi_thread_safetensors_weights_iterator
+
+    model_class, model_dir, tensors, want = reference
+    files = _write_shards(tensors, tmp_path)
+    assert len(files) == 3
+    got = loaded(build(model_class, model_dir), buffered_multi_thread_safetensors_weights_iterator(files, max_workers=2))
+    assert_same_state(got, want)
+
+
+@pytest.mark.parametrize("model_dtype", [torch.bfloat16, torch.float32], ids=["bf16-model", "fp32-model"])
+@pytest.mark.parametrize("checkpoint_dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["fp32", "fp16", "bf16"])
+def test_other_checkpoint_dtypes_are_converted_and_the_router_keeps_fp32(text_dir, model_dtype, checkpoint_dtype):
+    tensors = {name: t.to(checkpoint_dtype) for name, t in read_tensors(text_dir).items()}
+    model = build(MiniMaxM3SparseForCausalLM, text_dir, model_dtype)
+    loaded(model, tensors.items())
+    block = model.model.layers[1].mlp
+    assert block.gate.weight.dtype == torch.float32
+    assert torch.equal(block.gate.weight, tensors[GATE].float())  # all the checkpoint's bits, even in a bf16 model
+    assert torch.equal(model.model.embed_tokens.weight, tensors["language_model.model.embed_tokens.weight"].to(model_dtype))
+    w2 = tensors[LAYER + "2.block_sparse_moe.experts.3.w2.weight"]
+    assert torch.equal(model.model.layers[2].mlp.w2[3], w2.to(model_dtype))
+
+
+@pytest.mark.parametrize(
+    "missing, named",
+    [
+        (LAYER + "3.block_sparse_moe.experts.5.w2.weight", "model.layers.3.block_sparse_moe.experts.5.w2.weight"),
+        ("language_model.lm_head.weight", "lm_head.weight"),  # tie_word_embeddings is false
+    ],
+    ids=["expert-w2", "lm-head"],
+)
+def test_missing_text_tensor_is_named(reference, missing, named):
+    model_class, model_dir, tensors, _ = reference
+    with pytest.raises(CheckpointError, match=rf"missing 1 tensor\(s\): {named.replace('.', '[.]')}$"):
+        loaded(build(model_class, model_dir), [(n, t) for n, t in tensors.items() if n != missing])
+
+
+def test_missing_vision_tensor_is_named(vl_dir):
+    tensors = read_tensors(vl_dir)
+    name = "vision_tower.vision_model.encoder.layers.1.self_attn.q_proj.weight"
+    assert name in tensors
+    with pytest.raises(ValueError, match=rf"missing vision tensor {name.replace('.', '[.]')}"):
+        loaded(build(MiniMaxM3SparseForConditionalGeneration, vl_dir), [(n, t) for n, t in tensors.items() if n != name])
+
+
+class _NamesOnly(TextWeightLoader):
+    def __init__(self, spec):
+        holder = nn.Module()
+        holder.spec = spec
+        super().__init__(holder)
+
+    def _copy(self, name, tensor):
+        pass
+
+
+@pytest.mark.parametrize(
+    "first, second",
+    [
+        (LAYER + "0.mlp.gate_proj.weight", LAYER + "0.block_sparse_moe.gate_proj.weight"),
+        (LAYER + "2.block_sparse_moe.experts.1.w1.weight", LAYER + "2.block_sparse_moe.experts.1.w1.weight"),
+    ],
+    ids=["dense-mlp-both-spellings", "same-name-twice"],
+)
+def test_a_weight_stored_twice_is_refused(text_dir, first, second):
+    """Two tensors for one parameter: the later one would replace the earlier without a word."""
+    spec = M3TextSpec.from_config(None, text_dir)
+    tensors = read_tensors(text_dir)
+    value = tensors.get(first, tensors.get(second))
+    loader = _NamesOnly(spec)
+    loader.load_one(first, value)
+    with pytest.raises(CheckpointError, match=rf"'{second.replace('.', '[.]')}' loads into .* already loaded"):
+        loader.load_one(second, value)
