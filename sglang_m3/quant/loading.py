@@ -45,6 +45,14 @@ QUANTIZABLE = re.compile(
 ROUTED_EXPERT = re.compile(r"(?:^|\.)layers\.(\d+)\.block_sparse_moe\.experts\.\d+\.w[123]$")
 
 
+def held_past_the_reader(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` as it may be kept while the weight reader moves on (one half of a weight/scale
+    pair waits for the other, which may come from the next shard): a copy where it lies in device
+    memory, because SGLang's fastsafetensors reader frees a shard's device buffer once it has
+    yielded that shard's tensors; host tensors map their file and stay valid as they are."""
+    return tensor.clone() if tensor.is_cuda else tensor
+
+
 @dataclass(frozen=True)
 class MXFP8Weight:
     """A checkpoint weight kept quantized: e4m3 ``elements [N, K]`` and uint8 e8m0 ``scales [N, K/32]``."""
@@ -85,7 +93,7 @@ class MXFP8Dequantizer:
             if module in self.plain:
                 self._refuse_plain(f"{module}.weight", self.plain[module], name)
             self._check_unique(module, name, self.waiting_scales)
-            self.waiting_scales[module] = (name, tensor)
+            self.waiting_scales[module] = (name, held_past_the_reader(tensor))
             return None
         fmt = quantized_format(name)
         if fmt is not None:
@@ -96,7 +104,7 @@ class MXFP8Dequantizer:
             if module in self.waiting_scales:
                 return self._pair(module, name, tensor, *self.waiting_scales.pop(module))
             self._check_unique(module, name, self.waiting_weights)
-            self.waiting_weights[module] = (name, tensor)
+            self.waiting_weights[module] = (name, held_past_the_reader(tensor))
             return None
         if tensor.dtype.is_floating_point and tensor.element_size() == 1:
             raise CheckpointError(

@@ -163,3 +163,25 @@ def test_kept_pair_with_a_wrong_scale_shape_is_refused_naming_both_tensors(built
     bad = {W2 + "_scale_inv": torch.zeros(128, 4, dtype=torch.uint8)}
     with pytest.raises(CheckpointError, match=rf"'{W2}': scale shape \(128, 4\).*expected \(128, 2\).*'{W2}_scale_inv'"):
         _load_with_mxfp8_blocks(spec, _edited(tensors["mxfp8"], replace=bad), layers=(3,))
+
+
+def test_a_waiting_half_is_copied_only_from_device_memory():
+    """SGLang's fastsafetensors reader frees a shard's device buffer once the shard is read, so a
+    half that waits for its partner from the next shard is copied; mmap'd host tensors are kept."""
+    from sglang_m3.quant.loading import held_past_the_reader
+
+    class DeviceTensor:
+        is_cuda = True
+
+        def __init__(self, values: torch.Tensor):
+            self.values = values
+
+        def clone(self):
+            return DeviceTensor(self.values.clone())
+
+    device = DeviceTensor(torch.arange(4.0))
+    held = held_past_the_reader(device)
+    device.values.fill_(float("nan"))  # the reader frees and reuses the buffer
+    assert held is not device and torch.equal(held.values, torch.arange(4.0))
+    host = torch.arange(4.0)
+    assert held_past_the_reader(host) is host
