@@ -185,3 +185,24 @@ def test_a_weight_stored_twice_is_refused(text_dir, first, second):
     loader.load_one(first, value)
     with pytest.raises(CheckpointError, match=rf"'{second.replace('.', '[.]')}' loads into .* already loaded"):
         loader.load_one(second, value)
+
+
+@pytest.mark.parametrize("model_kind", sorted(CLASSES))
+def test_an_update_after_a_load_may_bring_some_tensors(model_kind, request):
+    """SGLang's weight updates (update_weights_from_tensor and the like) call load_weights with
+    the tensors that changed: after a load, names and shapes are still checked, completeness not."""
+    model_class, fixture = CLASSES[model_kind]
+    model_dir = request.getfixturevalue(fixture)
+    tensors = read_tensors(model_dir)
+    name = next(key for key in tensors if key.endswith("layers.1.block_sparse_moe.gate.weight"))
+    fresh = torch.randn_like(tensors[name])
+    with pytest.raises((CheckpointError, ValueError), match="missing"):  # the vision tower's is a ValueError
+        loaded(build(model_class, model_dir), [(name, fresh)])  # a first load must be whole
+    model = build(model_class, model_dir)
+    before = loaded(model, tensors.items())
+    after = loaded(model, [(name, fresh)])
+    changed = [key for key in before if not torch.equal(before[key], after[key])]
+    assert changed == ["model.layers.1.mlp.gate.weight"]  # the router; nothing else moved
+    assert torch.equal(after[changed[0]], fresh.float())
+    with pytest.raises(CheckpointError, match="not part of"):
+        loaded(model, [(name.replace("gate.weight", "gate.bias"), fresh[:, 0])])

@@ -28,6 +28,7 @@ class _ModelWithRouters(nn.Module):
                 block.gate.weight.uniform_(-1e-3, 1e-3)
             self.blocks.append(block)
         self.model = SimpleNamespace(embed_tokens=nn.Embedding(4, 32, dtype=torch.bfloat16))
+        self.weights_loaded = False
 
 
 def _load_format(monkeypatch, load_format):
@@ -62,3 +63,16 @@ def test_a_checkpoint_load_keeps_the_routers_fp32_values(monkeypatch):
 def test_outside_a_server_the_weights_count_as_loaded():
     """No runtime context is published when the model is built outside SGLang's runner."""
     assert minimax_m3.weights_are_random() is False
+
+
+def test_an_update_after_the_dummy_fill_keeps_its_router_values(monkeypatch):
+    """A trainer that starts the server on random weights and then sends its own (SGLang's
+    update_weights_from_tensor -> load_weights -> post_load_weights) keeps their fp32 bits."""
+    _load_format(monkeypatch, "dummy")
+    model = _ModelWithRouters(blocks=1)
+    MiniMaxM3SparseForCausalLM.post_load_weights(model)  # the dummy loader's call
+    assert model.weights_loaded
+    update = torch.full((8, 32), 1.0 + 2.0**-20)  # not a bf16 value
+    model.blocks[0].gate.weight.data.copy_(update)
+    MiniMaxM3SparseForCausalLM.post_load_weights(model)  # after the update's load_weights
+    assert torch.equal(model.blocks[0].gate.weight, update)

@@ -213,6 +213,10 @@ class MiniMaxM3SparseForCausalLM(nn.Module):
         self.logits_processor = LogitsProcessor(self.text_config)
         # SGLang's EAGLE3 worker reads this flag; set_eagle3_layers_to_capture turns it on.
         self.capture_aux_hidden_states = False
+        #: whether a load has completed (a checkpoint's or the dummy loader's): a later
+        #: ``load_weights`` is an update (SGLang's ``update_weights_from_tensor`` and the like),
+        #: which may carry only some tensors
+        self.weights_loaded = False
         if get_tensor_model_parallel_rank() == 0:
             announce_implementation(type(self))
 
@@ -240,8 +244,9 @@ class MiniMaxM3SparseForCausalLM(nn.Module):
         return self.logits_processor(input_ids, hidden, self.lm_head, forward_batch, aux)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Load the text model from original checkpoint names; see ``checkpoint_layout``."""
-        TextWeightLoader(self).load(weights)
+        """Load the text model from original checkpoint names; see ``checkpoint_layout``. The first
+        load must bring every tensor; an update (after a load) may bring some."""
+        TextWeightLoader(self, whole=not self.weights_loaded).load(weights)
         self.post_load_weights()
 
     def post_load_weights(self) -> None:
@@ -251,12 +256,15 @@ class MiniMaxM3SparseForCausalLM(nn.Module):
         Random weights (``--load-format dummy``) stand for the published checkpoint, which
         stores the routers in BF16: the fp32 router parameter is rounded to BF16 values first, so
         that a benchmark on dummy weights runs the router a real checkpoint gives (one 16-bit
-        part), not the three parts of an fp32 weight that no published checkpoint has."""
+        part), not the three parts of an fp32 weight that no published checkpoint has. Only the
+        dummy fill itself: weights an update brings later (a trainer's, from random weights at
+        start-up) keep their values."""
         blocks = [m for m in self.modules() if hasattr(m, "gate_half")]
-        if blocks and weights_are_random():
+        if blocks and not self.weights_loaded and weights_are_random():
             for block in blocks:
                 block.gate.weight.data.copy_(block.gate.weight.data.to(PUBLISHED_ROUTER_DTYPE).float())
             logger.info("random weights: the %d MoE routers hold %s values, as in the published checkpoint", len(blocks), PUBLISHED_ROUTER_DTYPE)
+        self.weights_loaded = True
         dtype = self.model.embed_tokens.weight.dtype
         half = sum(prepare_half_router(block, dtype) for block in blocks)
         if half:
@@ -299,8 +307,10 @@ def announce_implementation(model_class: type) -> None:
 class TextWeightLoader:
     """Routes checkpoint tensors into the sharded parameters, checking names and shapes."""
 
-    def __init__(self, model: MiniMaxM3SparseForCausalLM):
+    def __init__(self, model: MiniMaxM3SparseForCausalLM, whole: bool = True):
+        """``whole``: the stream must bring every tensor of the model (a load, not an update)."""
         self.model = model
+        self.whole = whole
         self.spec = model.spec
         self.expected = expected_text_tensors(model.spec)
         self.params = dict(model.named_parameters())
@@ -401,7 +411,7 @@ class TextWeightLoader:
                 "skipped %d multi-token-prediction tensor(s) (mtp.*): not used until speculative decoding reads them",
                 self.skipped_mtp,
             )
-        missing = sorted(set(self.expected) - self.seen)
+        missing = sorted(set(self.expected) - self.seen) if self.whole else []
         if missing:
             shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
             raise CheckpointError(f"checkpoint is missing {len(missing)} tensor(s): {shown}")

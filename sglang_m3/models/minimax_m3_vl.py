@@ -46,7 +46,8 @@ class MiniMaxM3SparseForConditionalGeneration(MiniMaxM3SparseForCausalLM):
         return self.logits(input_ids, output, forward_batch)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Vision tensors go to the encoder, everything else to the text model; both check completeness.
+        """Vision tensors go to the encoder, everything else to the text model; both check that a
+        load brings every tensor (an update, after a load, may bring some).
 
         One pass over the stream, each tensor copied before the next is drawn, as SGLang's weight
         iterators expect: its fastsafetensors iterator closes a file's device buffer once it has
@@ -54,7 +55,8 @@ class MiniMaxM3SparseForConditionalGeneration(MiniMaxM3SparseForCausalLM):
         yielded tensor is host memory. Holding the text tensors back until the vision tower had
         seen the whole stream loaded freed memory or held the whole text model in RAM.
         """
-        text = TextWeightLoader(self)
+        whole = not self.weights_loaded
+        text = TextWeightLoader(self, whole=whole)
 
         def vision_stream():
             for name, tensor in weights:
@@ -63,7 +65,7 @@ class MiniMaxM3SparseForConditionalGeneration(MiniMaxM3SparseForCausalLM):
                 else:
                     yield name, tensor
 
-        self.vision.load_weights(vision_stream())
+        self.vision.load_weights(vision_stream(), whole=whole)
         text.finish()
         self.post_load_weights()
 

@@ -315,11 +315,12 @@ class MiniMaxM3VisionEncoder(nn.Module):
         name = re.sub(r"^encoder\.layers\.", "layers.", name)
         return re.sub(r"\.block_sparse_moe\.(fc[12])\.", r".mlp.\1.", name)
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], whole: bool = True) -> set[str]:
         """Copies the vision tensors of a checkpoint stream; other names are skipped.
 
-        Raises ValueError naming every unknown vision name, wrongly shaped tensor or parameter
-        left unloaded, so a broken checkpoint fails at load time, never at the first image.
+        Raises ValueError naming every unknown vision name, wrongly shaped tensor or (``whole``:
+        a load, not an update of some weights) parameter left unloaded, so a broken checkpoint
+        fails at load time, never at the first image.
         Returns the checkpoint names consumed.
         """
         params = dict(self.named_parameters())
@@ -343,7 +344,8 @@ class MiniMaxM3VisionEncoder(nn.Module):
                 param.copy_(tensor.to(param.dtype))
             loaded.add(name)
             consumed.add(checkpoint_name)
-        problems.extend(f"missing vision tensor {checkpoint_name_of(name)}" for name in sorted(params.keys() - loaded))
+        if whole:
+            problems.extend(f"missing vision tensor {checkpoint_name_of(name)}" for name in sorted(params.keys() - loaded))
         if problems:
             raise ValueError("vision weights do not match the config:\n  " + "\n  ".join(problems))
         return consumed
