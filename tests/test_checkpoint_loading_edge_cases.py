@@ -14,6 +14,7 @@ import os
 import pytest
 import torch
 from fused_attn_cases import as_rank
+from names_only_loader import NamesOnlyLoader
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
@@ -21,7 +22,7 @@ from torch import nn
 import sglang_m3.models.minimax_m3 as minimax_m3
 from sglang_m3.config import M3TextSpec
 from sglang_m3.models.checkpoint_layout import CheckpointError
-from sglang_m3.models.minimax_m3 import MiniMaxM3SparseForCausalLM, TextWeightLoader
+from sglang_m3.models.minimax_m3 import MiniMaxM3SparseForCausalLM
 from sglang_m3.models.minimax_m3_vl import MiniMaxM3SparseForConditionalGeneration
 
 LAYER = "language_model.model.layers."
@@ -158,16 +159,6 @@ def test_missing_vision_tensor_is_named(vl_dir):
         loaded(build(MiniMaxM3SparseForConditionalGeneration, vl_dir), [(n, t) for n, t in tensors.items() if n != name])
 
 
-class _NamesOnly(TextWeightLoader):
-    def __init__(self, spec):
-        holder = nn.Module()
-        holder.spec = spec
-        super().__init__(holder)
-
-    def _copy(self, name, tensor):
-        pass
-
-
 @pytest.mark.parametrize(
     "first, second",
     [
@@ -181,7 +172,7 @@ def test_a_weight_stored_twice_is_refused(text_dir, first, second):
     spec = M3TextSpec.from_config(None, text_dir)
     tensors = read_tensors(text_dir)
     value = tensors.get(first, tensors.get(second))
-    loader = _NamesOnly(spec)
+    loader = NamesOnlyLoader(spec)
     loader.load_one(first, value)
     with pytest.raises(CheckpointError, match=rf"'{second.replace('.', '[.]')}' loads into .* already loaded"):
         loader.load_one(second, value)

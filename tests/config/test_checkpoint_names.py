@@ -7,23 +7,10 @@ import logging
 
 import pytest
 import torch
+from names_only_loader import NamesOnlyLoader
 from safetensors import safe_open
-from torch import nn
 
 from sglang_m3.models.checkpoint_layout import CheckpointError
-from sglang_m3.models.minimax_m3 import TextWeightLoader
-
-
-class _NamesOnly(TextWeightLoader):
-    """The loader's name and shape checks without a model to copy into."""
-
-    def __init__(self, spec):
-        holder = nn.Module()
-        holder.spec = spec
-        super().__init__(holder)
-
-    def _copy(self, name, tensor):
-        pass
 
 
 @pytest.fixture
@@ -41,7 +28,7 @@ def test_mtp_tensors_are_skipped_with_one_info_line(tiny_spec, checkpoint_tensor
     ]
     weights = checkpoint_tensors[:3] + mtp + checkpoint_tensors[3:]
     with caplog.at_level(logging.INFO, logger="sglang_m3.models.minimax_m3"):
-        _NamesOnly(tiny_spec).load(weights)
+        NamesOnlyLoader(tiny_spec).load(weights)
     lines = [r for r in caplog.records if r.name == "sglang_m3.models.minimax_m3" and "mtp" in r.getMessage().lower()]
     assert len(lines) == 1, [r.getMessage() for r in lines]
     assert lines[0].levelno == logging.INFO and "skipped 4 " in lines[0].getMessage()
@@ -49,7 +36,7 @@ def test_mtp_tensors_are_skipped_with_one_info_line(tiny_spec, checkpoint_tensor
 
 def test_no_mtp_line_without_mtp_tensors(tiny_spec, checkpoint_tensors, caplog):
     with caplog.at_level(logging.INFO, logger="sglang_m3.models.minimax_m3"):
-        _NamesOnly(tiny_spec).load(checkpoint_tensors)
+        NamesOnlyLoader(tiny_spec).load(checkpoint_tensors)
     assert not [r for r in caplog.records if "mtp" in r.getMessage().lower()]
 
 
@@ -64,7 +51,7 @@ def test_no_mtp_line_without_mtp_tensors(tiny_spec, checkpoint_tensors, caplog):
 def test_quantized_scale_tensor_is_refused_by_name(tiny_spec, stem, suffix, fmt):
     name = stem + suffix
     with pytest.raises(CheckpointError) as refused:
-        _NamesOnly(tiny_spec).load_one(name, torch.ones(2, 2))
+        NamesOnlyLoader(tiny_spec).load_one(name, torch.ones(2, 2))
     message = str(refused.value)
     assert f"'{name}'" in message and fmt in message and "declares no quantization_config" in message
     assert "shape" not in message
@@ -72,7 +59,7 @@ def test_quantized_scale_tensor_is_refused_by_name(tiny_spec, stem, suffix, fmt)
 
 def test_quantized_weights_before_their_scales_are_refused_by_the_scale(tiny_spec, checkpoint_tensors):
     """An FP8 weight (right shape, other dtype) followed by its scale: the scale names the format."""
-    loader = _NamesOnly(tiny_spec)
+    loader = NamesOnlyLoader(tiny_spec)
     name, tensor = next((n, t) for n, t in checkpoint_tensors if n.endswith("q_proj.weight"))
     loader.load_one(name, tensor)
     with pytest.raises(CheckpointError, match="block-wise FP8.*declares no quantization_config"):
@@ -82,4 +69,4 @@ def test_quantized_weights_before_their_scales_are_refused_by_the_scale(tiny_spe
 def test_fp8_weight_in_an_unquantized_checkpoint_is_refused_not_cast(tiny_spec, checkpoint_tensors):
     name, tensor = next((n, t) for n, t in checkpoint_tensors if n.endswith("q_proj.weight"))
     with pytest.raises(CheckpointError, match=rf"'{name}'.*float8_e4m3fn.*declares no quantization_config"):
-        _NamesOnly(tiny_spec).load_one(name, tensor.to(torch.float8_e4m3fn))
+        NamesOnlyLoader(tiny_spec).load_one(name, tensor.to(torch.float8_e4m3fn))
