@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 from server_harness import launch_cpu_server
-from transformers_oracle import random_prompt
+from transformers_oracle import greedy_tokens, random_prompt
 
-from tests.e2e.served_vs_reference import assert_matches_reference
+from tests.e2e.served_vs_reference import NEW_TOKENS, assert_matches_reference
 from tests.e2e.transformers_saved import EXPERT_INTERMEDIATE, build_transformers_saved_checkpoint
 
 pytestmark = pytest.mark.server
@@ -47,3 +47,18 @@ def test_saved_config_has_the_regression_sizes(saved_checkpoint):
 @pytest.mark.parametrize("name", sorted(PROMPTS))
 def test_transformers_saved_checkpoint_matches_transformers(saved_server, saved_checkpoint, name):
     assert_matches_reference(saved_server, saved_checkpoint, PROMPTS[name], f"transformers-saved {name}")
+
+
+def test_weights_reloaded_from_another_checkpoint_serve_its_tokens(saved_server, tmp_path_factory):
+    """SGLang's update_weights_from_disk sends a whole checkpoint through ``load_weights`` of the
+    loaded model (an update, as RL trainers use it): the server then answers as transformers does
+    with the new weights. Runs last in this module: the server keeps the new weights."""
+    import requests
+
+    other = build_transformers_saved_checkpoint(str(tmp_path_factory.mktemp("transformers-saved-seed1")), VISION_INTERMEDIATE, seed=1)
+    prompt = PROMPTS["p97"]
+    # the new weights answer otherwise: a reload that kept the old ones cannot pass
+    assert greedy_tokens(other, prompt, NEW_TOKENS) != greedy_tokens(saved_server.model_path, prompt, NEW_TOKENS)
+    reply = requests.post(f"{saved_server.base_url}/update_weights_from_disk", json={"model_path": other}, timeout=300)
+    assert reply.status_code == 200 and reply.json()["success"], reply.text
+    assert_matches_reference(saved_server, other, prompt, "transformers-saved, reloaded from seed 1")
