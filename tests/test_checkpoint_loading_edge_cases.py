@@ -197,3 +197,23 @@ def test_an_update_after_a_load_may_bring_some_tensors(model_kind, request):
     assert torch.equal(after[changed[0]], fresh.float())
     with pytest.raises(CheckpointError, match="not part of"):
         loaded(model, [(name.replace("gate.weight", "gate.bias"), fresh[:, 0])])
+
+
+@pytest.mark.parametrize("model_kind", sorted(CLASSES))
+def test_rotary_buffers_saved_by_other_tools_are_skipped(model_kind, request, caplog):
+    """Some tools save the rotary tables (``rotary_emb.inv_freq``) beside the weights; the model
+    computes them from the config, so such a checkpoint loads as one without them."""
+    import logging
+
+    model_class, fixture = CLASSES[model_kind]
+    model_dir = request.getfixturevalue(fixture)
+    tensors = read_tensors(model_dir)
+    prefix = "language_model." if model_kind == "vl" else ""
+    buffers = {
+        f"{prefix}model.layers.0.self_attn.rotary_emb.inv_freq": torch.ones(16),
+        "vision_tower.vision_model.encoder.layers.0.self_attn.rotary_emb.inv_freq": torch.ones(8),
+    }
+    with caplog.at_level(logging.INFO, logger=minimax_m3.__name__):
+        got = loaded(build(model_class, model_dir), list(tensors.items()) + list(buffers.items()))
+    assert_same_state(got, loaded(build(model_class, model_dir), tensors.items()))
+    assert "skipped 2 rotary buffer(s)" in caplog.text

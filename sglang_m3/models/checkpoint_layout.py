@@ -22,6 +22,13 @@ import re
 from sglang_m3.config import M3TextSpec
 
 IGNORED_PREFIXES = ("mtp.", "model.mtp.", "language_model.mtp.", "language_model.model.mtp.")
+#: endings of buffers that some tools save beside the weights (rotary tables, which the model
+#: computes from the config): skipped, as SGLang's own loaders skip them
+DERIVED_BUFFER_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
+
+
+def is_derived_buffer(name: str) -> bool:
+    return name.endswith(DERIVED_BUFFER_SUFFIXES)
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.*)$")
 #: tensor-name endings that only quantized checkpoints have -> the format they indicate
 _QUANTIZED_SUFFIXES = {

@@ -33,6 +33,7 @@ from sglang_m3.models.checkpoint_layout import (
     CheckpointError,
     canonical_dense_mlp_name,
     expected_text_tensors,
+    is_derived_buffer,
     refuse_quantized_tensor,
     text_tensor_name,
 )
@@ -316,6 +317,7 @@ class TextWeightLoader:
         self.params = dict(model.named_parameters())
         self.seen: set[str] = set()
         self.skipped_mtp = 0
+        self.skipped_buffers = 0
         self.mxfp8_expert_layers = mxfp8_expert_layers(model)
         # An MXFP8 checkpoint's weight/scale pairs become plain weights here (dequantize at load),
         # but for the modules whose parameters stay MXFP8 (keeps_quantized).
@@ -329,6 +331,9 @@ class TextWeightLoader:
     def load_one(self, checkpoint_name: str, tensor: torch.Tensor) -> None:
         if checkpoint_name.startswith(IGNORED_PREFIXES):
             self.skipped_mtp += 1
+            return
+        if is_derived_buffer(checkpoint_name):
+            self.skipped_buffers += 1
             return
         if self.dequantizer is None:
             refuse_quantized_tensor(checkpoint_name, tensor)
@@ -406,6 +411,8 @@ class TextWeightLoader:
                 "dequantized %d MXFP8 weight(s) at load, kept %d routed-expert and %d linear weight(s) in MXFP8",
                 kept.dequantized, kept.kept_experts, kept.kept_quantized - kept.kept_experts,
             )
+        if self.skipped_buffers:
+            logger.info("skipped %d rotary buffer(s) (rotary_emb.*): the model computes them from the config", self.skipped_buffers)
         if self.skipped_mtp:
             logger.info(
                 "skipped %d multi-token-prediction tensor(s) (mtp.*): not used until speculative decoding reads them",

@@ -15,6 +15,7 @@ import torch
 from sglang.srt.managers.mm_utils import general_mm_embed_routine, pad_mm_tokens
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
+from sglang_m3.models.checkpoint_layout import is_derived_buffer
 from sglang_m3.models.minimax_m3 import MiniMaxM3SparseForCausalLM, TextWeightLoader
 from sglang_m3.models.vision import MiniMaxM3VisionEncoder
 
@@ -60,7 +61,7 @@ class MiniMaxM3SparseForConditionalGeneration(MiniMaxM3SparseForCausalLM):
 
         def vision_stream():
             for name, tensor in weights:
-                if MiniMaxM3VisionEncoder.param_name(name) is None:
+                if MiniMaxM3VisionEncoder.param_name(name) is None or is_derived_buffer(name):  # the text loader skips buffers
                     text.load_one(name, tensor)
                 else:
                     yield name, tensor
