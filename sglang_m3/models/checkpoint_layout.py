@@ -28,7 +28,10 @@ DERIVED_BUFFER_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rota
 
 
 def is_derived_buffer(name: str) -> bool:
+    """Whether checkpoint tensor ``name`` is one of the ``DERIVED_BUFFER_SUFFIXES`` buffers."""
     return name.endswith(DERIVED_BUFFER_SUFFIXES)
+
+
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.*)$")
 #: tensor-name endings that only quantized checkpoints have -> the format they indicate
 _QUANTIZED_SUFFIXES = {
