@@ -248,6 +248,13 @@ def _scale(sm_scale: float | None, head_dim: int) -> float:
     return 1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale
 
 
+def topk_widths(nbp: int) -> dict[str, int]:
+    """The decode top-k's narrower widths (blocks ranked) below its full ``nbp``: a sixteenth and a
+    quarter of it, at least 16 blocks (a graph of a 128K context: 128 and 512 of 2,048)."""
+    short = max(16, nbp // 16)
+    return {"SHORT": short, "MEDIUM": max(short, nbp // 4)}
+
+
 def decode_select(
     plan: DecodePlan, iq: torch.Tensor, ik_cache: torch.Tensor, ik_scale: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -303,6 +310,7 @@ def decode_select(
         selected.stride(0), selected.stride(1),
         NUM_HEADS=hkv, BLOCK=p.block_size, NBP=nbp,
         TOPK=p.topk, KP=_pow2(p.topk), LOCAL=p.local_blocks, INIT=p.init_blocks,
+        **topk_widths(nbp),
         TREE=tree is not None, depth_ptr=None if tree is None else tree.depth,
         num_warps=max(1, min(16, nbp // 1024)),  # <= 32 scores per thread: no register spills
     )

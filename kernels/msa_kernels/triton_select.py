@@ -88,6 +88,20 @@ def union_ids(ids, UP: tl.constexpr):
 
 
 @triton.jit
+def choose_blocks(
+    score_ptr, sel_ptr, score_row, sel_row, own, live,
+    WIDTH: tl.constexpr, TOPK: tl.constexpr, KP: tl.constexpr, LOCAL: tl.constexpr, INIT: tl.constexpr,
+):
+    """Forced blocks + top-k of one score row whose visible blocks all lie below ``WIDTH``."""
+    blk = tl.arange(0, WIDTH)
+    scores = tl.load(score_ptr + score_row + blk, mask=(blk <= own) & live, other=float("-inf"))
+    ranked = forced_or_visible_scores(scores, blk, own, LOCAL, INIT)
+    chosen = sort_ids(topk_ids(ranked, blk, TOPK, KP))
+    slot = tl.arange(0, KP)
+    tl.store(sel_ptr + sel_row + slot, chosen, mask=(slot < TOPK) & live)
+
+
+@triton.jit
 def decode_topk_kernel(
     score_ptr, sel_ptr,
     tile_tok0_ptr, tile_pos0_ptr, tile_ntok_ptr,
@@ -95,6 +109,7 @@ def decode_topk_kernel(
     s_sel_t, s_sel_h,
     NUM_HEADS: tl.constexpr, BLOCK: tl.constexpr, NBP: tl.constexpr,
     TOPK: tl.constexpr, KP: tl.constexpr, LOCAL: tl.constexpr, INIT: tl.constexpr,
+    SHORT: tl.constexpr, MEDIUM: tl.constexpr,
     TREE: tl.constexpr = False, depth_ptr=None,
 ):
     """Per (request, index head, query token): forced blocks + top-k of that token's scores.
@@ -103,6 +118,11 @@ def decode_topk_kernel(
     with few warps: the TOPK serial reductions are then warp shuffles without block barriers.
     A chain's token ``t`` sits at ``pos0 + t``; a draft tree's (``TREE``) at ``pos0 + depth``,
     its depth read from ``depth_ptr`` (last, with ``TREE``: chain launches leave both out).
+
+    ``NBP`` covers the longest context the plan allows (a CUDA graph's: the model's whole
+    context), but each token ranks only the ``SHORT``, ``MEDIUM`` or ``NBP`` first blocks, the
+    narrowest width that holds its visible ones: the TOPK serial reductions cost in proportion to
+    the width, and a graphed 2K-token decode would otherwise rank 2,048 blocks to pick among 16.
     """
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -114,10 +134,12 @@ def decode_topk_kernel(
     else:
         pos = tl.load(tile_pos0_ptr + b) + t
     own = pos // BLOCK
-    blk = tl.arange(0, NBP)
-    row = t * NUM_HEADS + h
-    scores = tl.load(score_ptr + b * s_sc_b + row * s_sc_r + blk, mask=(blk <= own) & (t < ntok), other=float("-inf"))
-    ranked = forced_or_visible_scores(scores, blk, own, LOCAL, INIT)
-    chosen = sort_ids(topk_ids(ranked, blk, TOPK, KP))
-    slot = tl.arange(0, KP)
-    tl.store(sel_ptr + (tok0 + t) * s_sel_t + h * s_sel_h + slot, chosen, mask=(slot < TOPK) & (t < ntok))
+    live = t < ntok
+    score_row = b * s_sc_b + (t * NUM_HEADS + h) * s_sc_r
+    sel_row = (tok0 + t) * s_sel_t + h * s_sel_h
+    if own < SHORT:
+        choose_blocks(score_ptr, sel_ptr, score_row, sel_row, own, live, SHORT, TOPK, KP, LOCAL, INIT)
+    elif own < MEDIUM:
+        choose_blocks(score_ptr, sel_ptr, score_row, sel_row, own, live, MEDIUM, TOPK, KP, LOCAL, INIT)
+    else:
+        choose_blocks(score_ptr, sel_ptr, score_row, sel_row, own, live, NBP, TOPK, KP, LOCAL, INIT)

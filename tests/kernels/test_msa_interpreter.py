@@ -128,6 +128,52 @@ def test_decode_matches_reference(interpreted_api, q_len, ragged):
     torch.testing.assert_close(out2[rows], out[rows], rtol=0, atol=0)
 
 
+def test_decode_topk_widths_pick_what_the_full_width_picks(interpreted_api):
+    """A graph's plan spans the model's whole context (256 blocks here), so the top-k ranks only
+    the narrowest width holding a token's visible blocks (16, 64 or 256 of them): tokens in each
+    width, and at each width's last block, choose what the reference chooses over every block."""
+    from msa_kernels.plan import Tiles
+    from msa_kernels.reference import select_blocks
+    from msa_kernels.triton_select import decode_topk_kernel
+
+    params = MSAParams(block_size=BLOCK, topk=4, local_blocks=1, init_blocks=1)
+    nbp, heads = 256, 2
+    widths = interpreted_api.topk_widths(nbp)
+    assert (widths["SHORT"], widths["MEDIUM"]) == (16, 64)
+    # own block 0 (fewer visible than topk), 3, 15 | 16, 40, 63 | 64, 200, 255
+    positions = torch.tensor([5, 3 * BLOCK + 2, 16 * BLOCK - 1, 16 * BLOCK, 40 * BLOCK + 7, 64 * BLOCK - 1,
+                              64 * BLOCK, 200 * BLOCK + 9, 256 * BLOCK - 1])
+    batch = positions.numel()
+    gen = torch.Generator().manual_seed(11)
+    scores = torch.randn(batch, 16, nbp, generator=gen)  # rows >= heads, as decode_select pads them
+    scores[:, :, 30] = scores[:, :, 31]  # a tie: the lower block id wins, as in torch's topk
+    tiles = Tiles(req=torch.arange(batch, dtype=torch.int32), tok0=torch.arange(batch, dtype=torch.int32),
+                  pos0=positions.int(), ntok=torch.ones(batch, dtype=torch.int32), max_tokens=1)
+    selected = torch.full((batch, heads, params.topk), -7, dtype=torch.int32)
+    decode_topk_kernel[(batch, heads, 1)](
+        scores, selected, tiles.tok0, tiles.pos0, tiles.ntok,
+        scores.stride(0), scores.stride(1), selected.stride(0), selected.stride(1),
+        NUM_HEADS=heads, BLOCK=BLOCK, NBP=nbp, TOPK=params.topk, KP=params.topk,
+        LOCAL=params.local_blocks, INIT=params.init_blocks, **widths,
+    )
+    expected = select_blocks(scores[:, :heads, :nbp], positions, params)
+    assert torch.equal(selected.long(), expected)
+
+
+def test_decode_in_a_whole_context_plan_matches_reference(interpreted_api):
+    """Decode through a page table as wide as a graph's (256 blocks), with requests whose own
+    blocks fall in each of the top-k's widths."""
+    params = MSAParams(block_size=BLOCK, topk=4, local_blocks=1, init_blocks=0)
+    seq_lens = [40, 1025, 2000]  # own blocks 2, 64 (the first past the middle width), 124
+    max_context = 256 * BLOCK
+    batch = _batch(seq_lens, [1] * 3, 4, 2, seed=5, decode_q_len=1, max_context=max_context)
+    plan = plan_decode(params, _page_table(batch, max_context), torch.tensor(seq_lens), q_len=1, num_kv_heads=2, num_sms=24)
+    out, selected = interpreted_api.run_decode(plan, batch.q, batch.k_cache, batch.v_cache, batch.iq, batch.ik_cache)
+    agreement = compare_with_reference(batch, params, out, selected, rel_tol=1e-4)
+    assert agreement.ok, agreement.failures
+    assert agreement.rows == 3 * 2
+
+
 def test_decode_and_prefill_agree_on_the_last_token(interpreted_api):
     """The two paths are different kernels; for the same context they must choose and compute alike."""
     params = MSAParams(block_size=BLOCK, topk=4, local_blocks=1, init_blocks=0)
