@@ -32,7 +32,10 @@ if [[ ! -f "$STAMP" ]]; then
                manylinux_2_24 manylinux_2_17 manylinux2014 manylinux1; do
         PLATFORMS+=(--platform "${tag}_x86_64")
     done
-    "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    # setup.sh's venv (made by uv) has no pip; any Python with pip can download wheels for another.
+    PIP_PY="$PY"
+    "$PIP_PY" -m pip --version >/dev/null 2>&1 || PIP_PY=python3
+    "$PIP_PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --abi cp312 --abi abi3 --abi none "${PLATFORMS[@]}" --platform any -d "$WHEELS" "${REQS[@]}"
     touch "$STAMP"
 fi

@@ -14,7 +14,8 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 ARCHIVE="${M3_SITE_ARCHIVE:-$ROOT/scripts/gpu/build/site.tar.xz}"
 SITE=/tmp/m3-gpu-site
-PLUGIN=/tmp/m3-gpu-plugin
+# rebuilt at every call: commands run side by side (one per GPU) each name their own
+PLUGIN="${M3_PLUGIN_DIR:-/tmp/m3-gpu-plugin}"
 export OUT="${OUT:-$ROOT/gpu-out}"
 mkdir -p "$OUT"
 
