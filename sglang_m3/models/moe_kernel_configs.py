@@ -2,7 +2,8 @@
 
 SGLang 0.5.23 ships no tuned fused-MoE table for M3's experts (128 experts of intermediate size
 3072 at hidden 6144: ``E=128,N=3072``), so its kernel falls back to one heuristic tile (64x64x32 for
-every prefill size), far from what an H100 does on 8K-token chunks. The tables here were measured
+every prefill size), about half the speed of the best tile on 8K-token chunks on an H100 or an
+H200 (1.8-2.2x in the tuner). The tables here were measured
 with ``benchmarks/tune_fused_moe.py`` on the lent GPU through SGLang's own ``fused_experts`` and
 are applied per call with SGLang's ``override_config`` (the M3 MoE block knows its token count on
 the host, so the choice is fixed per captured graph shape and needs no device read).
