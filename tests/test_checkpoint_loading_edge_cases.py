@@ -217,3 +217,43 @@ def test_rotary_buffers_saved_by_other_tools_are_skipped(model_kind, request, ca
         got = loaded(build(model_class, model_dir), list(tensors.items()) + list(buffers.items()))
     assert_same_state(got, loaded(build(model_class, model_dir), tensors.items()))
     assert "skipped 2 rotary buffer(s)" in caplog.text
+
+
+@pytest.mark.parametrize("model_kind", sorted(CLASSES))
+def test_a_tied_checkpoint_may_keep_the_output_layer_copy(model_kind, request, tmp_path, caplog):
+    """With ``tie_word_embeddings`` the output layer is the embedding; a checkpoint that still
+    stores ``lm_head.weight`` (some exporters keep it) loads as one without it, the copy unread."""
+    import logging
+    import shutil
+
+    model_class, fixture = CLASSES[model_kind]
+    tied_dir = shutil.copytree(request.getfixturevalue(fixture), tmp_path / "tied")
+    config_path = tied_dir / "config.json"
+    config = json.loads(config_path.read_text())
+    for part in (config, config.get("text_config") or {}):  # the shipped layout carries it at both levels
+        part["tie_word_embeddings"] = True
+    config_path.write_text(json.dumps(config))
+    tensors = read_tensors(str(tied_dir))
+    head = next(key for key in tensors if key.endswith("lm_head.weight"))
+    stray = tensors.pop(head)
+    embedding = next(value for key, value in tensors.items() if key.endswith("model.embed_tokens.weight"))
+    assert not torch.equal(stray, embedding)  # a copy that disagrees cannot slip in unnoticed below
+    with caplog.at_level(logging.INFO, logger=minimax_m3.__name__):
+        got = loaded(build(model_class, str(tied_dir)), list(tensors.items()) + [(head, stray)])
+    assert_same_state(got, loaded(build(model_class, str(tied_dir)), tensors.items()))
+    model = build(model_class, str(tied_dir))
+    loaded(model, tensors.items())
+    assert model.lm_head is model.model.embed_tokens
+    assert "skipped lm_head.weight: tie_word_embeddings is true" in caplog.text
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int8, torch.bool])
+def test_an_integer_weight_is_refused_by_name(text_dir, dtype):
+    """Loading casts a tensor to its parameter's dtype, so integers stored for a weight (a broken
+    export) would load as garbage: the tensor is refused, named, before anything is copied."""
+    tensors = read_tensors(text_dir)
+    name = LAYER.replace("language_model.", "") + "0.self_attn.o_proj.weight"
+    name = name if name in tensors else "language_model." + name
+    tensors[name] = tensors[name].to(dtype)
+    with pytest.raises(CheckpointError, match=rf"'{name.replace('.', '[.]')}' is {dtype}"):
+        loaded(build(MiniMaxM3SparseForCausalLM, text_dir), tensors.items())

@@ -318,6 +318,7 @@ class TextWeightLoader:
         self.seen: set[str] = set()
         self.skipped_mtp = 0
         self.skipped_buffers = 0
+        self.skipped_tied_head = False
         self.mxfp8_expert_layers = mxfp8_expert_layers(model)
         # An MXFP8 checkpoint's weight/scale pairs become plain weights here (dequantize at load),
         # but for the modules whose parameters stay MXFP8 (keeps_quantized).
@@ -345,12 +346,23 @@ class TextWeightLoader:
         name = text_tensor_name(checkpoint_name)
         if name is None:
             raise CheckpointError(f"checkpoint tensor '{checkpoint_name}' is not part of the M3 text model")
+        if name == "lm_head.weight" and self.spec.tie_word_embeddings:
+            # Some exporters keep the tied output layer's copy; transformers and SGLang's own
+            # loaders tie it to the embedding and never read it.
+            self.skipped_tied_head = True
+            return
         name = canonical_dense_mlp_name(name, self.spec)
         if name not in self.expected:
             raise CheckpointError(f"checkpoint tensor '{checkpoint_name}' is not part of this M3 configuration")
         if tuple(tensor.shape) != self.expected[name]:
             raise CheckpointError(
                 f"checkpoint tensor '{checkpoint_name}' has shape {tuple(tensor.shape)}, expected {self.expected[name]}"
+            )
+        if isinstance(tensor, torch.Tensor) and not tensor.is_floating_point():
+            # Loading would cast it to the parameter's dtype: integers read as weights are garbage.
+            raise CheckpointError(
+                f"checkpoint tensor '{checkpoint_name}' is {tensor.dtype}: M3's weights are floating point "
+                "(bf16, fp16 or fp32; 8-bit only as an MXFP8 checkpoint declares it)"
             )
         if name in self.seen:
             # Two tensors for one weight (stored twice, or a dense MLP under both the ``mlp.`` and
@@ -411,6 +423,8 @@ class TextWeightLoader:
                 "dequantized %d MXFP8 weight(s) at load, kept %d routed-expert and %d linear weight(s) in MXFP8",
                 kept.dequantized, kept.kept_experts, kept.kept_quantized - kept.kept_experts,
             )
+        if self.skipped_tied_head:
+            logger.info("skipped lm_head.weight: tie_word_embeddings is true, so the output layer is the input embedding")
         if self.skipped_buffers:
             logger.info("skipped %d rotary buffer(s) (rotary_emb.*): the model computes them from the config", self.skipped_buffers)
         if self.skipped_mtp:
