@@ -257,3 +257,11 @@ def test_an_integer_weight_is_refused_by_name(text_dir, dtype):
     tensors[name] = tensors[name].to(dtype)
     with pytest.raises(CheckpointError, match=rf"'{name.replace('.', '[.]')}' is {dtype}"):
         loaded(build(MiniMaxM3SparseForCausalLM, text_dir), tensors.items())
+
+
+def test_an_integer_vision_weight_is_refused_by_name(vl_dir):
+    tensors = read_tensors(vl_dir)
+    name = next(key for key in tensors if key.startswith("vision_tower.") and key.endswith("fc1.weight"))
+    tensors[name] = tensors[name].to(torch.int32)
+    with pytest.raises(ValueError, match=rf"{name.replace('.', '[.]')}: torch.int32, expected a floating-point weight"):
+        loaded(build(MiniMaxM3SparseForConditionalGeneration, vl_dir), tensors.items())

@@ -340,6 +340,9 @@ class MiniMaxM3VisionEncoder(nn.Module):
                     f"{checkpoint_name}: shape {tuple(tensor.shape)}, expected {tuple(param.shape)}"
                 )
                 continue
+            if not tensor.is_floating_point():  # the copy would cast integers into a weight
+                problems.append(f"{checkpoint_name}: {tensor.dtype}, expected a floating-point weight")
+                continue
             with torch.no_grad():
                 param.copy_(tensor.to(param.dtype))
             loaded.add(name)
