@@ -38,6 +38,28 @@ def test_a_missing_table_leaves_sglangs_choice():
     assert load_table(table_name(7, 11, 13, "no such GPU", "0.0.0")) is None
 
 
+def test_a_shape_without_a_table_is_logged_once(monkeypatch, caplog):
+    """A server whose per-rank expert shape has no table (e.g. a TP8 recipe) says so once, with
+    the file it looked for; the shipped shapes load theirs without a word."""
+    import logging
+
+    import torch
+    import triton
+
+    from sglang_m3.models import moe_kernel_configs
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "NVIDIA H200")
+    monkeypatch.setattr(triton, "__version__", "3.6.0")  # the lent GPU's, which the tables name
+    moe_kernel_configs._report_missing.cache_clear()  # once per process: start this one afresh
+    with caplog.at_level(logging.INFO, logger=moe_kernel_configs.__name__):
+        for _ in range(3):  # three MoE layers of one shape
+            assert moe_kernel_configs.tile_table(128, 384, 6144) is None
+        assert moe_kernel_configs.tile_table(128, 1536, 6144)  # shipped for the H200
+    missing = [r.getMessage() for r in caplog.records if "no measured fused-MoE tile table" in r.getMessage()]
+    assert len(missing) == 1
+    assert "E=128,N=384,K=6144,device_name=NVIDIA_H200" in missing[0]
+
+
 @pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(CONFIG_DIR, "*.json"))) or [None])
 def test_shipped_tables_hold_valid_tiles(path):
     if path is None:

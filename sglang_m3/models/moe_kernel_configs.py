@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
+
+logger = logging.getLogger(__name__)
 
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), "moe_kernel_configs")
 
@@ -43,7 +46,22 @@ def tile_table(experts: int, intermediate: int, hidden: int) -> dict[int, dict] 
     import torch
     import triton
 
-    return load_table(table_name(experts, intermediate, hidden, torch.cuda.get_device_name(), triton.__version__))
+    name = table_name(experts, intermediate, hidden, torch.cuda.get_device_name(), triton.__version__)
+    table = load_table(name)
+    if table is None:
+        _report_missing(name)
+    return table
+
+
+@functools.lru_cache(maxsize=None)
+def _report_missing(name: str) -> None:
+    """Once per shape and GPU: prefill chunks then run SGLang's one default tile, about half the
+    tuned speed in the tuner on H100 and H200, which a server log should explain."""
+    logger.info(
+        "M3 MoE: no measured fused-MoE tile table %s in %s: SGLang's default tiles serve this shape "
+        "(benchmarks/tune_fused_moe.py --install with this server's --tp-size / --ep-size measures one)",
+        name, CONFIG_DIR,
+    )
 
 
 def nearest(table: dict[int, dict], tokens: int) -> dict:
