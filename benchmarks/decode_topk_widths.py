@@ -17,13 +17,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 
 import torch
 import triton
 
+sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "kernels"))
+from e2e_gpu import commit  # noqa: E402
+from msa_kernel_bench import graph_replay_us  # noqa: E402
 from msa_kernels import api  # noqa: E402
 from msa_kernels.plan import plan_decode  # noqa: E402
 from msa_kernels.reference import MSAParams  # noqa: E402
@@ -33,15 +35,6 @@ PARAMS = MSAParams(block_size=128, topk=16, local_blocks=1, init_blocks=0)
 GRAPH_CONTEXT = 131072 + 256 + 128  # e2e_gpu.py's --context-length
 BATCHES = (1, 16, 64)
 LIVE_CONTEXTS = (2048, 32768, 131072)
-
-
-def graph_us(step) -> float:
-    step()  # compile outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    return 1000.0 * triton.testing.do_bench(graph.replay, warmup=50, rep=300, return_mode="median")
 
 
 def measure(batch: int, live: int, heads: int) -> dict:
@@ -58,7 +51,7 @@ def measure(batch: int, live: int, heads: int) -> dict:
             scores, selected, tiles.tok0, tiles.pos0, tiles.ntok,
             scores.stride(0), scores.stride(1), selected.stride(0), selected.stride(1),
             NUM_HEADS=heads, BLOCK=PARAMS.block_size, NBP=nbp, TOPK=PARAMS.topk, KP=PARAMS.topk,
-            LOCAL=PARAMS.local_blocks, INIT=PARAMS.init_blocks, **widths, num_warps=max(1, min(16, nbp // 1024)),
+            LOCAL=PARAMS.local_blocks, INIT=PARAMS.init_blocks, **widths, num_warps=api.topk_num_warps(nbp),
         )
 
     full_widths, widths = {"SHORT": nbp, "MEDIUM": nbp}, api.topk_widths(nbp)
@@ -70,8 +63,8 @@ def measure(batch: int, live: int, heads: int) -> dict:
     return {
         "batch": batch, "heads": heads, "live_tokens": live, "graph_tokens": GRAPH_CONTEXT, "nbp": nbp, **widths,
         "identical": identical,
-        "full_width_us": graph_us(lambda: launch(full_sel, full_widths)),
-        "widths_us": graph_us(lambda: launch(sel, widths)),
+        "full_width_us": graph_replay_us(lambda _: launch(full_sel, full_widths), 1),
+        "widths_us": graph_replay_us(lambda _: launch(sel, widths), 1),
     }
 
 
@@ -87,10 +80,7 @@ def main() -> None:
                 row = measure(batch, live, heads)
                 rows.append(row)
                 print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
-    commit = os.environ.get("M3_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-    ).stdout.strip()
-    result = {"gpu": torch.cuda.get_device_name(), "commit": commit, "triton": triton.__version__, "rows": rows}
+    result = {"gpu": torch.cuda.get_device_name(), "commit": commit(), "triton": triton.__version__, "rows": rows}
     with open(args.out, "w", encoding="utf-8") as handle:
         json.dump(result, handle, indent=1)
     if not all(row["identical"] for row in rows):

@@ -538,7 +538,7 @@ def breakdown() -> dict:
         r["topk"] = graph_us(lambda: decode_topk_kernel[(B, HKV, T)](
             scores, sel, tiles.tok0, tiles.pos0, tiles.ntok, scores.stride(0), scores.stride(1), sel.stride(0), sel.stride(1),
             NUM_HEADS=HKV, BLOCK=128, NBP=nbp, TOPK=16, KP=16, LOCAL=1, INIT=0, **api.topk_widths(nbp),
-            num_warps=max(1, min(16, nbp // 1024))))
+            num_warps=api.topk_num_warps(nbp)))
         r["select_total"] = graph_us(lambda: api.decode_select(plan, iq, ik))
         r["step_total"] = graph_us(lambda: api.run_decode(plan, q, k, v, iq, ik))
         out = torch.empty_like(q)

@@ -255,6 +255,12 @@ def topk_widths(nbp: int) -> dict[str, int]:
     return {"SHORT": short, "MEDIUM": max(short, nbp // 4)}
 
 
+def topk_num_warps(nbp: int) -> int:
+    """Warps of the decode top-k over ``nbp`` blocks: at most 32 scores per thread (no register
+    spills), as few warps as that allows (the serial reductions then need fewer block barriers)."""
+    return max(1, min(16, nbp // 1024))
+
+
 def decode_select(
     plan: DecodePlan, iq: torch.Tensor, ik_cache: torch.Tensor, ik_scale: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -312,7 +318,7 @@ def decode_select(
         TOPK=p.topk, KP=_pow2(p.topk), LOCAL=p.local_blocks, INIT=p.init_blocks,
         **topk_widths(nbp),
         TREE=tree is not None, depth_ptr=None if tree is None else tree.depth,
-        num_warps=max(1, min(16, nbp // 1024)),  # <= 32 scores per thread: no register spills
+        num_warps=topk_num_warps(nbp),
     )
     return selected
 
