@@ -7,7 +7,9 @@ fastest config wins, SGLang's heuristic default is always among the candidates, 
 never slower than what SGLang would pick. The table lands in ``--out`` (and with ``--install`` in
 ``sglang_m3/models/moe_kernel_configs/``, where the M3 MoE block reads it).
 
-``--ep N`` tunes one rank's share under expert parallelism: 128/N local experts, and each token's
+``--shared-slot`` tunes the shape the M3 MoE block serves decode-size batches with (up to its
+``FUSED_SHARED_MAX_ROWS`` rows): the shared expert held in the fused layer as one more expert that
+every token chooses (E=129, top-5, as upstream's). ``--ep N`` tunes one rank's share under expert parallelism: 128/N local experts, and each token's
 top-4 drawn over all 128 experts with the other ranks' choices dropped (id -1, as SGLang's
 dispatcher maps them), so a rank sees about 4/N of the choices. Upstream's M3 does not fuse its
 shared expert under expert parallelism, so ``--upstream --ep N`` tunes the same shape and writes
@@ -230,6 +232,8 @@ def main(argv=None) -> int:
                         help="no tuning: install the tables that these reports carry (no GPU needed)")
     parser.add_argument("--install", action="store_true", help="also write the table into sglang_m3/models/moe_kernel_configs/")
     parser.add_argument("--upstream", action="store_true", help="tune upstream M3's shape (shared expert fused: E=129, top-5) in SGLang's table layout")
+    parser.add_argument("--shared-slot", action="store_true",
+                        help="tune ours' decode shape with the shared expert in the fused layer (E=129, top-5; batches up to FUSED_SHARED_MAX_ROWS)")
     parser.add_argument("--ep", type=int, default=1, help="expert-parallel ranks: tune one rank's 128/ep local experts")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks without expert parallelism: tune one rank's intermediate slice")
     parser.add_argument("--tma", action="store_true", help="also time every tile with USE_TMA (Hopper tensor descriptors for the weights)")
@@ -256,14 +260,21 @@ def main(argv=None) -> int:
         parser.error("--tp and --ep are exclusive: under expert parallelism each rank holds whole experts")
     if model["intermediate_size"] % args.tp:
         parser.error(f"--tp {args.tp} does not divide the intermediate size {model['intermediate_size']}")
-    shared_fused = args.upstream and args.ep == 1  # upstream fuses its shared expert only without expert parallelism
+    if args.shared_slot and (args.upstream or args.ep > 1):
+        parser.error("--shared-slot is ours' shape without expert parallelism (--upstream fuses its shared expert itself)")
+    shared_fused = (args.upstream or args.shared_slot) and args.ep == 1  # neither fuses it under expert parallelism
+    tokens_tuned = TOKENS
+    if args.shared_slot:
+        from sglang_m3.models.fused_moe import FUSED_SHARED_MAX_ROWS
+
+        tokens_tuned = tuple(tokens for tokens in TOKENS if tokens <= FUSED_SHARED_MAX_ROWS)
     experts = model["num_local_experts"] // args.ep + int(shared_fused)
     intermediate, hidden = model["intermediate_size"] // args.tp, model["hidden_size"]
     alpha, limit = model["swiglu_alpha"], model["swiglu_limit"]
     model_dir = write_midsize_checkpoint(tempfile.mkdtemp(prefix="m3-tune-"), 1, 3)
 
     started = time.perf_counter()
-    work = [(tokens, config) for tokens in TOKENS for config in candidates(tokens, args.tma)]
+    work = [(tokens, config) for tokens in tokens_tuned for config in candidates(tokens, args.tma)]
     shares = [work[i :: args.workers] for i in range(args.workers)]
     with ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         outcomes = list(pool.map(compile_share, [(model_dir, alpha, limit, shared_fused, args.ep, share) for share in shares]))
@@ -279,7 +290,7 @@ def main(argv=None) -> int:
     torch.set_grad_enabled(False)
     case = MoeCase(experts, intermediate, hidden, alpha, limit, shared_fused=shared_fused, ep=args.ep)
     table, report = {}, []
-    for tokens in TOKENS:
+    for tokens in tokens_tuned:
         baseline = default_config(tokens, case)
         timings = [(case.time_us(tokens, baseline, args.reps), baseline, "sglang default")]
         for config in candidates(tokens, args.tma):
@@ -307,7 +318,7 @@ def main(argv=None) -> int:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w", encoding="utf-8") as handle:
             json.dump(table, handle, indent=1)
-    report_name = f"tune_fused_moe{'_upstream' if args.upstream else ''}{f'_ep{args.ep}' if args.ep > 1 else ''}{f'_tp{args.tp}' if args.tp > 1 else ''}_report.json"
+    report_name = f"tune_fused_moe{'_upstream' if args.upstream else ''}{'_shared_slot' if args.shared_slot else ''}{f'_ep{args.ep}' if args.ep > 1 else ''}{f'_tp{args.tp}' if args.tp > 1 else ''}_report.json"
     from e2e_gpu import commit
     with open(os.path.join(args.out, report_name), "w", encoding="utf-8") as handle:
         json.dump({"gpu": torch.cuda.get_device_name(), "commit": commit(), "triton": triton.__version__, "shape": [experts, intermediate, hidden],

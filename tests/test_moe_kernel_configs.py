@@ -133,3 +133,10 @@ def test_tma_doubles_the_candidates_with_use_tma_set():
         plain, both = tuner.candidates(tokens), tuner.candidates(tokens, tma=True)
         assert all("USE_TMA" not in tile for tile in plain)
         assert both[: len(plain)] == plain and both[len(plain):] == [{**tile, "USE_TMA": True} for tile in plain]
+
+
+def test_the_tuner_keeps_the_shared_slot_to_ours_without_expert_parallelism(capsys):
+    for flags in (["--ep", "2"], ["--upstream"]):
+        with pytest.raises(SystemExit):
+            _tuner().main(["--out", "x", "--shared-slot", *flags])
+        assert "--shared-slot is ours' shape without expert parallelism" in capsys.readouterr().err

@@ -10,9 +10,22 @@ layer's own weight loader (it slices for tensor and expert parallelism). The fus
 come from the measured tables of :mod:`sglang_m3.models.moe_kernel_configs` where one exists for
 the shape and GPU.
 
-Nothing here reads a device tensor on the host, so decode can be captured in a CUDA graph; inside
-a captured graph the shared expert overlaps the routed experts on a second stream
-(:mod:`sglang_m3.models.moe_overlap`).
+Nothing here reads a device tensor on the host, so decode can be captured in a CUDA graph.
+
+The shared expert lives in the fused layer as one more expert (slot ``num_experts``: the
+layer's ``num_fused_shared_experts``, as upstream's M3 holds it) wherever it can: an unquantized
+shared expert as wide as a routed one, without expert parallelism (under ``--ep-size`` each rank
+would hold the whole shared expert and the TP all-reduce would add it once per rank). Batches of
+up to ``FUSED_SHARED_MAX_ROWS`` rows (decode, verify) then choose it as a fifth expert of weight
+1 beside the routed four, one fused kernel for all five: at a few rows the kernel streams the
+shared expert's weights with the routed ones, where two cuBLAS GEMMs beside it left the GPU
+mostly idle (at TP2 on the H200, the shared expert took 54 us per layer as its own GEMMs against
+about 28 us inside upstream's fused kernel). Larger batches (prefill chunks) run the shared
+expert as two dense GEMMs on the same weights (the slot's rows, no copy), which cuBLAS runs
+faster than the fused kernel's tiles. Otherwise the shared expert is a separate ``GatedMLP``,
+overlapping the routed experts on a second stream inside captured graphs
+(:mod:`sglang_m3.models.moe_overlap`). ``SGLANG_M3_FUSE_SHARED_EXPERT=0`` keeps it separate (the
+A/B switch).
 
 Which block serves (:func:`make_moe_block`): on a CUDA platform, bf16/fp16 models take this fused
 block; fp32 models take the torch block's ``static`` path, because SGLang's Triton fused MoE
@@ -32,12 +45,15 @@ import contextlib
 import logging
 
 import torch
+import torch.nn.functional as F
 from sglang.srt.distributed import tensor_model_parallel_all_reduce
 from sglang.srt.distributed.parallel_state import get_tensor_model_parallel_world_size
+from sglang.srt.runtime_context import get_parallel
 from torch import nn
 
 from sglang_m3.config import M3TextSpec
 from sglang_m3.env_switch import env_choice
+from sglang_m3.models.fused_activation import GatedActivation
 from sglang_m3.models.moe import GatedMLP, M3SparseMoeBlock
 from sglang_m3.models.moe_kernel_configs import nearest, tile_table
 from sglang_m3.models.moe_overlap import overlap_stream, shared_beside_routed
@@ -48,6 +64,21 @@ logger = logging.getLogger(__name__)
 
 MOE_IMPL_ENV = "SGLANG_M3_MOE_IMPL"
 MOE_IMPLS = ("auto", "loop", "static", "fused", "mxfp8", "torch")
+FUSE_SHARED_ENV = "SGLANG_M3_FUSE_SHARED_EXPERT"
+#: the most rows whose shared expert runs inside the fused kernel (decode and verify batches up to
+#: SGLang's default largest captured graph); more rows take dense GEMMs on the slot's weights
+FUSED_SHARED_MAX_ROWS = 256
+
+
+def fuses_shared_expert(spec: M3TextSpec, quant_config) -> bool:
+    """Whether the fused layer holds the shared expert as one more expert (module docstring)."""
+    if env_choice(FUSE_SHARED_ENV, ("1", "0"), "'1' (shared expert in the fused layer) or '0'") == "0":
+        return False
+    return (
+        quant_config is None
+        and spec.shared_intermediate_size == spec.moe_intermediate_size
+        and get_parallel().moe_ep_size == 1
+    )
 
 
 class M3FusedMoeBlock(nn.Module):
@@ -61,11 +92,15 @@ class M3FusedMoeBlock(nn.Module):
         e, h = spec.num_experts, spec.hidden_size
         add_router_parameters(self, spec)
         swiglu = spec.hidden_act != "silu"
+        #: the shared expert's expert id in the fused layer, or None when it is a separate GatedMLP
+        self.shared_slot = e if fuses_shared_expert(spec, quant_config) else None
+        fused_shared = int(self.shared_slot is not None)
         # The experts are plain weights here (a BF16 checkpoint, or MXFP8 dequantized at load):
         # the quantization config (MXFP8 dense linears on CUDA) is the shared expert's only.
         self.experts = get_moe_impl_class(None)(
-            num_experts=e,
-            top_k=self.top_k,
+            num_experts=e + fused_shared,
+            num_fused_shared_experts=fused_shared,
+            top_k=self.top_k + fused_shared,
             hidden_size=h,
             intermediate_size=spec.moe_intermediate_size,
             layer_id=layer_id,
@@ -78,12 +113,17 @@ class M3FusedMoeBlock(nn.Module):
             gate_up_interleaved=False,
             prefix=f"{prefix}.experts",
         )
-        local_experts, _, hidden = self.experts.w13_weight.shape
-        #: measured tiles for this rank's expert shape on this GPU (None: SGLang's own choice)
-        self.tile_table = tile_table(local_experts, self.experts.w2_weight.shape[2], hidden)
-        self.shared_experts = GatedMLP(
-            spec, spec.shared_intermediate_size, reduce_results=False, quant_config=quant_config, prefix=f"{prefix}.shared_experts"
-        )
+        slots, intermediate, hidden = self.experts.w13_weight.shape[0], self.experts.w2_weight.shape[2], h
+        #: measured tiles for this rank's routed experts alone, and for them with the shared slot
+        #: chosen by every row (None: SGLang's own choice)
+        self.tile_table = tile_table(slots - fused_shared, intermediate, hidden)
+        self.shared_tile_table = tile_table(slots, intermediate, hidden) if fused_shared else None
+        if fused_shared:
+            self.shared_act = GatedActivation(spec.hidden_act, spec.swiglu_alpha, spec.swiglu_limit)
+        else:
+            self.shared_experts = GatedMLP(
+                spec, spec.shared_intermediate_size, reduce_results=False, quant_config=quant_config, prefix=f"{prefix}.shared_experts"
+            )
         self.alt_stream = overlap_stream()
 
     def load_expert_weight(self, expert: int, which: str, weight: torch.Tensor) -> None:
@@ -92,26 +132,51 @@ class M3FusedMoeBlock(nn.Module):
         name = f"experts.{'w2' if which == 'w2' else 'w13'}_weight"
         self.experts.weight_loader(param, weight, name, shard_id=which, expert_id=expert)
 
+    def load_shared_weight(self, projection: str, weight: torch.Tensor) -> None:
+        """Checkpoint tensor ``shared_experts.{projection}_proj.weight`` (gate, up or down) into
+        the shared slot, sliced for tensor parallelism as the routed experts are."""
+        self.load_expert_weight(self.shared_slot, {"gate": "w1", "up": "w3", "down": "w2"}[projection], weight)
+
+    def shared_expert(self, x: torch.Tensor) -> torch.Tensor:
+        """The shared expert alone: the separate ``GatedMLP``, or two dense GEMMs over its slot
+        of the fused weights."""
+        if self.shared_slot is None:
+            return self.shared_experts(x)
+        gate_up = F.linear(x, self.experts.w13_weight[self.shared_slot])
+        if getattr(self.experts.quant_method, "w13_swiglu_interleaved", False):
+            # SGLang interleaved gate/up rows for its fused epilogue (plain SiLU gating only)
+            gate_up = gate_up.unflatten(-1, (-1, 2)).transpose(-1, -2).flatten(-2)
+        return F.linear(self.shared_act(gate_up), self.experts.w2_weight[self.shared_slot])
+
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(weights [T, k] fp32 times the routed scale, expert ids [T, k] int32, router logits)."""
         weights, chosen, logits = sigmoid_topk_route(self.gate, self.e_score_correction_bias, x, self.top_k, self.gate_half)
         return weights * self.scaling, chosen.to(torch.int32), logits
 
-    def routed(self, x: torch.Tensor) -> torch.Tensor:
-        """The routed experts' sum for ``x``, already scaled (``x`` has at least one row)."""
+    def routed(self, x: torch.Tensor, with_shared: bool = False) -> torch.Tensor:
+        """The routed experts' sum for ``x``, already scaled (``x`` has at least one row); with
+        ``with_shared`` every row also chooses the shared slot at weight 1."""
         from sglang.srt.layers.moe.fused_moe_triton import override_config
         from sglang.srt.layers.moe.topk import StandardTopKOutput
 
         weights, ids, logits = self.route(x)
-        tiles = nearest(self.tile_table, x.shape[0]) if self.tile_table else None
+        table = self.tile_table
+        if with_shared:
+            weights = F.pad(weights, (0, 1), value=1.0)
+            ids = F.pad(ids, (0, 1), value=self.shared_slot)
+            table = self.shared_tile_table
+        tiles = nearest(table, x.shape[0]) if table else None
         with override_config(tiles) if tiles else contextlib.nullcontext():
             return self.experts(x, StandardTopKOutput(topk_weights=weights, topk_ids=ids, router_logits=logits))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] == 0:
-            return self.shared_experts(x)
-        shared, routed = shared_beside_routed(self.alt_stream, x, self.shared_experts, self.routed)
-        out = routed + shared
+            return self.shared_expert(x)
+        if self.shared_slot is not None and x.shape[0] <= FUSED_SHARED_MAX_ROWS:
+            out = self.routed(x, with_shared=True)
+        else:
+            shared, routed = shared_beside_routed(self.alt_stream, x, self.shared_expert, self.routed)
+            out = routed + shared
         if self.tp_size > 1:
             out = tensor_model_parallel_all_reduce(out)
         return out
@@ -146,10 +211,15 @@ def has_mxfp8_experts(spec: M3TextSpec, layer_id: int) -> bool:
 
 def make_moe_block(spec: M3TextSpec, layer_id: int, quant_config=None, prefix: str = "") -> nn.Module:
     impl = moe_impl(mxfp8_experts=has_mxfp8_experts(spec, layer_id))
+    if impl == "mxfp8":
+        block = M3Mxfp8MoeBlock(spec, layer_id, quant_config, prefix)
+    elif impl == "fused":
+        block = M3FusedMoeBlock(spec, layer_id, quant_config, prefix)
+    else:
+        block = M3SparseMoeBlock(spec, quant_config, prefix, experts_path=impl)
     if layer_id == min(i for i, moe in enumerate(spec.moe_layers) if moe):
         logger.info("M3 MoE experts: %s path (model dtype %s)", impl, torch.get_default_dtype())
-    if impl == "mxfp8":
-        return M3Mxfp8MoeBlock(spec, layer_id, quant_config, prefix)
-    if impl == "fused":
-        return M3FusedMoeBlock(spec, layer_id, quant_config, prefix)
-    return M3SparseMoeBlock(spec, quant_config, prefix, experts_path=impl)
+        if getattr(block, "shared_slot", None) is not None:
+            logger.info("M3 MoE: shared expert held in the fused layer (expert %d), inside the fused kernel up to %d rows",
+                        block.shared_slot, FUSED_SHARED_MAX_ROWS)
+    return block

@@ -50,6 +50,7 @@ from sglang_m3.quant.mxfp8 import WEIGHT_DTYPE
 logger = logging.getLogger(__name__)
 
 _EXPERT = re.compile(r"^(model\.layers\.\d+)\.block_sparse_moe\.experts\.(\d+)\.(w1|w2|w3)\.weight$")
+_SHARED_EXPERT = re.compile(r"^(model\.layers\.\d+)\.block_sparse_moe\.shared_experts\.(gate|up|down)_proj\.weight$")
 
 
 class M3Attention(nn.Module):
@@ -405,6 +406,12 @@ class TextWeightLoader:
         if expert:
             self.model.get_submodule(f"{expert.group(1)}.mlp").load_expert_weight(int(expert.group(2)), expert.group(3), tensor)
             return
+        shared = _SHARED_EXPERT.match(name)
+        if shared:
+            block = self.model.get_submodule(f"{shared.group(1)}.mlp")
+            if getattr(block, "shared_slot", None) is not None:  # held by the fused layer (fused_moe)
+                block.load_shared_weight(shared.group(2), tensor)
+                return
         target, shard = self._target(name)
         # an MXFP8 linear's weight and its scale load alike (same rows, input columns / 32)
         parts = {target: tensor.elements, f"{target}_scale_inv": tensor.scales} if isinstance(tensor, MXFP8Weight) else {target: tensor}

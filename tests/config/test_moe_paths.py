@@ -180,3 +180,25 @@ def test_make_moe_block_builds_the_mxfp8_block_unless_the_layer_is_ignored(cuda_
     finally:
         torch.set_default_dtype(previous)
     assert isinstance(block, M3Mxfp8MoeBlock) and block.layer_id == layer and block.w2.dtype == torch.float8_e4m3fn
+
+
+def test_the_fused_layer_holds_the_shared_expert_only_where_it_can(tiny_spec, single_rank, monkeypatch):
+    """Unquantized, as wide as a routed expert, no expert parallelism, and the switch on."""
+    from sglang_m3.models.fused_moe import FUSE_SHARED_ENV, fuses_shared_expert
+
+    monkeypatch.delenv(FUSE_SHARED_ENV, raising=False)
+    assert tiny_spec.shared_intermediate_size == tiny_spec.moe_intermediate_size
+    assert fuses_shared_expert(tiny_spec, None)
+    assert not fuses_shared_expert(tiny_spec, object()), "a quantized shared expert cannot join the bf16 experts"
+    wider = dataclasses.replace(tiny_spec, shared_intermediate_size=2 * tiny_spec.moe_intermediate_size)
+    assert not fuses_shared_expert(wider, None)
+    from sglang.srt.runtime_context import get_parallel
+
+    two_ranks = types.SimpleNamespace(world_size=2, rank_in_group=0)
+    with get_parallel().override(tp_group=two_ranks, tp_size=2, tp_rank=0, moe_ep_size=2, moe_ep_rank=0, moe_tp_size=1, moe_tp_rank=0):
+        assert not fuses_shared_expert(tiny_spec, None), "each expert-parallel rank would add the whole shared expert"
+    monkeypatch.setenv(FUSE_SHARED_ENV, "0")
+    assert not fuses_shared_expert(tiny_spec, None)
+    monkeypatch.setenv(FUSE_SHARED_ENV, "off")
+    with pytest.raises(ValueError, match=FUSE_SHARED_ENV):
+        fuses_shared_expert(tiny_spec, None)

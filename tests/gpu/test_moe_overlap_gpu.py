@@ -13,6 +13,10 @@ the kernel-level test and, served, by sixteen concurrent requests held to the bf
 ``bf16_noise`` against the fp32 reference (a race between the streams would give garbage, far
 outside bf16 noise).
 
+The overlap serves only where the shared expert is a separate MLP (a quantized shared expert,
+expert parallelism); elsewhere the fused layer holds it (``test_fused_shared_expert_gpu``), so the
+served tests here keep it separate (``SGLANG_M3_FUSE_SHARED_EXPERT=0``).
+
 Skipped without CUDA. Run on the lent GPU with ``scripts/gpu/run.sh tests``.
 """
 
@@ -38,7 +42,11 @@ from served_vs_reference import generate, output_ids  # noqa: E402
 from test_tiny_m3_gpu import BF16_NOISE_CEILING  # noqa: E402
 from transformers_oracle import prompt_logprobs, random_prompt  # noqa: E402
 
+from sglang_m3.models.fused_moe import FUSE_SHARED_ENV  # noqa: E402
 from sglang_m3.models.moe_overlap import MOE_OVERLAP_ENV, shared_beside_routed  # noqa: E402
+
+#: the fused MoE with its shared expert as a separate MLP, the layout the overlap serves
+SEPARATE_SHARED = {"SGLANG_M3_MOE_IMPL": "fused", FUSE_SHARED_ENV: "0"}
 
 CAPTURED_LINE = "shared expert captured beside the routed experts"
 
@@ -81,7 +89,7 @@ NEW_TOKENS = 40
 def _serve_and_generate(model_dir, log_dir, overlap: str):
     with launch_gpu_server(
         model_dir, log_dir, "--chunked-prefill-size", "112",
-        env={"SGLANG_M3_MOE_IMPL": "fused", MOE_OVERLAP_ENV: overlap},
+        env={**SEPARATE_SHARED, MOE_OVERLAP_ENV: overlap},
         name=f"bf16-fused-overlap-{overlap}", dtype="bfloat16", prefill_graphs=False,
     ) as server:
         results = {name: generate(server, prompt, NEW_TOKENS, logprob_start=0) for name, prompt in PROMPTS.items()}
@@ -117,7 +125,7 @@ def test_sixteen_concurrent_requests_with_overlap_within_bf16_noise(tiny_checkpo
     model_dir = tiny_checkpoint_factory()
     prompts = [random_prompt(100 + i, 30 + 23 * i) for i in range(CONCURRENT)]
     with launch_gpu_server(
-        model_dir, server_log_dir, "--chunked-prefill-size", "112", env={"SGLANG_M3_MOE_IMPL": "fused"},
+        model_dir, server_log_dir, "--chunked-prefill-size", "112", env=SEPARATE_SHARED,
         name="bf16-fused-overlap-concurrent", dtype="bfloat16", prefill_graphs=False,
     ) as server:
         with concurrent.futures.ThreadPoolExecutor(CONCURRENT) as pool:
