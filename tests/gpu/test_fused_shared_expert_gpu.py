@@ -9,8 +9,9 @@ be held bit for bit across the two layouts (the shared expert's products are sum
 order), so each is held to the ``bf16_noise`` criterion against transformers' fp32 reference, and
 the fused layout's prompt-logprob noise to at most 1.25x the separate layout's plus 0.05 (the
 tensor-parallel tests' bound): a shared expert loaded into the wrong slot, sliced wrongly or
-weighed other than 1 moves logprobs by whole nats. Sixteen concurrent requests on the fused
-layout are held to the same criterion.
+weighed other than 1 moves logprobs by whole nats. Sixteen concurrent requests are held to the
+relative bound alone: under concurrency the tiny model's noise reaches the lone requests' ceiling
+on either layout (see the test).
 
 Skipped without CUDA. Run on the lent GPU with ``scripts/gpu/run.sh tests``.
 """
@@ -84,15 +85,20 @@ def test_fused_shared_expert_within_the_separate_layouts_noise(tiny_checkpoint_f
     assert not failures, failures
 
 
-def test_sixteen_concurrent_requests_with_the_fused_shared_expert(tiny_checkpoint_factory, server_log_dir):
+def test_sixteen_concurrent_requests_within_the_separate_layouts_noise(tiny_checkpoint_factory, server_log_dir):
+    """Under concurrency the prompt-and-served-token noise of the tiny model reaches the ceiling on
+    either layout (the overlap test's separate layout: up to 1.91 nats), so the fused layout is held
+    to the separate layout's noise on the same sixteen prompts, as the lone requests are."""
     model_dir = tiny_checkpoint_factory()
     prompts = [random_prompt(200 + i, 30 + 23 * i) for i in range(CONCURRENT)]
-    results, log = _serve(model_dir, server_log_dir, "1", prompts, concurrent_requests=True)
+    fused, log = _serve(model_dir, server_log_dir, "1", prompts, concurrent_requests=True)
+    separate, _ = _serve(model_dir, server_log_dir, "0", prompts, concurrent_requests=True)
     assert HELD_LINE in log
     failures = []
-    for prompt, result in zip(prompts, results):
-        noise, gap = _noise(model_dir, prompt, result)
-        print(f"[gpu fused shared concurrent] len {len(prompt)}: noise {noise:.3e}, largest gap {gap:.3e}")
-        if noise > BF16_NOISE_CEILING or gap > 2 * noise:
-            failures.append(f"len {len(prompt)}: noise {noise}, largest gap {gap}")
+    for prompt, got, baseline in zip(prompts, fused, separate):
+        (noise, gap), (base_noise, base_gap) = _noise(model_dir, prompt, got), _noise(model_dir, prompt, baseline)
+        print(f"[gpu fused shared concurrent] len {len(prompt)}: noise fused {noise:.3e} / separate {base_noise:.3e}, "
+              f"largest gap {gap:.3e} / {base_gap:.3e}")
+        if gap > 2 * noise or noise > 1.25 * base_noise + 0.05:
+            failures.append(f"len {len(prompt)}: noise {noise} (separate {base_noise}), largest gap {gap}")
     assert not failures, failures
