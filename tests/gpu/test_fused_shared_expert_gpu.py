@@ -10,8 +10,7 @@ order), so each is held to the ``bf16_noise`` criterion against transformers' fp
 the fused layout's prompt-logprob noise to at most 1.25x the separate layout's plus 0.05 (the
 tensor-parallel tests' bound): a shared expert loaded into the wrong slot, sliced wrongly or
 weighed other than 1 moves logprobs by whole nats. Sixteen concurrent requests are held to the
-relative bound alone: under concurrency the tiny model's noise reaches the lone requests' ceiling
-on either layout (see the test).
+same bound on the mean noise over the prompts (see the test for why not per prompt).
 
 Skipped without CUDA. Run on the lent GPU with ``scripts/gpu/run.sh tests``.
 """
@@ -86,19 +85,28 @@ def test_fused_shared_expert_within_the_separate_layouts_noise(tiny_checkpoint_f
 
 
 def test_sixteen_concurrent_requests_within_the_separate_layouts_noise(tiny_checkpoint_factory, server_log_dir):
-    """Under concurrency the prompt-and-served-token noise of the tiny model reaches the ceiling on
-    either layout (the overlap test's separate layout: up to 1.91 nats), so the fused layout is held
-    to the separate layout's noise on the same sixteen prompts, as the lone requests are."""
+    """Under concurrency which requests share a batch follows arrival timing, and in bf16 a row's
+    result follows its batch: the same prompt's noise moved between 0.03 and 1.3 nats from one
+    server to the other in both directions (H200, 2026-11-30; the per-prompt bound failed either
+    way round). So the fused layout's mean noise over the sixteen prompts is held to the separate
+    layout's mean (same bound as the lone requests), and every served token of the fused layout to
+    the near-argmax criterion."""
     model_dir = tiny_checkpoint_factory()
     prompts = [random_prompt(200 + i, 30 + 23 * i) for i in range(CONCURRENT)]
     fused, log = _serve(model_dir, server_log_dir, "1", prompts, concurrent_requests=True)
     separate, _ = _serve(model_dir, server_log_dir, "0", prompts, concurrent_requests=True)
     assert HELD_LINE in log
-    failures = []
+    failures, noises, base_noises = [], [], []
     for prompt, got, baseline in zip(prompts, fused, separate):
         (noise, gap), (base_noise, base_gap) = _noise(model_dir, prompt, got), _noise(model_dir, prompt, baseline)
+        noises.append(noise)
+        base_noises.append(base_noise)
         print(f"[gpu fused shared concurrent] len {len(prompt)}: noise fused {noise:.3e} / separate {base_noise:.3e}, "
               f"largest gap {gap:.3e} / {base_gap:.3e}")
-        if gap > 2 * noise or noise > 1.25 * base_noise + 0.05:
-            failures.append(f"len {len(prompt)}: noise {noise} (separate {base_noise}), largest gap {gap}")
+        if gap > 2 * noise:
+            failures.append(f"len {len(prompt)}: largest gap {gap} over twice the noise {noise}")
+    mean, base_mean = sum(noises) / len(noises), sum(base_noises) / len(base_noises)
+    print(f"[gpu fused shared concurrent] mean noise fused {mean:.3e} / separate {base_mean:.3e}")
+    if mean > 1.25 * base_mean + 0.05:
+        failures.append(f"mean noise {mean} over the separate layout's {base_mean}")
     assert not failures, failures
