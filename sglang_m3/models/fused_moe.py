@@ -17,13 +17,15 @@ layer's ``num_fused_shared_experts``, as upstream's M3 holds it) wherever it can
 shared expert as wide as a routed one, without expert parallelism (under ``--ep-size`` each rank
 would hold the whole shared expert and the TP all-reduce would add it once per rank). Batches of
 up to ``FUSED_SHARED_MAX_ROWS`` rows (decode, verify) then choose it as a fifth expert of weight
-1 beside the routed four, one fused kernel for all five: at a few rows the kernel streams the
-shared expert's weights with the routed ones, where two cuBLAS GEMMs beside it left the GPU
-mostly idle (at TP2 on the H200, the shared expert took 54 us per layer as its own GEMMs against
-about 28 us inside upstream's fused kernel). Larger batches (prefill chunks) run the shared
-expert as two dense GEMMs on the same weights (the slot's rows, no copy), which cuBLAS runs
-faster than the fused kernel's tiles. Otherwise the shared expert is a separate ``GatedMLP``,
-overlapping the routed experts on a second stream inside captured graphs
+1 beside the routed four, one fused kernel for all five, as upstream's decode does. At a few rows
+the kernel streams the shared expert's weights with the routed ones (28 us more at one token at
+TP1 on the H200), where the separate MLP's two GEMMs beside it took 54 us per layer at TP2
+(e00266d profile). Paired on the H200 against the separate layout, decode TPOT moved 1.03x at
+concurrency 1 and 1.00x at 16 at TP1, and 1.11x and 1.00x at TP2 (``benchmarks/results/
+e2e_gpu_h200_notes.md``). Larger batches (prefill chunks) run the shared expert as the two dense
+GEMMs the separate MLP ran, on the slot's weights (no copy); the shared expert inside the fused
+kernel was not timed at prefill sizes. Where the fused layer cannot hold it, the shared expert is
+a separate ``GatedMLP``, overlapping the routed experts on a second stream inside captured graphs
 (:mod:`sglang_m3.models.moe_overlap`). ``SGLANG_M3_FUSE_SHARED_EXPERT=0`` keeps it separate (the
 A/B switch).
 

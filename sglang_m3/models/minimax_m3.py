@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+from collections import Counter
 from importlib.metadata import version
 from typing import Iterable
 
@@ -306,6 +307,16 @@ def announce_implementation(model_class: type) -> None:
     logger.info("sglang-m3 %s serves %s (%s)", version("sglang-m3"), model_class.__name__, model_class.__module__)
 
 
+#: why the loader skips a checkpoint tensor -> the line it logs once, with the count
+SKIPPED = {
+    # Some exporters keep the tied output layer's copy; transformers and SGLang's own loaders tie
+    # it to the embedding and never read it.
+    "tied_head": "skipped lm_head.weight: tie_word_embeddings is true, so the output layer is the input embedding (%d tensor(s))",
+    "rotary": "skipped %d rotary buffer(s) (rotary_emb.*): the model computes them from the config",
+    "mtp": "skipped %d multi-token-prediction tensor(s) (mtp.*): not used until speculative decoding reads them",
+}
+
+
 class TextWeightLoader:
     """Routes checkpoint tensors into the sharded parameters, checking names and shapes."""
 
@@ -317,9 +328,8 @@ class TextWeightLoader:
         self.expected = expected_text_tensors(model.spec)
         self.params = dict(model.named_parameters())
         self.seen: set[str] = set()
-        self.skipped_mtp = 0
-        self.skipped_buffers = 0
-        self.skipped_tied_head = False
+        #: tensors read but not loaded, by reason (a key of ``SKIPPED``)
+        self.skipped: Counter[str] = Counter()
         self.mxfp8_expert_layers = mxfp8_expert_layers(model)
         # An MXFP8 checkpoint's weight/scale pairs become plain weights here (dequantize at load),
         # but for the modules whose parameters stay MXFP8 (keeps_quantized).
@@ -332,10 +342,10 @@ class TextWeightLoader:
 
     def load_one(self, checkpoint_name: str, tensor: torch.Tensor) -> None:
         if checkpoint_name.startswith(IGNORED_PREFIXES):
-            self.skipped_mtp += 1
+            self.skipped["mtp"] += 1
             return
         if is_derived_buffer(checkpoint_name):
-            self.skipped_buffers += 1
+            self.skipped["rotary"] += 1
             return
         if self.dequantizer is None:
             refuse_quantized_tensor(checkpoint_name, tensor)
@@ -348,9 +358,7 @@ class TextWeightLoader:
         if name is None:
             raise CheckpointError(f"checkpoint tensor '{checkpoint_name}' is not part of the M3 text model")
         if name == "lm_head.weight" and self.spec.tie_word_embeddings:
-            # Some exporters keep the tied output layer's copy; transformers and SGLang's own
-            # loaders tie it to the embedding and never read it.
-            self.skipped_tied_head = True
+            self.skipped["tied_head"] += 1
             return
         name = canonical_dense_mlp_name(name, self.spec)
         if name not in self.expected:
@@ -430,15 +438,8 @@ class TextWeightLoader:
                 "dequantized %d MXFP8 weight(s) at load, kept %d routed-expert and %d linear weight(s) in MXFP8",
                 kept.dequantized, kept.kept_experts, kept.kept_quantized - kept.kept_experts,
             )
-        if self.skipped_tied_head:
-            logger.info("skipped lm_head.weight: tie_word_embeddings is true, so the output layer is the input embedding")
-        if self.skipped_buffers:
-            logger.info("skipped %d rotary buffer(s) (rotary_emb.*): the model computes them from the config", self.skipped_buffers)
-        if self.skipped_mtp:
-            logger.info(
-                "skipped %d multi-token-prediction tensor(s) (mtp.*): not used until speculative decoding reads them",
-                self.skipped_mtp,
-            )
+        for reason, count in self.skipped.items():
+            logger.info(SKIPPED[reason], count)
         missing = sorted(set(self.expected) - self.seen) if self.whole else []
         if missing:
             shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
