@@ -43,6 +43,20 @@ def test_packing_twice_keeps_the_first_pack(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["out.tar"]
 
 
+def test_a_file_too_large_to_come_back_stays_out_of_the_archive(tmp_path):
+    """A tuning call's kernel-cache archive once outgrew the device's 16 MiB per returned file;
+    packed with the results it took them all down. Over the limit (here 1 MiB) a file stays out,
+    named, and the rest still comes back."""
+    (tmp_path / "gpu-caches.tar.xz").write_bytes(b"\0" * (2 * 1024 * 1024))
+    (tmp_path / "tune").mkdir()
+    (tmp_path / "tune" / "report.json").write_text("{}")
+    env = {**os.environ, "OUT": str(tmp_path), "M3_SITE_ARCHIVE": "/nonexistent", "M3_PACK_MAX_MB": "1"}
+    done = subprocess.run(["bash", RUN_SH, "pack", "gpu-caches.tar.xz"], env=env, capture_output=True, text=True, check=True)
+    assert members(tmp_path) == {"tune/report.json"}
+    assert "left out of out.tar (over 1 MiB): gpu-caches.tar.xz" in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu-caches.tar.xz", "out.tar"]
+
+
 def caches(out, jit, triton):
     env = {**os.environ, "OUT": str(out), "M3_SITE_ARCHIVE": "/nonexistent",
            "SGLANG_JIT_CACHE_DIR": str(jit), "TRITON_CACHE_DIR": str(triton)}

@@ -41,9 +41,16 @@ if [[ "${1:-}" == pack ]]; then
     # digits, '.', '_' and '-' only (a tuned table's name has '=' and ','): one archive carries
     # everything, and the files named as arguments (paths under $OUT) come back beside it too.
     cd "$OUT"
+    # A file over the device's 16 MiB per returned file never comes back, and one such member
+    # makes out.tar itself too large to come back: a session lost a whole call's results to the
+    # kernel-cache archive of a tuning run packed with them. Files over M3_PACK_MAX_MB (8) stay out of
+    # out.tar, named on stderr (a file named to keep stays beside it, on its own).
+    max_mb="${M3_PACK_MAX_MB:-8}"
+    too_large=$(find . -type f ! -name out.tar -size +"${max_mb}"M -printf '%P\n')
+    for file in $too_large; do echo "pack: left out of out.tar (over ${max_mb} MiB): $file" >&2; done
     # appended, so packing twice keeps what the first pack took in
     [[ -f out.tar ]] || tar cf out.tar --files-from /dev/null
-    tar rf out.tar --exclude=./out.tar .
+    tar rf out.tar --exclude=./out.tar $(printf -- '--exclude=./%s ' $too_large) .
     find . -type f ! -name out.tar -print0 | while IFS= read -r -d '' file; do
         keep=0
         for wanted in "$@"; do [[ "${file#./}" == "${wanted#./}" ]] && keep=1; done
@@ -51,6 +58,7 @@ if [[ "${1:-}" == pack ]]; then
     done
     find . -mindepth 1 -type d -empty -delete
     echo "packed $(tar tf out.tar | grep -vc '/$') files into $OUT/out.tar; kept beside it: ${*:-none}"
+    (( $(stat -c %s out.tar) <= 16 * 1024 * 1024 )) || echo "pack: out.tar is over the 16 MiB a device call hands back: it will not come back" >&2
     exit 0
 fi
 
@@ -64,6 +72,9 @@ if [[ "${1:-}" == caches ]]; then
     (( ${#members[@]} )) || { echo "no kernel cache at $SGLANG_JIT_CACHE_DIR or $TRITON_CACHE_DIR yet: start a server or run a test first" >&2; exit 2; }
     tar cf - "${members[@]}" | xz -T0 -6 > "$OUT/gpu-caches.tar.xz"
     echo "kernel caches: $OUT/gpu-caches.tar.xz ($(du -h "$OUT/gpu-caches.tar.xz" | cut -f1))"
+    # a tuning run compiles hundreds of candidate kernels: its caches outgrow what comes back
+    (( $(stat -c %s "$OUT/gpu-caches.tar.xz") <= 16 * 1024 * 1024 )) \
+        || echo "caches: the archive is over the 16 MiB a device call hands back: it will not come back (pack leaves it out of out.tar)" >&2
     exit 0
 fi
 
