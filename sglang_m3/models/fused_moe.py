@@ -67,8 +67,8 @@ logger = logging.getLogger(__name__)
 MOE_IMPL_ENV = "SGLANG_M3_MOE_IMPL"
 MOE_IMPLS = ("auto", "loop", "static", "fused", "mxfp8", "torch")
 FUSE_SHARED_ENV = "SGLANG_M3_FUSE_SHARED_EXPERT"
-#: the most rows whose shared expert runs inside the fused kernel (decode and verify batches up to
-#: SGLang's default largest captured graph); more rows take dense GEMMs on the slot's weights
+#: the most rows whose shared expert runs inside the fused kernel (decode and verify batches; the
+#: shared-slot tile tables are measured up to here); more rows take dense GEMMs on the slot's weights
 FUSED_SHARED_MAX_ROWS = 256
 
 
