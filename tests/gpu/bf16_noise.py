@@ -11,7 +11,8 @@ too little of the noise; :func:`sequence_noise` adds the served tokens' own posi
 from __future__ import annotations
 
 import torch
-from transformers_oracle import load_reference_model
+from served_vs_reference import output_ids
+from transformers_oracle import load_reference_model, prompt_logprobs
 
 
 def served_logprobs(result, prompt) -> dict[int, float]:
@@ -45,3 +46,11 @@ def sequence_noise(result, model_dir, prompt, prompt_delta: float) -> float:
     _, picked = _served_rows(model_dir, prompt, served)
     return max(prompt_delta, *(abs(lp - ref) for (lp, *_), ref in zip(entries, picked.tolist())))
 
+
+
+def request_noise(model_dir, prompt, result) -> tuple[float, float]:
+    """(the request's noise: :func:`sequence_noise` over its prompt-logprob delta, the largest of
+    its served tokens' :func:`reference_gaps`)."""
+    reference = prompt_logprobs(model_dir, prompt)
+    delta = max(abs(v - reference[p - 1].item()) for p, v in served_logprobs(result, prompt).items())
+    return sequence_noise(result, model_dir, prompt, delta), max(reference_gaps(model_dir, prompt, output_ids(result)))

@@ -31,11 +31,11 @@ if not torch.cuda.is_available():
 
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "e2e"))
-from bf16_noise import reference_gaps, sequence_noise, served_logprobs  # noqa: E402
+from bf16_noise import request_noise  # noqa: E402
 from gpu_server import launch_gpu_server, log_text  # noqa: E402
 from served_vs_reference import generate, output_ids  # noqa: E402
 from test_tiny_m3_gpu import BF16_NOISE_CEILING  # noqa: E402
-from transformers_oracle import prompt_logprobs, random_prompt  # noqa: E402
+from transformers_oracle import random_prompt  # noqa: E402
 
 from sglang_m3.models.fused_moe import FUSE_SHARED_ENV, FUSED_SHARED_MAX_ROWS  # noqa: E402
 
@@ -43,13 +43,6 @@ HELD_LINE = "shared expert held in the fused layer"
 LENGTHS = (17, 61, 233, 457)
 NEW_TOKENS = 40
 CONCURRENT = 16
-
-
-def _noise(model_dir, prompt, result) -> tuple[float, float]:
-    """(prompt + served-token noise against the fp32 reference, largest served-token gap)."""
-    reference = prompt_logprobs(model_dir, prompt)
-    delta = max(abs(v - reference[p - 1].item()) for p, v in served_logprobs(result, prompt).items())
-    return sequence_noise(result, model_dir, prompt, delta), max(reference_gaps(model_dir, prompt, output_ids(result)))
 
 
 def _serve(model_dir, log_dir, fused: str, prompts, concurrent_requests: bool = False):
@@ -75,7 +68,7 @@ def test_fused_shared_expert_within_the_separate_layouts_noise(tiny_checkpoint_f
     assert HELD_LINE not in separate_log, f"{FUSE_SHARED_ENV}=0 still held it there"
     failures = []
     for prompt, got, baseline in zip(prompts, fused, separate):
-        (noise, gap), (base_noise, base_gap) = _noise(model_dir, prompt, got), _noise(model_dir, prompt, baseline)
+        (noise, gap), (base_noise, base_gap) = request_noise(model_dir, prompt, got), request_noise(model_dir, prompt, baseline)
         same = output_ids(got) == output_ids(baseline)
         print(f"[gpu fused shared] len {len(prompt)}: noise fused {noise:.3e} / separate {base_noise:.3e}, "
               f"largest gap {gap:.3e} / {base_gap:.3e}, tokens {'identical' if same else 'differ'}")
@@ -98,7 +91,7 @@ def test_sixteen_concurrent_requests_within_the_separate_layouts_noise(tiny_chec
     assert HELD_LINE in log
     failures, noises, base_noises = [], [], []
     for prompt, got, baseline in zip(prompts, fused, separate):
-        (noise, gap), (base_noise, base_gap) = _noise(model_dir, prompt, got), _noise(model_dir, prompt, baseline)
+        (noise, gap), (base_noise, base_gap) = request_noise(model_dir, prompt, got), request_noise(model_dir, prompt, baseline)
         noises.append(noise)
         base_noises.append(base_noise)
         print(f"[gpu fused shared concurrent] len {len(prompt)}: noise fused {noise:.3e} / separate {base_noise:.3e}, "
