@@ -7,7 +7,10 @@ innermost Python function at each moment, and the callers it ran under), then mo
 ``--env KEY=VALUE`` starts the server with a switch set (e.g. ``SGLANG_M3_DENSE_PREFIX_SPLIT=0``),
 ``--server-arg`` with a flag (e.g. ``--server-arg=--warmups --server-arg=m3_long_prompt``).
 The Python tracer slows the host several-fold, so gap sizes rank the host work; TTFTs, measured
-without the profiler, say what it costs. Results: ``benchmarks/results/prefill_host_h100/``.
+without the profiler, say what it costs. The trace also gives the request's window in the
+scheduler (its arrival to the first kernel, the GPU span, the kernel time) and the per-kernel
+table; two floors close the account: a 16-token prompt's TTFT and a repeated 32K prompt's (a radix
+hit), both without the profiler. Results: ``benchmarks/results/prefill_host_h100/``.
 
     scripts/gpu/run.sh exec python benchmarks/prefill_host_probe.py --out $OUT --tp 2 --ep 2
 """
@@ -30,7 +33,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from e2e_gpu import IMPLS, LONG_CONTEXT_PROMPT, commit, gpu_name, start_server, stop_server, warm_up  # noqa: E402
 from midsize_m3 import write_midsize_checkpoint  # noqa: E402
 from serving_client import random_prompt, stream_generate  # noqa: E402
-from trace_summary import gpu_gaps, idle_gaps, load_events  # noqa: E402
+from trace_summary import gpu_gaps, idle_gaps, kernel_summary, load_events, timed_kernels  # noqa: E402
 
 #: host ops worth listing one by one (the attention calls of the dense layer and their neighbours)
 WATCHED_OPS = ("cudnn", "scaled_dot_product", "flash")
@@ -38,6 +41,44 @@ WATCHED_OPS = ("cudnn", "scaled_dot_product", "flash")
 
 def ttfts_ms(base_url: str, seeds, count: int) -> list[float]:
     return [round(1e3 * stream_generate(base_url, random_prompt(LONG_CONTEXT_PROMPT, next(seeds)), 1).ttft_s, 1) for _ in range(count)]
+
+
+def floor_ttfts_ms(base_url: str, seeds, count: int) -> dict:
+    """TTFTs that hold a long prompt's cost outside its prefill: a 16-token prompt (the fixed path
+    from HTTP to the first streamed token) and one 32K prompt sent again (a radix hit: its 32K ids
+    still cross HTTP, the tokenizer manager, the scheduler's prefix match, but one token is computed)."""
+    short = [round(1e3 * stream_generate(base_url, random_prompt(16, next(seeds)), 1).ttft_s, 1) for _ in range(count)]
+    repeated = random_prompt(LONG_CONTEXT_PROMPT, next(seeds))
+    stream_generate(base_url, repeated, 1)
+    cached = [round(1e3 * stream_generate(base_url, repeated, 1).ttft_s, 1) for _ in range(count)]
+    return {"ttft_16_ms": short, "ttft_32k_cached_ms": cached}
+
+
+def request_window(events: list[dict], top: int = 15) -> dict:
+    """The profiled request's path through the scheduler, from the trace: the host time from the
+    scheduler's ``handle_generate_request`` to the prefill's first kernel (and the host work in it,
+    inclusive, by function), then the GPU span to the last kernel and the kernel time inside it."""
+    host = [e for e in events if e.get("ph") == "X" and e.get("cat") == "python_function"]
+    received = [float(e["ts"]) for e in host if e["name"].endswith("handle_generate_request")]
+    if not received:
+        return {"error": "no handle_generate_request in the trace (profiled without Python stacks?)"}
+    t_recv = min(received)
+    kernels = [k for k in timed_kernels(events) if k[0] >= t_recv]
+    if not kernels:
+        return {"error": "no kernel after the request reached the scheduler"}
+    t_first, t_last = kernels[0][0], max(end for _, end, _ in kernels)
+    before: dict[str, float] = {}
+    for event in host:
+        begin, finish = float(event["ts"]), float(event["ts"]) + float(event.get("dur", 0.0))
+        if begin < t_first and finish > t_recv and finish - begin < t_first - t_recv:
+            before[event["name"]] = before.get(event["name"], 0.0) + min(finish, t_first) - max(begin, t_recv)
+    return {
+        "recv_to_first_kernel_ms": round((t_first - t_recv) / 1e3, 3),
+        "gpu_span_ms": round((t_last - t_first) / 1e3, 3),
+        "kernel_ms": round(sum(end - start for start, end, _ in kernels) / 1e3, 3),
+        "host_before_first_kernel": [{"name": name, "ms": round(us / 1e3, 3)}
+                                     for name, us in sorted(before.items(), key=lambda item: -item[1])[:top]],
+    }
 
 
 def host_work_in_gaps(events: list[dict], min_gap_us: float = 500.0, top: int = 25, longest_us: float = 50e3) -> dict:
@@ -97,6 +138,8 @@ def profiled_prefill(base_url: str, out_dir: str, label: str, chunks: int, seed:
             t0 = min(float(e["ts"]) for e in events if e.get("ph") == "X" and "ts" in e)
             return {
                 "trace": os.path.basename(traces[0]),
+                "request_window": request_window(events),
+                "kernels": kernel_summary(events, 1, top=30),
                 "watched_host_ops": [{"name": e["name"], "at_ms": round((float(e["ts"]) - t0) / 1e3, 2), "host_ms": round(float(e["dur"]) / 1e3, 3)}
                                      for e in ops],
                 "idle": idle_gaps(events),
@@ -141,8 +184,14 @@ def main(argv=None) -> int:
         for kind in ("self", "inclusive"):
             for work in in_gaps[kind][:15]:
                 print(f"  {kind:9s} {work['ms_in_gaps']:7.2f} ms  {work['name'][:110]}", flush=True)
+        window = result["profiled"]["request_window"]
+        print(f"  request window (under the Python tracer): {json.dumps({k: v for k, v in window.items() if k != 'host_before_first_kernel'})}", flush=True)
+        for work in window.get("host_before_first_kernel", [])[:10]:
+            print(f"  before the first kernel {work['ms']:7.2f} ms  {work['name'][:110]}", flush=True)
         result["ttft_32k_ms_after"] = ttfts_ms(base_url, seeds, args.ttfts)
         print(f"[{label}] 32K TTFT ms after: {result['ttft_32k_ms_after']}", flush=True)
+        result["floors"] = floor_ttfts_ms(base_url, seeds, args.ttfts)
+        print(f"[{label}] floors: {result['floors']}", flush=True)
     finally:
         stop_server(process)
         with open(os.path.join(args.out, f"prefill_host_probe_{label}_tp{args.tp}_ep{args.ep}.json"), "w") as handle:
