@@ -56,7 +56,6 @@ from torch import nn
 from sglang_m3.config import M3TextSpec
 from sglang_m3.env_switch import env_choice
 from sglang_m3.models.fused_activation import GatedActivation
-from sglang_m3.models.grouped_moe import grouped_experts, grouped_gemm_serves, grouped_min_rows
 from sglang_m3.models.moe import GatedMLP, M3SparseMoeBlock
 from sglang_m3.models.moe_kernel_configs import nearest, tile_table
 from sglang_m3.models.moe_overlap import overlap_stream, shared_beside_routed
@@ -121,13 +120,9 @@ class M3FusedMoeBlock(nn.Module):
         #: chosen by every row (None: SGLang's own choice)
         self.tile_table = tile_table(slots - fused_shared, intermediate, hidden)
         self.shared_tile_table = tile_table(slots, intermediate, hidden) if fused_shared else None
-        #: M3's activation on ``[gate; up]`` halves: the shared slot's dense GEMMs and the grouped GEMMs use it
-        self.act = GatedActivation(spec.hidden_act, spec.swiglu_alpha, spec.swiglu_limit)
-        #: local routed expert 0's global id (expert parallelism splits the experts in rank order)
-        self.first_expert = get_parallel().moe_ep_rank * (slots - fused_shared)
-        #: batches of at least this many rows take the grouped GEMMs (0: never; see grouped_moe)
-        self.grouped_min_rows = grouped_min_rows()
-        if not fused_shared:
+        if fused_shared:
+            self.shared_act = GatedActivation(spec.hidden_act, spec.swiglu_alpha, spec.swiglu_limit)
+        else:
             self.shared_experts = GatedMLP(
                 spec, spec.shared_intermediate_size, reduce_results=False, quant_config=quant_config, prefix=f"{prefix}.shared_experts"
             )
@@ -150,20 +145,10 @@ class M3FusedMoeBlock(nn.Module):
         if self.shared_slot is None:
             return self.shared_experts(x)
         gate_up = F.linear(x, self.experts.w13_weight[self.shared_slot])
-        return F.linear(self.halves_act(gate_up), self.experts.w2_weight[self.shared_slot])
-
-    def halves_act(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """M3's activation of a product with the fused layer's ``w13`` rows."""
         if getattr(self.experts.quant_method, "w13_swiglu_interleaved", False):
             # SGLang interleaved gate/up rows for its fused epilogue (plain SiLU gating only)
             gate_up = gate_up.unflatten(-1, (-1, 2)).transpose(-1, -2).flatten(-2)
-        return self.act(gate_up)
-
-    def takes_grouped(self, x: torch.Tensor) -> bool:
-        """Whether the routed experts of ``x`` run as grouped GEMMs (:mod:`grouped_moe`)."""
-        w13 = self.experts.w13_weight
-        # (SGLANG_MOE_PADDING pads the weights' hidden dimension for the fused kernel alone)
-        return 0 < self.grouped_min_rows <= x.shape[0] and w13.shape[2] == x.shape[1] and grouped_gemm_serves(w13)
+        return F.linear(self.shared_act(gate_up), self.experts.w2_weight[self.shared_slot])
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(weights [T, k] fp32 times the routed scale, expert ids [T, k] int32, router logits)."""
@@ -177,10 +162,6 @@ class M3FusedMoeBlock(nn.Module):
         from sglang.srt.layers.moe.topk import StandardTopKOutput
 
         weights, ids, logits = self.route(x)
-        if not with_shared and self.takes_grouped(x):
-            routed = self.experts.w13_weight.shape[0] - int(self.shared_slot is not None)
-            return grouped_experts(x, ids, weights, self.experts.w13_weight[:routed], self.experts.w2_weight[:routed],
-                                   self.halves_act, self.first_expert)
         table = self.tile_table
         if with_shared:
             weights = F.pad(weights, (0, 1), value=1.0)
@@ -243,6 +224,4 @@ def make_moe_block(spec: M3TextSpec, layer_id: int, quant_config=None, prefix: s
         if getattr(block, "shared_slot", None) is not None:
             logger.info("M3 MoE: shared expert held in the fused layer (expert %d), inside the fused kernel up to %d rows",
                         block.shared_slot, FUSED_SHARED_MAX_ROWS)
-        if impl == "fused" and block.grouped_min_rows and grouped_gemm_serves(block.experts.w13_weight):
-            logger.info("M3 MoE: routed experts of batches of %d rows or more as grouped GEMMs", block.grouped_min_rows)
     return block

@@ -18,13 +18,10 @@ import torch
 def _fused_like(shared_slot: int, w13: torch.Tensor, w2: torch.Tensor, spec, interleaved: bool = False):
     """Just enough of an ``M3FusedMoeBlock`` for its shared-expert methods: the fused layer's weights."""
     from sglang_m3.models.fused_activation import GatedActivation
-    from sglang_m3.models.fused_moe import M3FusedMoeBlock
 
     experts = types.SimpleNamespace(w13_weight=w13, w2_weight=w2, quant_method=types.SimpleNamespace(w13_swiglu_interleaved=interleaved))
-    block = types.SimpleNamespace(shared_slot=shared_slot, experts=experts, shared_experts=None,
-                                  act=GatedActivation(spec.hidden_act, spec.swiglu_alpha, spec.swiglu_limit))
-    block.halves_act = lambda gate_up: M3FusedMoeBlock.halves_act(block, gate_up)
-    return block
+    return types.SimpleNamespace(shared_slot=shared_slot, experts=experts, shared_experts=None,
+                                 shared_act=GatedActivation(spec.hidden_act, spec.swiglu_alpha, spec.swiglu_limit))
 
 
 @pytest.mark.parametrize("interleaved", [False, True])
