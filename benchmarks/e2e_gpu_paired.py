@@ -105,7 +105,12 @@ def draft_contenders(draft: str, draft_dir: str, against: str | None = None) -> 
 
 
 def start_both(model_dir: str, out_dir: str, tp: int = 1, ep: int = 1, pair: tuple[Contender, ...] = OURS_VS_UPSTREAM) -> dict[str, tuple]:
-    """Both servers started at once (start-up is not measured here), keyed by label; raises if either fails."""
+    """Both servers started (start-up is not measured here), keyed by label; raises if either fails.
+
+    On one GPU at once. Under tensor parallelism one after the other: each rank's start compares
+    its GPU's free memory with the other ranks' (SGLang's ``_check_tp_memory_balance``), and the
+    other server loading its weights at the same time made that check fail on the H200s
+    ("memory capacity is unbalanced", 2026-11-30)."""
     started: dict[str, tuple] = {}
     errors: dict[str, BaseException] = {}
 
@@ -118,11 +123,16 @@ def start_both(model_dir: str, out_dir: str, tp: int = 1, ep: int = 1, pair: tup
         except BaseException as error:  # reported below, after the other start ends
             errors[contender.label] = error
 
-    threads = [threading.Thread(target=start, args=(contender,)) for contender in pair]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    if tp > 1:
+        for contender in pair:
+            if not errors:
+                start(contender)
+    else:
+        threads = [threading.Thread(target=start, args=(contender,)) for contender in pair]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
     if errors:
         for process, *_ in started.values():
             stop_server(process)

@@ -706,3 +706,37 @@ def test_dense_anchor_skips_a_backend_that_computes_something_else():
     assert row["dense_backends"] == {"first": 30.0, "same": 20.0, "wrong": None}
     assert row["dense_backend"] == "same" and row["dense_us"] == 20.0
     assert "differs from the first backend's by 0.5" in row["dense_backend_errors"]["wrong"]
+
+
+def test_paired_servers_under_tensor_parallelism_start_one_after_the_other(monkeypatch):
+    """Two TP servers starting at once failed SGLang's per-rank memory-balance check on the H200s;
+    on one GPU they still start together. A failed first start leaves the second unstarted."""
+    import threading
+    import time
+
+    import e2e_gpu_paired
+
+    events, lock = [], threading.Lock()
+
+    def fake_start(impl, model_dir, out_dir, tp, ep, label="", extra_args=(), env=None):
+        with lock:
+            events.append(("begin", label))
+        time.sleep(0.05)
+        with lock:
+            events.append(("end", label))
+        if label == "paired-fails":
+            raise RuntimeError("unbalanced")
+        return (object(), f"url-{label}", 1.0, "log")
+
+    monkeypatch.setattr(e2e_gpu_paired, "start_server", fake_start)
+    monkeypatch.setattr(e2e_gpu_paired, "stop_server", lambda process: None)
+    e2e_gpu_paired.start_both("model", "out", tp=2)
+    assert [kind for kind, _ in events] == ["begin", "end", "begin", "end"]
+    events.clear()
+    e2e_gpu_paired.start_both("model", "out", tp=1)
+    assert [kind for kind, _ in events[:2]] == ["begin", "begin"], "on one GPU both start at once"
+    events.clear()
+    failing = (e2e_gpu_paired.Contender("fails", "ours"), e2e_gpu_paired.Contender("other", "upstream"))
+    with pytest.raises(RuntimeError, match="server start failed"):
+        e2e_gpu_paired.start_both("model", "out", tp=2, pair=failing)
+    assert events == [("begin", "paired-fails"), ("end", "paired-fails")]
