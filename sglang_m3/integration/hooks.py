@@ -73,9 +73,10 @@ def wrap_with_msa_backend(original, runner, full_attn_backend):
     if sdpa_dense_prefill_enabled(device):
         dense_prefill = SDPADensePrefill(runner)
         attn_tp_size = get_parallel().attn_tp_size
-        seconds = prepare_cudnn(spec.num_heads // attn_tp_size, runner.model_config.get_num_kv_heads(attn_tp_size), spec.head_dim,
-                                runner.dtype, device)
-        logger.info("sglang-m3: dense prefill's cuDNN attention prepared in %.2f s", seconds)
+        if device.type == "cuda":
+            seconds = prepare_cudnn(spec.num_heads // attn_tp_size, runner.model_config.get_num_kv_heads(attn_tp_size),
+                                    spec.head_dim, runner.dtype, device)
+            logger.info("sglang-m3: dense prefill's cuDNN attention prepared in %.2f s", seconds)
     return M3HybridAttnBackend(dense, _sparse_backend(runner, spec), spec.sparse_layer_ids, dense_prefill,
                                _dense_attention_layers(runner.model, spec.sparse_layer_ids))
 

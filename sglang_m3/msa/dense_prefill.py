@@ -1,4 +1,4 @@
-"""Prefill of M3's dense layers on CUDA through torch's fused attention (cuDNN, FlashAttention).
+"""Prefill of M3's dense layers through torch's fused attention (cuDNN, FlashAttention; the CPU's SDPA).
 
 M3's first layers attend every earlier token. In a long prompt they dominate prefill: measured on
 the H100 at M3 shapes (64 query heads over 4 KV heads, head dim 128, bf16; 8K-token chunks of a
@@ -36,6 +36,13 @@ is per request and eager). The per-request loop reads host-side lengths; prefill
 captured whole (SGLang's breakable prefill graphs run attention eagerly on the real tokens).
 ``SGLANG_M3_DENSE_PREFILL=sglang`` keeps SGLang's kernel for A/B measurements.
 
+The CPU platform takes this path too. SGLang's torch-native backend pads each request's new
+queries to its whole length and runs square causal SDPA over all of it, then keeps the last rows:
+a chunk after a prefix of ``P`` tokens costs ``(P + n)^2`` instead of ``n * (P + n)``. Serving the
+tiny M3 on a 2-core CPU, a repeated 32K-token prompt (a radix hit: one new token) took 19.9 s to
+its first token, 88% of the scheduler's samples inside that padded call (py-spy), and the first
+prefill of a 16K-token prompt 122 s.
+
 The sparse layers' extend requests that select every block (at most ``topk * block_size``
 tokens) make the same per-request call, :func:`causal_sdpa` (:mod:`sglang_m3.msa.full_selection`).
 """
@@ -55,7 +62,7 @@ from torch.nn.attention.bias import causal_lower_right
 from sglang_m3.env_switch import env_choice
 from sglang_m3.msa.batch_shape import host_extend_lens
 
-#: Environment switch: ``sdpa`` (default on CUDA) or ``sglang`` (SGLang's own extend kernel).
+#: Environment switch: ``sdpa`` (default on CUDA and the CPU) or ``sglang`` (SGLang's own extend kernel).
 ENV = "SGLANG_M3_DENSE_PREFILL"
 
 
@@ -70,7 +77,8 @@ class RequestSpan:
 
 
 def sdpa_dense_prefill_enabled(device: torch.device) -> bool:
-    return device.type == "cuda" and env_choice(ENV, ("sdpa", "sglang")) == "sdpa"
+    """On CUDA and the CPU (the module docstring says why each), unless switched off."""
+    return device.type in ("cuda", "cpu") and env_choice(ENV, ("sdpa", "sglang")) == "sdpa"
 
 
 def plain_causal_call(layer, extra: dict) -> bool:

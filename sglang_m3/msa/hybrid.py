@@ -27,7 +27,7 @@ class M3HybridAttnBackend(AttentionBackend):
         self.dense = dense
         self.sparse = sparse
         self.sparse_layer_ids = frozenset(sparse_layer_ids)
-        # Extend batches of dense layers on CUDA (``sglang_m3.msa.dense_prefill``); None keeps SGLang's.
+        # Extend batches of dense layers (``sglang_m3.msa.dense_prefill``); None keeps SGLang's.
         self.dense_prefill = dense_prefill
         # Whether the MSA backend can attend every one of the model's dense layers (their attention
         # modules, ``dense_layers``; none given: not known, so SGLang's backend always plans).

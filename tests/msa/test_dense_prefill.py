@@ -140,12 +140,14 @@ def test_calls_it_cannot_compute_exactly_stay_with_sglangs_backend():
     assert not path.takes(fb, capped, {})
 
 
-def test_enabled_on_cuda_only_and_the_switch_is_checked(monkeypatch):
+def test_enabled_on_cuda_and_the_cpu_and_the_switch_is_checked(monkeypatch):
     monkeypatch.delenv(ENV, raising=False)
     assert sdpa_dense_prefill_enabled(torch.device("cuda"))
-    assert not sdpa_dense_prefill_enabled(torch.device("cpu"))
+    assert sdpa_dense_prefill_enabled(torch.device("cpu"))
+    assert not sdpa_dense_prefill_enabled(torch.device("meta"))
     monkeypatch.setenv(ENV, "sglang")
     assert not sdpa_dense_prefill_enabled(torch.device("cuda"))
+    assert not sdpa_dense_prefill_enabled(torch.device("cpu"))
     monkeypatch.setenv(ENV, "flash")
     with pytest.raises(ValueError, match=ENV):
         sdpa_dense_prefill_enabled(torch.device("cuda"))
