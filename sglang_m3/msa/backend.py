@@ -1,8 +1,10 @@
 """The MSA attention backend for sparse layers (torch path; runs on any device torch supports).
 
 Each call stores the layer's new K/V and index keys at the batch's cache slots, then runs the
-reference MSA semantics per request on the keys gathered from the pool. The per-request loop is
-the CPU path: correctness first; the CUDA kernels in ``msa_kernels`` replace it on GPUs.
+reference MSA semantics per request on the keys gathered from the pool (the sparse attention in
+its gathered form, :mod:`msa_kernels.torch_gathered`, which reads only the chosen blocks' keys).
+The per-request loop is the CPU path: correctness first; the CUDA kernels in ``msa_kernels``
+replace it on GPUs.
 
 An fp8 main KV cache (``--kv-cache-dtype fp8_e4m3``) follows SGLang's convention: the pool stores
 ``k / layer.k_scale`` and ``v / layer.v_scale`` in fp8 (scales from a checkpoint's KV-cache
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import torch
 from msa_kernels.reference import MSAParams, msa_attention
+from msa_kernels.torch_gathered import sparse_attention_gathered
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
@@ -49,6 +52,7 @@ def attend_paged(
             q[rows], k_cache[slots], v_cache[slots], index_q[rows], index_k_cache[slots],
             req.query_positions, params, scale=scale,
             ik_scale=None if index_k_scale is None else index_k_scale[slots], k_scale=k_scale, v_scale=v_scale,
+            attend=sparse_attention_gathered,
         )
     return out
 

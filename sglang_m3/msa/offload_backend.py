@@ -24,9 +24,9 @@ remapped to entries; writes are one kernel into the host store and the resident 
 batches read their pages through a staging buffer).
 
 This path computes exactly what :class:`MSATorchBackend` computes: the same selection functions
-on the same index keys, and the reference sparse attention over a key sequence whose selected
-blocks hold the same values (unselected blocks, masked out, come from whatever entry or the
-scratch entry the table points at).
+on the same index keys, and the same sparse attention (its gathered form, which reads the selected
+blocks alone) over a key sequence whose selected blocks hold the same values (unselected blocks
+come from whatever entry or the scratch entry the table points at, and are never read).
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ from __future__ import annotations
 import logging
 
 import torch
-from msa_kernels.reference import block_scores, select_blocks, sparse_attention
+from msa_kernels.reference import block_scores, select_blocks
+from msa_kernels.torch_gathered import sparse_attention_gathered
 
 from sglang_m3.cache.offload_pool import M3SparseOffloadKVPool
 from sglang_m3.cache.offload_settings import offload_log_steps
@@ -93,7 +94,7 @@ class MSAOffloadTorchBackend(MSATorchBackend):
                 rows = slice(req.query_start, req.query_start + req.query_len)
                 positions = torch.arange(req.kv_slots.shape[0], device=q.device)
                 cached = cache.rows(cache.entry_table(self.page_rows[i]), positions)
-                out[rows] = sparse_attention(
+                out[rows] = sparse_attention_gathered(
                     q[rows], k_rows[cached], v_rows[cached], selections[i], req.query_positions,
                     self.params.block_size, layer.scaling, k_scale, v_scale)
         return out
