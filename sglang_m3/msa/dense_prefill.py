@@ -73,7 +73,7 @@ class RequestSpan:
     q_start: int
     q_len: int
     prefix_len: int
-    slots: torch.Tensor | None  # every cached token of the request (None when there is no prefix)
+    slots: torch.Tensor | None  # every cached token of the request (None: no prefix, and the new tokens' K/V as computed)
 
 
 def sdpa_dense_prefill_enabled(device: torch.device) -> bool:
@@ -104,6 +104,10 @@ class SDPADensePrefill:
         self.req_to_token = model_runner.req_to_token_pool.req_to_token
         self.pool = model_runner.token_to_kv_pool
         self.spans: list[RequestSpan] | None = None
+        # What SGLang's backend on each device attends for a request's new tokens: its GPU backends
+        # the computed K/V, its CPU (torch-native) backend the cached ones (an fp8 cache's rounded
+        # values, which the e4m3 oracle of tests/e2e/test_fp8_kv_served.py rounds too).
+        self.new_tokens_from_cache = self.req_to_token.device.type == "cpu"
 
     def plan(self, forward_batch) -> None:
         """Per-request spans of this batch (once per forward, shared by every dense layer)."""
@@ -117,7 +121,7 @@ class SDPADensePrefill:
         spans, start = [], 0
         for i, (new, prefix) in enumerate(zip(extend_lens, prefix_lens)):
             slots = None
-            if prefix:
+            if prefix or self.new_tokens_from_cache:
                 row = self.req_to_token.index_select(0, forward_batch.req_pool_indices[i : i + 1])[0]
                 slots = row[: prefix + new]
             spans.append(RequestSpan(start, int(new), int(prefix), slots))

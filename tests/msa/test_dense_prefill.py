@@ -246,3 +246,20 @@ def test_prepare_cudnn_runs_each_form_once_on_cuda_in_16_bit_only(monkeypatch):
     step = dense_prefill.CUDNN_SHAPE_STEP
     assert calls == [((step, HQ, D), (step, HKV, D), torch.bfloat16), ((step, HQ, D), (2 * step, HKV, D), torch.bfloat16)]
     assert all(dense_prefill.cudnn_takes(q[0], keys[0]) for q, keys, _ in calls)
+
+
+def test_on_the_cpu_a_fresh_chunk_attends_its_tokens_as_cached():
+    """SGLang's torch-native backend (the CPU's) reads a chunk's own K/V back from the cache, so an
+    fp8 cache's rounding reaches the chunk itself; this path reads them the same way there."""
+    req_to_token, fb, k_all, v_all, q = _setup([23], [23])
+    k_all, v_all, q = k_all.float(), v_all.float(), q.float()
+    k_cache, v_cache = torch.zeros(len(k_all), HKV, D, dtype=torch.float8_e4m3fn), torch.zeros(len(v_all), HKV, D, dtype=torch.float8_e4m3fn)
+    runner = SimpleNamespace(req_to_token_pool=SimpleNamespace(req_to_token=req_to_token), token_to_kv_pool=_DensePool(k_cache, v_cache))
+    path = SDPADensePrefill(runner)
+    path.plan(fb)
+    k_new, v_new = k_all[fb.out_cache_loc], v_all[fb.out_cache_loc]
+    out = path.forward_extend(q, k_new.reshape(len(q), -1), v_new.reshape(len(q), -1), _layer(), fb)
+    slots = req_to_token[1, :23]
+    rounded = _reference(q.view(23, HQ, D), k_cache[slots].float(), v_cache[slots].float(), 0)
+    torch.testing.assert_close(out.view(23, HQ, D), rounded, rtol=1e-5, atol=1e-5)
+    assert (out.view(23, HQ, D) - _reference(q.view(23, HQ, D), k_new, v_new, 0)).abs().max() > 1e-3
