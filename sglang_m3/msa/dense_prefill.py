@@ -104,10 +104,6 @@ class SDPADensePrefill:
         self.req_to_token = model_runner.req_to_token_pool.req_to_token
         self.pool = model_runner.token_to_kv_pool
         self.spans: list[RequestSpan] | None = None
-        # What SGLang's backend on each device attends for a request's new tokens: its GPU backends
-        # the computed K/V, its CPU (torch-native) backend the cached ones (an fp8 cache's rounded
-        # values, which the e4m3 oracle of tests/e2e/test_fp8_kv_served.py rounds too).
-        self.new_tokens_from_cache = self.req_to_token.device.type == "cpu"
 
     def plan(self, forward_batch) -> None:
         """Per-request spans of this batch (once per forward, shared by every dense layer)."""
@@ -118,10 +114,14 @@ class SDPADensePrefill:
         prefix_lens = forward_batch.extend_prefix_lens_cpu
         if prefix_lens is None:
             prefix_lens = [int(s) - e for s, e in zip(forward_batch.seq_lens_cpu.tolist(), extend_lens)]
+        # What SGLang's backend on each device attends for a request's new tokens: its GPU backends
+        # the computed K/V, its CPU (torch-native) backend the cached ones (an fp8 cache's rounded
+        # values, which the e4m3 oracle of tests/e2e/test_fp8_kv_served.py rounds too).
+        new_tokens_from_cache = self.req_to_token.device.type == "cpu"
         spans, start = [], 0
         for i, (new, prefix) in enumerate(zip(extend_lens, prefix_lens)):
             slots = None
-            if prefix or self.new_tokens_from_cache:
+            if prefix or new_tokens_from_cache:
                 row = self.req_to_token.index_select(0, forward_batch.req_pool_indices[i : i + 1])[0]
                 slots = row[: prefix + new]
             spans.append(RequestSpan(start, int(new), int(prefix), slots))
