@@ -144,19 +144,26 @@ def throughput_prompt(seed: int) -> list[int]:
     return random_prompt(THROUGHPUT_PROMPT, seed)
 
 
-def paired_rounds(urls: dict[str, str], rounds: int, seed, concurrency: int = 1, make_prompt=throughput_prompt) -> dict[str, list[float]]:
+def paired_rounds(
+    urls: dict[str, str], rounds: int, seed, concurrency: int = 1, make_prompt=throughput_prompt,
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """``rounds`` pairs of request groups in ABBA order over the two servers of ``urls`` (label ->
     URL, in pair order); each request gets its own prompt, ``make_prompt(seed)`` (by default a
-    random one of the throughput length). Returns each group's mean TPOT in ms per label."""
+    random one of the throughput length). Returns each group's mean TPOT and mean TTFT in ms per
+    label (a group's TTFT at concurrency 16 is the e2e benchmark's "TTFT c16" row, paired)."""
     labels = list(urls)
     tpot_ms: dict[str, list[float]] = {label: [] for label in labels}
+    ttft_ms: dict[str, list[float]] = {label: [] for label in labels}
     for round_index in range(rounds):
         order = labels if round_index % 2 == 0 else labels[::-1]
         for label in order:
             prompts = [make_prompt(next(seed)) for _ in range(concurrency)]
-            tpot_ms[label].append(run_group(urls[label], prompts, THROUGHPUT_OUTPUT).mean_tpot_ms)
-        print(f"  c{concurrency} round {round_index}: " + ", ".join(f"{label} {tpot_ms[label][-1]:.2f} ms" for label in labels), flush=True)
-    return tpot_ms
+            group = run_group(urls[label], prompts, THROUGHPUT_OUTPUT)
+            tpot_ms[label].append(group.mean_tpot_ms)
+            ttft_ms[label].append(group.mean_ttft_ms)
+        print(f"  c{concurrency} round {round_index}: " + ", ".join(
+            f"{label} {tpot_ms[label][-1]:.2f} ms (ttft {ttft_ms[label][-1]:.1f})" for label in labels), flush=True)
+    return tpot_ms, ttft_ms
 
 
 def paired_ttft_rounds(urls: dict[str, str], rounds: int, seed, tokens: int) -> tuple[dict[str, float], dict[str, list[float]]]:
@@ -247,7 +254,10 @@ def main(argv=None) -> int:
         if args.draft:
             checks = draft_checks(urls, [contender.label for contender in pair if contender.server_args])
             print(f"draft checks: {checks}", flush=True)
-        by_concurrency = {c: summary(paired_rounds(urls, args.rounds, seed, c, make_prompt)) for c in args.concurrency}
+        by_concurrency = {}
+        for c in args.concurrency:
+            tpot, ttft = paired_rounds(urls, args.rounds, seed, c, make_prompt)
+            by_concurrency[c] = {**summary(tpot), "group_ttft": summary(ttft, "ttft_ms")}
         by_length = {}
         for tokens in args.ttft_tokens:
             first, ttfts = paired_ttft_rounds(urls, args.rounds, seed, tokens)
@@ -274,6 +284,7 @@ def main(argv=None) -> int:
         json.dump(result, handle, indent=2)
     for c, s in by_concurrency.items():
         print_summary(f"c{c} median tpot", s, "tpot_ms", "{:.3f}", args.rounds)
+        print_summary(f"c{c} median group ttft", s["group_ttft"], "ttft_ms", "{:.1f}", args.rounds)
     for tokens, s in by_length.items():
         print_summary(f"{tokens}-token median ttft", s, "ttft_ms", "{:.1f}", args.rounds)
     print(f"wrote {path}", flush=True)

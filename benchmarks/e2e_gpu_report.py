@@ -103,6 +103,8 @@ def load_paired(paths: list[str]) -> list[dict]:
             run = json.load(handle)
         common = {"file": os.path.basename(path), "commit": run["commit"], "tp": run["tp"], "ep": run["ep"]}
         measured = [("tpot_ms", 2048, int(c), summary) for c, summary in run["concurrency"].items()]
+        # a group's mean TTFT (2K prompts sent together), paired since the twelfth session's runs
+        measured += [("ttft_ms", 2048, int(c), summary["group_ttft"]) for c, summary in run["concurrency"].items() if "group_ttft" in summary]
         measured += [("ttft_ms", int(tokens), 1, summary) for tokens, summary in run.get("ttft_prompt_tokens", {}).items()]
         for metric, prompt_tokens, concurrency, summary in measured:
             (first, first_ms), (second, second_ms) = summary[f"median_{metric}"].items()

@@ -390,13 +390,16 @@ def test_paired_rounds_alternate_abba(monkeypatch, concurrency):
     def fake_group(url, prompts, tokens):
         calls.append((url, len(prompts)))
         tpot_s = {"u-ours": 0.002, "u-up": 0.003}[url]
-        return GroupTiming([RequestTiming(0.1, 0.1 + tpot_s * (tokens - 1), tokens) for _ in prompts], 1.0)
+        ttft_s = {"u-ours": 0.05, "u-up": 0.04}[url]
+        return GroupTiming([RequestTiming(ttft_s, ttft_s + tpot_s * (tokens - 1), tokens) for _ in prompts], 1.0)
 
     monkeypatch.setattr(e2e_gpu_paired, "run_group", fake_group)
     monkeypatch.setattr(e2e_gpu_paired, "random_prompt", lambda length, seed: [seed])
-    tpot = e2e_gpu_paired.paired_rounds({"ours": "u-ours", "upstream": "u-up"}, 4, iter(range(100)), concurrency)
+    tpot, ttft = e2e_gpu_paired.paired_rounds({"ours": "u-ours", "upstream": "u-up"}, 4, iter(range(100)), concurrency)
     assert calls == [(url, concurrency) for url in ["u-ours", "u-up", "u-up", "u-ours"] * 2]
     assert tpot == {"ours": pytest.approx([2.0] * 4), "upstream": pytest.approx([3.0] * 4)}
+    assert ttft == {"ours": pytest.approx([50.0] * 4), "upstream": pytest.approx([40.0] * 4)}
+    assert e2e_gpu_paired.summary(ttft, "ttft_ms")["speedup_of_medians"] == pytest.approx(0.8)
     result = e2e_gpu_paired.summary(tpot)
     assert result["speedup_of_medians"] == pytest.approx(1.5) and result["rounds_ours_faster"] == 4
 
@@ -583,6 +586,22 @@ def test_report_renders_paired_ttft_with_each_servers_first_prompt(tmp_path):
     text = "\n".join(e2e_gpu_report.paired_markdown(entries))
     assert "| abc1234 | 1 | 1 | ttft_ms | 32768 | 1 | ours | upstream | 401.00 | 573.00 | 1.43x | 2 of 2 | 2500 / 580 | paired.json |" in text
     assert "| abc1234 | 1 | 1 | tpot_ms | 2048 | 1 | ours | upstream | 1.80 | 1.90 | 1.06x | 1 of 1 | - | paired.json |" in text
+
+
+def test_report_renders_a_groups_paired_ttft_as_a_2k_ttft_row_of_its_concurrency(tmp_path):
+    """A run that recorded each group's TTFT beside its TPOT (``group_ttft``) gives a TTFT entry of
+    2K-token prompts at that concurrency, after the TPOT one."""
+    decode = {"tpot_ms": {"ours": [5.0, 5.2], "upstream": [5.5, 5.4]}, "median_tpot_ms": {"ours": 5.1, "upstream": 5.45},
+              "speedup_of_medians": 5.45 / 5.1, "rounds_ours_faster": 2,
+              "group_ttft": {"ttft_ms": {"ours": [90.0, 92.0], "upstream": [88.0, 99.0]}, "median_ttft_ms": {"ours": 91.0, "upstream": 93.5},
+                             "speedup_of_medians": 93.5 / 91.0, "rounds_ours_faster": 1}}
+    paired = tmp_path / "paired.json"
+    paired.write_text(json.dumps({"commit": "abc1234", "tp": 2, "ep": 1, "concurrency": {"16": decode}}))
+    entries = e2e_gpu_report.load_paired([str(paired)])
+    assert [(e["metric"], e["prompt_tokens"], e["concurrency"]) for e in entries] == [("tpot_ms", 2048, 16), ("ttft_ms", 2048, 16)]
+    ttft = entries[1]
+    assert (ttft["first_ms"], ttft["second_ms"], ttft["rounds"], ttft["rounds_first_faster"]) == (91.0, 93.5, 2, 1)
+    assert "first_prompt_ms" not in ttft
 
 
 def test_moe_tables_are_listed_for_the_gpu_that_reads_them():
