@@ -25,7 +25,7 @@ powers of two).
 import triton
 import triton.language as tl
 
-from msa_kernels.triton_select import empty_top, forced_or_visible_scores, keep_top, load_tile, sort_ids
+from msa_kernels.triton_select import TILE_POINTERS, empty_top, forced_or_visible_scores, keep_top, load_tile, sort_ids
 from msa_kernels.triton_tree import main_pass_limits
 
 
@@ -172,7 +172,7 @@ def _store_selection(sel_ptr, top_id, tok0, t, h, row_ok, s_sel_t, s_sel_h, TOPK
     )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["s_pg_b"], do_not_specialize_on_alignment=TILE_POINTERS)
 def prefill_index_topk_kernel(
     iq_ptr, ik_ptr, iks_ptr, page_ptr, sel_ptr, cand_val_ptr, cand_id_ptr,
     tile_req_ptr, tile_tok0_ptr, tile_pos0_ptr, tile_ntok_ptr,
@@ -218,7 +218,7 @@ def prefill_index_topk_kernel(
         _store_selection(sel_ptr, top_id, tok0, t, h, row_ok, s_sel_t, s_sel_h, TOPK, KP)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["splits"], do_not_specialize_on_alignment=TILE_POINTERS)
 def prefill_index_merge_kernel(
     cand_val_ptr, cand_id_ptr, sel_ptr,
     tile_tok0_ptr, tile_pos0_ptr, tile_ntok_ptr,

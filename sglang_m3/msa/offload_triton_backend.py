@@ -129,6 +129,10 @@ class MSAOffloadTritonBackend(MSATritonBackend):
         logger.info("M3 sparse offload: MSA Triton path, decode/verify in fetch rounds of %d request(s), "
                     "extend through a staging buffer", self.requests_per_round)
 
+    def _prepare_prefill_kernels(self, spec, q_heads: int, dtype: torch.dtype) -> None:
+        """Nothing: this backend's extends read K/V through staging pages, not the pool's buffers
+        the preparation would read (its first long prompt still compiles them)."""
+
     def takes_dense_layer(self, layer, forward_batch, extra: dict) -> bool:
         """Never: under sparse offload the dense layers keep SGLang's backend whatever
         ``SGLANG_M3_DENSE_VERIFY`` / ``SGLANG_M3_DENSE_DECODE`` say (not tested with fetch rounds)."""

@@ -37,6 +37,7 @@ import logging
 
 import torch
 from msa_kernels.api import run_decode, run_prefill
+from msa_kernels.prepare import prepare_prefill
 from msa_kernels.plan import (
     DecodePlan,
     draft_tree,
@@ -45,7 +46,9 @@ from msa_kernels.plan import (
     plan_prefill,
     verify_window_slots,
 )
+from sglang.srt.runtime_context import get_parallel
 
+from sglang_m3.cache.index_kv_pool import M3IndexedKVPool
 from sglang_m3.msa import dense_decode
 from sglang_m3.msa.backend import MSATorchBackend
 from sglang_m3.msa.batch_shape import attended_lens, host_extend_lens, is_target_verify, uniform_query_shape
@@ -94,6 +97,21 @@ class MSATritonBackend(MSATorchBackend):
         self.dense_batch_kinds = dense_decode.enabled_batch_kinds()  # whose dense layers run here too
         self._dense_kinds_logged: set[str] = set()  # each kind's first use, so a server log says the switch took
         self._full_selection_logged = [False, False]  # the switch, its first use
+        if device.type == "cuda":
+            self._prepare_prefill_kernels(spec, spec.num_heads // get_parallel().attn_tp_size, model_runner.dtype)
+
+    def _prepare_prefill_kernels(self, spec, q_heads: int, dtype: torch.dtype) -> None:
+        """Every extend kernel variant compiled now (``msa_kernels.prepare``), over the first sparse
+        layer's caches, rather than inside the first request that needs it."""
+        pool = self.token_to_kv_pool
+        layer_id = spec.sparse_layer_ids[0]
+        seconds = prepare_prefill(
+            self.params, q_heads,
+            pool.get_key_buffer(layer_id), pool.get_value_buffer(layer_id), pool.get_index_k_buffer(layer_id),
+            pool.get_index_k_scale_buffer(layer_id) if isinstance(pool, M3IndexedKVPool) else None,
+            dtype=dtype, num_sms=self.num_sms,
+        )
+        logger.info("sglang-m3: MSA extend kernels prepared in %.2f s", seconds)
 
     def takes_dense_layer(self, layer, forward_batch, extra: dict) -> bool:
         """Whether this backend attends a dense layer's call (``sglang_m3.msa.dense_decode``)."""
