@@ -7,10 +7,12 @@ import math
 
 import torch
 import triton
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from msa_kernels.plan import DecodePlan, DraftTree, PrefillPlan, Tiles
 from msa_kernels.triton_attention import sparse_attention_kernel
 from msa_kernels.triton_block_major import block_major_attention_kernel, merge_block_partials_kernel
+from msa_kernels.triton_prefill_attention import prefill_attention_kernel
 from msa_kernels.triton_index import (
     decode_index_scores_kernel,
     prefill_index_merge_kernel,
@@ -534,9 +536,52 @@ def prefill_attention(
     scale = _scale(sm_scale, q.shape[-1])
     if plan.block_major:
         _attention_block_major(plan, q, k_cache, v_cache, selected, out, scale, p.block_size, k_scale, v_scale)
+    elif plan.attn_tiles.max_tokens == 1 and _descriptor_loads_fit(k_cache, v_cache):
+        _attention_one_token_tiles(plan.attn_tiles, plan.page_table, q, k_cache, v_cache, selected, out, scale,
+                                   p.block_size, k_scale, v_scale)
     else:
         _attention(
             plan.attn_tiles, plan.page_table, q, k_cache, v_cache, selected, out, splits=1, sm_scale=scale,
             block_size=p.block_size, k_scale=k_scale, v_scale=v_scale,
         )
     return out
+
+
+def _descriptor_loads_fit(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """Whether tensor descriptors can address these caches' blocks: rows of ``kv_heads * dim``
+    contiguous elements from a 16-byte aligned base, on a GPU with TMA (Hopper on) or under the
+    Triton interpreter (CPU), which emulates them."""
+    if k_cache.is_cuda and torch.cuda.get_device_capability(k_cache.device)[0] < 9:
+        return False
+    for cache in (k_cache, v_cache):
+        heads, dim = cache.shape[1], cache.shape[2]
+        if cache.stride() != (heads * dim, dim, 1) or cache.data_ptr() % 16:
+            return False
+    return True
+
+
+def _attention_one_token_tiles(
+    tiles: Tiles, page_table, q, k_cache, v_cache, selected, out, sm_scale: float, block_size: int,
+    k_scale: float = 1.0, v_scale: float = 1.0, num_warps: int = 4, num_stages: int = 2,
+) -> None:
+    """Query-major attention of an extend batch's one-token tiles (``triton_prefill_attention``);
+    the launch settings are the fastest measured (``benchmarks/msa_prefill_attention_variants.py``)."""
+    hkv, d = k_cache.shape[1], q.shape[-1]
+    group = q.shape[1] // hkv
+    topk = selected.shape[-1]
+    k_desc, v_desc = (
+        TensorDescriptor.from_tensor(cache.view(cache.shape[0], hkv * d), [block_size, d]) for cache in (k_cache, v_cache)
+    )
+    prefill_attention_kernel[(tiles.count, hkv)](
+        q, k_cache, v_cache, k_desc, v_desc, page_table, selected, out,
+        tiles.req, tiles.tok0, tiles.pos0,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1),
+        v_cache.stride(0), v_cache.stride(1),
+        page_table.stride(0),
+        selected.stride(0), selected.stride(1),
+        out.stride(0), out.stride(1),
+        sm_scale * k_scale * _LOG2E, v_scale,
+        G=group, ROWS=max(16, _pow2(group)), D=d, BLOCK=block_size, TOPK=topk, KP=_pow2(topk),
+        num_warps=num_warps, num_stages=num_stages,
+    )

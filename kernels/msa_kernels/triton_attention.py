@@ -27,7 +27,8 @@ from msa_kernels.triton_select import TILE_POINTERS, load_tile, union_ids
 from msa_kernels.triton_tree import main_pass_limits
 
 
-@triton.jit(do_not_specialize=["s_pg_b"], do_not_specialize_on_alignment=TILE_POINTERS)
+# the draft-tree tensors are the tile table's rows where there is no tree (``api._tree_args``)
+@triton.jit(do_not_specialize=["s_pg_b"], do_not_specialize_on_alignment=[*TILE_POINTERS, "depth_ptr", "anc_ptr", "tslot_ptr"])
 def sparse_attention_kernel(
     q_ptr, k_ptr, v_ptr, page_ptr, sel_ptr, union_ptr,
     out_ptr, part_o_ptr, part_lse_ptr, ticket_ptr,

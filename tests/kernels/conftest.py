@@ -20,10 +20,12 @@ def interpreted_api():
     os.environ["TRITON_INTERPRET"] = "1"
     from triton.runtime.interpreter import InterpretedFunction
 
-    from msa_kernels import api, triton_attention, triton_block_major, triton_index, triton_select, triton_tree
+    from msa_kernels import (
+        api, triton_attention, triton_block_major, triton_index, triton_prefill_attention, triton_select, triton_tree,
+    )
 
     if not isinstance(triton_index.decode_index_scores_kernel, InterpretedFunction):
-        for module in (triton_select, triton_tree, triton_index, triton_attention, triton_block_major, api):
+        for module in (triton_select, triton_tree, triton_index, triton_attention, triton_prefill_attention, triton_block_major, api):
             importlib.reload(module)
     return api
 

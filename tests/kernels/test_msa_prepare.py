@@ -67,7 +67,7 @@ def _compiled_variants(kernel) -> int:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("kv_heads", [4, 2, 1])  # TP1, TP2, TP4 of M3's four KV heads
 def test_no_extend_batch_compiles_after_prepare(kv_heads):
-    from msa_kernels import triton_attention, triton_block_major, triton_index
+    from msa_kernels import triton_attention, triton_block_major, triton_index, triton_prefill_attention
     from msa_kernels.api import run_prefill
     from msa_kernels.plan import plan_prefill
     from msa_kernels.prepare import prepare_prefill
@@ -77,7 +77,8 @@ def test_no_extend_batch_compiles_after_prepare(kv_heads):
     k, v, ik = _pool(pages * 128, kv_heads, torch.bfloat16, "cuda")
     prepare_prefill(PARAMS, q_heads, k, v, ik, dtype=torch.bfloat16)
     kernels = [triton_index.prefill_index_topk_kernel, triton_index.prefill_index_merge_kernel,
-               triton_attention.sparse_attention_kernel, triton_block_major.block_major_attention_kernel,
+               triton_attention.sparse_attention_kernel, triton_prefill_attention.prefill_attention_kernel,
+               triton_block_major.block_major_attention_kernel,
                triton_block_major.merge_block_partials_kernel]
     prepared = [_compiled_variants(kernel) for kernel in kernels]
     gen = torch.Generator().manual_seed(kv_heads)
