@@ -5,7 +5,7 @@ kernel of one-token tiles, attention alone (selection computed once), random inp
   (4 warps, 2 stages): every block's K and V through masked pointer loads;
 - ``one_token_tiles_s{S}_w{W}``: ``prefill_attention_kernel`` (``api._attention_one_token_tiles``,
   what extend batches run), the token's older blocks by tensor descriptor (TMA) and unmasked,
-  ``S`` pipeline stages, ``W`` warps (the shipped setting is s2 w4).
+  ``S`` pipeline stages, ``W`` warps (the shipped setting is s3 w4).
 
 Every variant's output is compared with the general kernel's before timing. ``HKV`` sets the KV
 heads of a rank (4 at TP1, 2 at TP2; query heads are 16 per KV head).

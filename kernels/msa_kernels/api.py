@@ -562,7 +562,7 @@ def _descriptor_loads_fit(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
 
 def _attention_one_token_tiles(
     tiles: Tiles, page_table, q, k_cache, v_cache, selected, out, sm_scale: float, block_size: int,
-    k_scale: float = 1.0, v_scale: float = 1.0, num_warps: int = 4, num_stages: int = 2,
+    k_scale: float = 1.0, v_scale: float = 1.0, num_warps: int = 4, num_stages: int = 3,
 ) -> None:
     """Query-major attention of an extend batch's one-token tiles (``triton_prefill_attention``);
     the launch settings are the fastest measured (``benchmarks/msa_prefill_attention_variants.py``)."""

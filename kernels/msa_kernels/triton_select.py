@@ -13,11 +13,13 @@ _BIG = tl.constexpr(1 << 30)
 #: The tile tensors' parameters of the kernels that take a plan's tiles. An extend batch's kernels
 #: compile once per process (``prepare_prefill``), not once per batch shape: Triton specializes a
 #: pointer on 16-byte alignment, and a tile tensor is a row of the plan's stacked ``[4, tiles]``
-#: table (aligned only when the tile count is a multiple of 4), so these are not specialized on
-#: it (nor are the batch-sized integers beside them, the page table's row stride and the index
-#: splits). Unspecialized, a first 32K prompt at TP2 and then the first radix hit of it compiled
-#: two index kernels each (1.46 s and 1.67 s to first token against 0.22 s and 0.04 s the next
-#: time, ``benchmarks/results/first_prompt_h200/``); the loads they feed are scalar.
+#: table (aligned only when the tile count is a multiple of 4), so the extend kernels do not
+#: specialize these (nor the batch-sized integers beside them, the page table's row stride and
+#: the index splits); the loads they feed are scalar. Specialized, a TP2 server's first 32K prompt
+#: and then its first radix hit of one compiled two index kernels each, inside the requests (2.22 s
+#: and 1.67 s to first token, against 0.22 s and 0.04 s the next time;
+#: ``benchmarks/results/first_prompt_h200/``). The decode kernels keep their specializations: CUDA
+#: graphs capture them at start-up.
 TILE_POINTERS = ["tile_req_ptr", "tile_tok0_ptr", "tile_pos0_ptr", "tile_ntok_ptr"]
 
 

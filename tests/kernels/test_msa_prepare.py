@@ -67,6 +67,8 @@ def _compiled_variants(kernel) -> int:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("kv_heads", [4, 2, 1])  # TP1, TP2, TP4 of M3's four KV heads
 def test_no_extend_batch_compiles_after_prepare(kv_heads):
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("before Hopper extends fall back to the general attention kernel, specialized per batch")
     from msa_kernels import triton_attention, triton_block_major, triton_index, triton_prefill_attention
     from msa_kernels.api import run_prefill
     from msa_kernels.plan import plan_prefill
