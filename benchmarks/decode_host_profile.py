@@ -162,11 +162,9 @@ def gc_delta(before: dict, after: dict) -> dict[str, dict]:
     return delta
 
 
-def decode_phase(args, base_url: str, process, prompts: list, label: str, gc_dir: str) -> dict:
-    """Lone requests one after another under py-spy; per-thread CPU and GC totals around them."""
-    collapsed = os.path.join(args.out, f"host_profile_{label}.txt")
-    # long enough for every request: a 2K prefill plus up to 4 ms a token on the mid-size model
-    seconds = int(len(prompts) * (0.5 + args.tokens * 0.004)) + 5
+def start_py_spy(args, process, collapsed: str, seconds: int, label: str) -> subprocess.Popen:
+    """``py-spy record`` over the server's processes for ``seconds`` into ``collapsed``, attached
+    (returns after it had time to attach to each process)."""
     # py-spy's own messages (which processes it attached to, and why it could not) are kept: on
     # one lease it sampled the launcher alone and said nothing where it could be read.
     with open(os.path.join(args.out, f"py_spy_{label}.log"), "w", encoding="utf-8") as spy_log:
@@ -174,7 +172,16 @@ def decode_phase(args, base_url: str, process, prompts: list, label: str, gc_dir
             args.py_spy, "record", "--pid", str(process.pid), "--subprocesses", "--nonblocking", "--rate", str(args.rate),
             "--duration", str(seconds), "--format", "raw", "--output", collapsed,
         ], stdout=spy_log, stderr=subprocess.STDOUT)
-    time.sleep(2)  # py-spy attaches to each process
+    time.sleep(2)
+    return recorder
+
+
+def decode_phase(args, base_url: str, process, prompts: list, label: str, gc_dir: str) -> dict:
+    """Lone requests one after another under py-spy; per-thread CPU and GC totals around them."""
+    collapsed = os.path.join(args.out, f"host_profile_{label}.txt")
+    # long enough for every request: a 2K prefill plus up to 4 ms a token on the mid-size model
+    seconds = int(len(prompts) * (0.5 + args.tokens * 0.004)) + 5
+    recorder = start_py_spy(args, process, collapsed, seconds, label)
     threads_before, gc_before, started = thread_cpu(process.pid), gc_totals(gc_dir), time.perf_counter()
     tpots = single_stream_tpot_ms(base_url, prompts, args.tokens)
     time.sleep(0.5)  # the accounting writes its totals at most every 0.2 s
@@ -183,6 +190,17 @@ def decode_phase(args, base_url: str, process, prompts: list, label: str, gc_dir
     recorder.wait(timeout=seconds + 60)
     return {"tpot_ms": tpots, "wall_s": wall, "busy_threads": busy_threads(threads_before, threads_after, wall),
             "gc": gc_delta(gc_before, gc_after), "processes": summarize(collapsed)}
+
+
+def add_profiled_server_arguments(parser: argparse.ArgumentParser, rate: int) -> None:
+    """The options of a tool that serves the mid-size model under py-spy (this one, the first-prompt one)."""
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--py-spy", required=True, help="the py-spy executable")
+    parser.add_argument("--impl", default="ours", choices=("ours", "upstream"))
+    parser.add_argument("--rate", type=int, default=rate, help="py-spy samples per second")
+    parser.add_argument("--env", nargs="*", default=[], help="KEY=VALUE for the server")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size (GPUs)")
+    parser.add_argument("--ep", type=int, default=1, help="expert-parallel size (at most --tp)")
 
 
 def report(label: str, phase: dict) -> None:
@@ -200,15 +218,9 @@ def report(label: str, phase: dict) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--py-spy", required=True, help="the py-spy executable")
-    parser.add_argument("--impl", default="ours", choices=("ours", "upstream"))
+    add_profiled_server_arguments(parser, rate=250)
     parser.add_argument("--requests", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=512)
-    parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
-    parser.add_argument("--env", nargs="*", default=[], help="KEY=VALUE for the server")
-    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size (GPUs)")
-    parser.add_argument("--ep", type=int, default=1, help="expert-parallel size (at most --tp)")
     parser.add_argument("--label", default="")
     parser.add_argument("--copy-draft", choices=[name for name in DRAFTS if name != "none"],
                         help="serve with the speculative benchmark's EAGLE3 copy draft in this shape, on its prompts")

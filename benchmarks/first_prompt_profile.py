@@ -17,13 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from decode_host_profile import summarize  # noqa: E402
+from decode_host_profile import add_profiled_server_arguments, start_py_spy, summarize  # noqa: E402
 from e2e_gpu import LONG_CONTEXT_PROMPT, commit, gpu_name, start_server, stop_server, warm_up  # noqa: E402
 from midsize_m3 import write_midsize_checkpoint  # noqa: E402
 from serving_client import random_prompt, stream_generate  # noqa: E402
@@ -33,12 +31,7 @@ def profiled_ttft_ms(args, base_url: str, process, prompt: list[int], label: str
     """One request under py-spy: its TTFT and the per-process sample summary."""
     collapsed = os.path.join(args.out, f"first_prompt_{label}.txt")
     seconds = 12
-    with open(os.path.join(args.out, f"py_spy_{label}.log"), "w", encoding="utf-8") as spy_log:
-        recorder = subprocess.Popen([
-            args.py_spy, "record", "--pid", str(process.pid), "--subprocesses", "--nonblocking", "--rate", str(args.rate),
-            "--duration", str(seconds), "--format", "raw", "--output", collapsed,
-        ], stdout=spy_log, stderr=subprocess.STDOUT)
-    time.sleep(2)  # py-spy attaches to each process
+    recorder = start_py_spy(args, process, collapsed, seconds, label)
     ttft_ms = 1e3 * stream_generate(base_url, prompt, 1).ttft_s
     recorder.wait(timeout=seconds + 60)
     print(f"[{label}] ttft {ttft_ms:.1f} ms", flush=True)
@@ -52,13 +45,7 @@ def profiled_ttft_ms(args, base_url: str, process, prompt: list[int], label: str
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--py-spy", required=True, help="the py-spy executable")
-    parser.add_argument("--impl", default="ours", choices=("ours", "upstream"))
-    parser.add_argument("--tp", type=int, default=1)
-    parser.add_argument("--ep", type=int, default=1)
-    parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
-    parser.add_argument("--env", nargs="*", default=[], help="KEY=VALUE for the server")
+    add_profiled_server_arguments(parser, rate=200)
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     env = dict(pair.split("=", 1) for pair in args.env)

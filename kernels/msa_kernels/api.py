@@ -98,6 +98,14 @@ def _tree_args(tree: DraftTree | None, tiles: Tiles, block_size: int):
     )
 
 
+def _attention_strides(q, k_cache, v_cache, page_table, selected, out) -> tuple[int, ...]:
+    """The strides both query-major attention kernels take, in their parameter order."""
+    return (
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+        page_table.stride(0), selected.stride(0), selected.stride(1), out.stride(0), out.stride(1),
+    )
+
+
 def _attention(
     plan_tiles: Tiles, page_table, q, k_cache, v_cache, selected, out, splits: int, sm_scale: float, block_size: int,
     tickets: torch.Tensor | None = None, k_scale: float = 1.0, v_scale: float = 1.0, tree: DraftTree | None = None,
@@ -142,12 +150,7 @@ def _attention(
         out, part_o, part_lse, tickets if partial else union,
         *_tile_args(plan_tiles),
         *tree_tensors,
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1),
-        v_cache.stride(0), v_cache.stride(1),
-        page_table.stride(0),
-        selected.stride(0), selected.stride(1),
-        out.stride(0), out.stride(1),
+        *_attention_strides(q, k_cache, v_cache, page_table, selected, out),
         part_o.stride(0), part_o.stride(1), part_o.stride(2), part_o.stride(3),
         part_lse.stride(0), part_lse.stride(1), part_lse.stride(2),
         sm_scale * k_scale * _LOG2E, v_scale,
@@ -575,12 +578,7 @@ def _attention_one_token_tiles(
     prefill_attention_kernel[(tiles.count, hkv)](
         q, k_cache, v_cache, k_desc, v_desc, page_table, selected, out,
         tiles.req, tiles.tok0, tiles.pos0,
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1),
-        v_cache.stride(0), v_cache.stride(1),
-        page_table.stride(0),
-        selected.stride(0), selected.stride(1),
-        out.stride(0), out.stride(1),
+        *_attention_strides(q, k_cache, v_cache, page_table, selected, out),
         sm_scale * k_scale * _LOG2E, v_scale,
         G=group, ROWS=max(16, _pow2(group)), D=d, BLOCK=block_size, TOPK=topk, KP=_pow2(topk),
         num_warps=num_warps, num_stages=num_stages,
