@@ -25,6 +25,8 @@ _LOG2E = 1.4426950408889634
 
 #: Element types an fp8 main KV cache may hold (SGLang's ``--kv-cache-dtype fp8_e4m3`` / ``fp8_e5m2``).
 FP8_KV_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+#: KV cache element types whose extend attention loads by tensor descriptor on a GPU.
+_DESCRIPTOR_GPU_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def _pow2(n: int) -> int:
@@ -553,8 +555,12 @@ def prefill_attention(
 def _descriptor_loads_fit(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
     """Whether tensor descriptors can address these caches' blocks: rows of ``kv_heads * dim``
     contiguous elements from a 16-byte aligned base, on a GPU with TMA (Hopper on) or under the
-    Triton interpreter (CPU), which emulates them."""
-    if k_cache.is_cuda and torch.cuda.get_device_capability(k_cache.device)[0] < 9:
+    Triton interpreter (CPU), which emulates them. On a GPU only 16-bit caches, the ones measured
+    and tested there (fp8 caches are tested through it under the interpreter only)."""
+    if k_cache.is_cuda and (
+        torch.cuda.get_device_capability(k_cache.device)[0] < 9
+        or k_cache.dtype not in _DESCRIPTOR_GPU_DTYPES or v_cache.dtype not in _DESCRIPTOR_GPU_DTYPES
+    ):
         return False
     for cache in (k_cache, v_cache):
         heads, dim = cache.shape[1], cache.shape[2]

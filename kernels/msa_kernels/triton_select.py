@@ -18,8 +18,9 @@ _BIG = tl.constexpr(1 << 30)
 #: the index splits); the loads they feed are scalar. Specialized, a TP2 server's first 32K prompt
 #: and then its first radix hit of one compiled two index kernels each, inside the requests (2.22 s
 #: and 1.67 s to first token, against 0.22 s and 0.04 s the next time;
-#: ``benchmarks/results/first_prompt_h200/``). The decode kernels keep their specializations: CUDA
-#: graphs capture them at start-up.
+#: ``benchmarks/results/first_prompt_h200/``). The general attention kernel keeps its
+#: specializations: CUDA graphs capture it for decode at start-up, and extends take it only where
+#: the one-token-tile kernel's descriptor loads do not fit (``api._descriptor_loads_fit``).
 TILE_POINTERS = ["tile_req_ptr", "tile_tok0_ptr", "tile_pos0_ptr", "tile_ntok_ptr"]
 
 
