@@ -10,7 +10,8 @@ side by side (same flags, the KV pool capped by ``--max-total-tokens`` so two fi
 up, and groups of 2K-prompt requests (one request at concurrency 1, sixteen sent at once at 16)
 alternate between them in ABBA order, so every pair of groups shares the machine's state of that
 moment. Reported per concurrency: every group's mean TPOT, the median per server and the ratio of
-medians. ``--tp 2 --ep 2`` pairs two TP2 + EP2 servers on two GPUs (about 23 GB of weights per
+medians, and the same for every group's mean TTFT (``group_ttft``; at concurrency 16 the e2e
+benchmark's "TTFT of 16 2K prompts at once" row, paired). ``--tp 2 --ep 2`` pairs two TP2 + EP2 servers on two GPUs (about 23 GB of weights per
 GPU each, so the pair fits two H100s; at TP1 the pair needs an H200). ``--against KEY=VALUE``
 pairs ours with ours under that environment variable instead of upstream (an A/B of one of the
 plugin's switches, e.g. ``SGLANG_M3_MOE_OVERLAP=0``).
