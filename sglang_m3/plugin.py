@@ -43,6 +43,13 @@ HOOKS: tuple[Hook, ...] = (
         "bad field is refused at start-up under its own name.",
     ),
     Hook(
+        "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
+        "BEFORE",
+        hooks.refuse_out_of_vocabulary_ids,
+        "SGLang does not check a prompt's token ids against the vocabulary; one out of range "
+        "crashed the server in the embedding lookup. M3 prompts are refused with the id named.",
+    ),
+    Hook(
         "sglang.srt.configs.model_config.is_minimax_sparse",
         "REPLACE",
         hooks.upstream_minimax_sparse_wiring_off,

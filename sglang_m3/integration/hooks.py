@@ -52,6 +52,23 @@ def read_m3_config_first(original, model, *args, model_override_args=None, **kwa
     return original(model, *args, model_override_args=model_override_args, **kwargs)
 
 
+def refuse_out_of_vocabulary_ids(tokenizer_manager, obj, input_ids, *args, **kwargs):
+    """A prompt id outside the embedding's rows is refused with the request, naming the first one.
+
+    SGLang 0.5.23 checks a prompt's length but not its ids; the embedding lookup then failed
+    inside the scheduler (an ``IndexError`` on the CPU, a device-side assert on CUDA) and took the
+    whole server down with every request in flight. A ``ValueError`` here becomes the request's
+    400 answer (``min``/``max`` over a 32K-id list take well under a millisecond).
+    """
+    if not input_ids or not is_m3(tokenizer_manager.model_config.hf_config):
+        return None
+    vocab = tokenizer_manager.model_config.vocab_size
+    if min(input_ids) < 0 or max(input_ids) >= vocab:
+        at, token = next((i, t) for i, t in enumerate(input_ids) if t < 0 or t >= vocab)
+        raise ValueError(f"input_ids[{at}] = {token} is not a token id of this model: ids run from 0 to {vocab - 1}")
+    return None
+
+
 def upstream_minimax_sparse_wiring_off(config) -> bool:
     return False
 

@@ -18,7 +18,9 @@ outputs, not dense attention in disguise.
 from __future__ import annotations
 
 import concurrent.futures
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import requests
@@ -115,6 +117,30 @@ def test_vl_server_image_request_matches_transformers(served):
     result = generate_media(served.server, prompt, [image])
     assert result["meta_info"]["prompt_tokens"] == inputs["input_ids"].shape[1]
     assert served_tokens(result) == oracle_tokens(served.model_dir, inputs)
+
+
+def test_out_of_vocabulary_ids_are_refused_and_server_keeps_serving(tiny_m3_server):
+    """An id past the vocabulary (or negative) is a 400 naming it, on /generate and through the
+    openai client's token-id prompt; before the plugin's check it crashed the server."""
+    import openai
+
+    config = json.loads((Path(tiny_m3_server.model_path) / "config.json").read_text())
+    vocab = config.get("text_config", config)["vocab_size"]
+    prompt = random_prompt(32, 40)
+    for position, token in ((7, vocab), (0, -1)):
+        bad = prompt[:position] + [token] + prompt[position + 1:]
+        response = requests.post(
+            f"{tiny_m3_server.base_url}/generate",
+            json={"input_ids": bad, "sampling_params": {"max_new_tokens": 2}},
+            timeout=900,
+        )
+        assert response.status_code == 400, response.text
+        assert f"input_ids[{position}] = {token}" in response.text and str(vocab - 1) in response.text
+    client = openai.OpenAI(base_url=tiny_m3_server.openai_url, api_key="unused")
+    with pytest.raises(openai.BadRequestError, match=f"input_ids\\[3\\] = {vocab + 5}"):
+        client.completions.create(model=client.models.list().data[0].id, prompt=prompt[:3] + [vocab + 5], max_tokens=2)
+    follow_up = generate(tiny_m3_server, prompt, max_new_tokens=3)
+    assert len(output_ids(follow_up)) == 3
 
 
 def test_over_long_request_is_refused_and_server_keeps_serving(tiny_m3_server):
