@@ -196,18 +196,20 @@ def msa_attention(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     attend=sparse_attention,
+    score=block_scores,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One request's MSA: returns (output ``[n, Hq, Dv]``, selected blocks ``[n, Hkv, topk]``).
 
     ``ik_scale``: per-token scales of fp8 index keys (see :func:`quantize_index_keys`), or None.
     ``k_scale`` / ``v_scale``: per-layer scales of an fp8 main KV cache (see :func:`sparse_attention`).
     ``attend``: the sparse attention's implementation, :func:`sparse_attention`'s signature and
-    result (the CPU serving path passes ``torch_gathered.sparse_attention_gathered``).
+    result (the CPU serving path passes ``torch_gathered.sparse_attention_gathered``); ``score``
+    likewise for :func:`block_scores` (the serving path passes ``torch_gathered.block_scores_by_rows``).
     """
     if iq.shape[1] != k.shape[1]:
         raise ValueError(f"index heads ({iq.shape[1]}) must equal KV heads ({k.shape[1]})")
     if q_pos.numel() and int(q_pos.max()) >= k.shape[0]:
         raise ValueError(f"query position {int(q_pos.max())} has no key (kv length {k.shape[0]})")
-    scores = block_scores(iq, ik, q_pos, params.block_size, ik_scale)
+    scores = score(iq, ik, q_pos, params.block_size, ik_scale)
     selected = select_blocks(scores, q_pos, params)
     return attend(q, k, v, selected, q_pos, params.block_size, scale, k_scale, v_scale), selected

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 from msa_kernels.reference import MSAParams, msa_attention
-from msa_kernels.torch_gathered import sparse_attention_gathered
+from msa_kernels.torch_gathered import block_scores_by_rows, sparse_attention_gathered
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
@@ -52,7 +52,7 @@ def attend_paged(
             q[rows], k_cache[slots], v_cache[slots], index_q[rows], index_k_cache[slots],
             req.query_positions, params, scale=scale,
             ik_scale=None if index_k_scale is None else index_k_scale[slots], k_scale=k_scale, v_scale=v_scale,
-            attend=sparse_attention_gathered,
+            attend=sparse_attention_gathered, score=block_scores_by_rows,
         )
     return out
 

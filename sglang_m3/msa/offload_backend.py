@@ -34,8 +34,8 @@ from __future__ import annotations
 import logging
 
 import torch
-from msa_kernels.reference import block_scores, select_blocks
-from msa_kernels.torch_gathered import sparse_attention_gathered
+from msa_kernels.reference import select_blocks
+from msa_kernels.torch_gathered import block_scores_by_rows, sparse_attention_gathered
 
 from sglang_m3.cache.offload_pool import M3SparseOffloadKVPool
 from sglang_m3.cache.offload_settings import offload_log_steps
@@ -100,11 +100,12 @@ class MSAOffloadTorchBackend(MSATorchBackend):
         return out
 
     def _select(self, req: RequestPlan, index_q, index_k, index_scale) -> torch.Tensor:
-        """The request's chosen blocks ``[queries, kv_heads, topk]`` (-1 padded), as the reference chooses."""
+        """The request's chosen blocks ``[queries, kv_heads, topk]`` (-1 padded), scored as the
+        device torch path scores them (``block_scores_by_rows``)."""
         rows = slice(req.query_start, req.query_start + req.query_len)
         slots = req.kv_slots
-        scores = block_scores(index_q[rows], index_k[slots], req.query_positions, self.params.block_size,
-                              None if index_scale is None else index_scale[slots])
+        scores = block_scores_by_rows(index_q[rows], index_k[slots], req.query_positions, self.params.block_size,
+                                      None if index_scale is None else index_scale[slots])
         return select_blocks(scores, req.query_positions, self.params)
 
     def _wanted_pages(self, group: range, selections: list[torch.Tensor]) -> torch.Tensor:

@@ -153,6 +153,30 @@ def test_enabled_on_cuda_and_the_cpu_and_the_switch_is_checked(monkeypatch):
         sdpa_dense_prefill_enabled(torch.device("cuda"))
 
 
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 2e-6), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("prefix, n", [(1, 1), (1, 7), (37, 5), (5, 37), (300, 64)])
+def test_the_cpus_split_over_its_flash_kernel_is_causal_attention_over_prefix_and_chunk(prefix, n, dtype, tolerance):
+    """On the CPU a chunk after a prefix (float32 / bfloat16) takes the split over the CPU's flash
+    kernel, GQA heads repeated: the chunk's causal attention over prefix + chunk, to the dtype's
+    rounding (float64 keeps the exact masked path: the routing test below)."""
+    from sglang_m3.msa import dense_prefill
+
+    gen = torch.Generator().manual_seed(prefix * 100 + n)
+    keys, values = (torch.randn(prefix + n, HKV, D, generator=gen, dtype=torch.float64) for _ in range(2))
+    q = torch.randn(n, HQ, D, generator=gen, dtype=torch.float64) * 3
+    want = _reference(q, keys, values, prefix)
+    got = dense_prefill.causal_sdpa(q.to(dtype), keys.to(dtype), values.to(dtype), 1 / math.sqrt(D))
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.double(), want, rtol=tolerance, atol=tolerance)
+
+
+def test_the_cpus_split_is_for_serving_dtypes_on_the_cpu():
+    from sglang_m3.msa.dense_prefill import cpu_split_applies
+
+    assert all(cpu_split_applies(torch.zeros(1, dtype=dtype)) for dtype in (torch.float32, torch.bfloat16, torch.float16))
+    assert not cpu_split_applies(torch.zeros(1, dtype=torch.float64))
+
+
 @pytest.mark.parametrize("prefix, n", [(1, 1), (1, 7), (37, 5), (5, 37), (64, 64)])
 def test_prefix_split_merges_to_causal_attention_over_prefix_and_chunk(monkeypatch, prefix, n):
     """The prefix attended unmasked and the chunk causally, merged by their log-sum-exp, is the
@@ -180,12 +204,13 @@ def test_prefix_split_switch_is_checked(monkeypatch):
 
 def _routing(monkeypatch, n, length, on_cuda=True):
     """Which path ``causal_sdpa`` takes for ``n`` new tokens over ``length`` keys: ``split`` or the
-    first SDPA backend it asks for (``prefix_split_applies`` answered as on CUDA in 16-bit)."""
+    first SDPA backend it asks for (the split checks answered as on CUDA in 16-bit, or the CPU)."""
     from sglang_m3.msa import dense_prefill
 
     asked = []
     monkeypatch.setattr(dense_prefill, "prefix_split_applies", lambda q: on_cuda)
-    monkeypatch.setattr(dense_prefill, "prefix_split_sdpa", lambda *args: asked.append("split") or torch.zeros(n, HQ, D))
+    monkeypatch.setattr(dense_prefill, "cpu_split_applies", lambda q: not on_cuda)
+    monkeypatch.setattr(dense_prefill, "prefix_split_sdpa", lambda *args, **kwargs: asked.append("split") or torch.zeros(n, HQ, D))
     real_kernel = dense_prefill.sdpa_kernel
 
     def recording_kernel(backends):
@@ -223,7 +248,7 @@ def test_cudnn_switch_always_takes_every_shape_and_is_checked(monkeypatch):
     monkeypatch.setenv(CUDNN_ENV, "always")
     assert _routing(monkeypatch, 2000, 2000) == "CUDNN_ATTENTION"
     assert _routing(monkeypatch, 5000, 8192 + 5000) == "split"
-    assert _routing(monkeypatch, 5000, 8192 + 5000, on_cuda=False) == "FLASH_ATTENTION"  # the split is CUDA's
+    assert _routing(monkeypatch, 5000, 8192 + 5000, on_cuda=False) == "split"  # the CPU's flash form, any shape
     monkeypatch.setenv(CUDNN_ENV, "1")
     with pytest.raises(ValueError, match=CUDNN_ENV):
         _routing(monkeypatch, 8, 8)
