@@ -12,13 +12,13 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from msa_kernels.plan import DecodePlan, DraftTree, PrefillPlan, Tiles
 from msa_kernels.triton_attention import sparse_attention_kernel
 from msa_kernels.triton_block_major import block_major_attention_kernel, merge_block_partials_kernel
-from msa_kernels.triton_prefill_attention import prefill_attention_kernel
 from msa_kernels.triton_index import (
     decode_index_scores_kernel,
     prefill_index_merge_kernel,
     prefill_index_topk_kernel,
     tree_window_scores_kernel,
 )
+from msa_kernels.triton_prefill_attention import prefill_attention_kernel
 from msa_kernels.triton_select import decode_topk_kernel
 
 _LOG2E = 1.4426950408889634

@@ -37,7 +37,6 @@ import logging
 
 import torch
 from msa_kernels.api import run_decode, run_prefill
-from msa_kernels.prepare import prepare_prefill
 from msa_kernels.plan import (
     DecodePlan,
     draft_tree,
@@ -46,6 +45,7 @@ from msa_kernels.plan import (
     plan_prefill,
     verify_window_slots,
 )
+from msa_kernels.prepare import prepare_prefill
 from sglang.srt.runtime_context import get_parallel
 
 from sglang_m3.cache.index_kv_pool import M3IndexedKVPool
@@ -101,10 +101,14 @@ class MSATritonBackend(MSATorchBackend):
             self._prepare_prefill_kernels(spec, spec.num_heads // get_parallel().attn_tp_size, model_runner.dtype)
 
     def _prepare_prefill_kernels(self, spec, q_heads: int, dtype: torch.dtype) -> None:
-        """Every extend kernel variant compiled now (``msa_kernels.prepare``), over the first sparse
-        layer's caches, rather than inside the first request that needs it."""
+        """Every extend kernel variant compiled now (``msa_kernels.prepare``), over the caches of
+        this rank's first sparse layer, rather than inside the first request that needs it."""
         pool = self.token_to_kv_pool
-        layer_id = spec.sparse_layer_ids[0]
+        first, last = getattr(pool, "start_layer", 0), getattr(pool, "end_layer", None)
+        local = [i for i in spec.sparse_layer_ids if i >= first and (last is None or i <= last)]
+        if not local:  # a pipeline stage without sparse layers launches none of these kernels
+            return
+        layer_id = local[0]
         seconds = prepare_prefill(
             self.params, q_heads,
             pool.get_key_buffer(layer_id), pool.get_value_buffer(layer_id), pool.get_index_k_buffer(layer_id),
