@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import torch
@@ -558,8 +559,7 @@ def _descriptor_loads_fit(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
     Triton interpreter (CPU), which emulates them. On a GPU only 16-bit caches, the ones measured
     and tested there (fp8 caches are tested through it under the interpreter only)."""
     if k_cache.is_cuda and (
-        torch.cuda.get_device_capability(k_cache.device)[0] < 9
-        or k_cache.dtype not in _DESCRIPTOR_GPU_DTYPES or v_cache.dtype not in _DESCRIPTOR_GPU_DTYPES
+        not _has_tma(k_cache.device) or k_cache.dtype not in _DESCRIPTOR_GPU_DTYPES or v_cache.dtype not in _DESCRIPTOR_GPU_DTYPES
     ):
         return False
     for cache in (k_cache, v_cache):
@@ -567,6 +567,12 @@ def _descriptor_loads_fit(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
         if cache.stride() != (heads * dim, dim, 1) or cache.data_ptr() % 16:
             return False
     return True
+
+
+@functools.cache
+def _has_tma(device: torch.device) -> bool:
+    """Hopper or later (asked once per device: the check runs for every sparse layer's extend)."""
+    return torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def _attention_one_token_tiles(

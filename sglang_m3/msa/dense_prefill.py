@@ -236,6 +236,36 @@ def prefix_split_applies(q: torch.Tensor) -> bool:
     return env_choice(PREFIX_SPLIT_ENV, ("1", "0")) == "1" and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16)
 
 
+def _cudnn_attention_with_lse(q, keys, values, scale: float, causal: bool):
+    """``(out [n, Hq, Dv], lse [n, Hq, 1] fp32)`` of cuDNN attention (top-left causal when asked)."""
+    out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(
+        *_heads_first(q, keys, values), None, True, 0.0, causal, False, scale=scale,
+    )[:2]
+    return _tokens_first(out, lse)
+
+
+def _cpu_flash_attention_with_lse(q, keys, values, scale: float, causal: bool):
+    """:func:`_cudnn_attention_with_lse`'s result from the CPU's flash attention; the KV heads are
+    repeated for the query groups (the op takes equal head counts)."""
+    group = q.shape[1] // keys.shape[1]
+    keys, values = (x.repeat_interleave(group, dim=1) if group > 1 else x for x in (keys, values))
+    return _tokens_first(*torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        *_heads_first(q, keys, values), 0.0, causal, scale=scale,
+    ))
+
+
+def _heads_first(*tensors):
+    """``[tokens, heads, dim]`` tensors as the ``[1, heads, tokens, dim]`` the attention ops take."""
+    return [x.transpose(0, 1)[None] for x in tensors]
+
+
+def _tokens_first(out, lse):
+    """An attention op's ``[1, heads, n, Dv]`` output and ``[1, heads, n]`` log-sum-exp as
+    ``[n, heads, Dv]`` and fp32 ``[n, heads, 1]``."""
+    heads, n = out.shape[1], out.shape[2]
+    return out[0].transpose(0, 1), lse.reshape(heads, n).transpose(0, 1)[..., None].float()
+
+
 def prefix_split_sdpa(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float, attention=None) -> torch.Tensor:
     """:func:`causal_sdpa` of a chunk after a cached prefix as two attention calls merged by log-sum-exp.
 
@@ -248,7 +278,7 @@ def prefix_split_sdpa(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     ``[n, L]`` mask and takes SDPA's masked path, 3.1 of the 8.7 s a 16K-token prompt's forward
     took on 2 cores with the tiny M3 (py-spy).
     """
-    attention = attention or _cudnn_attention_with_lse
+    attention = attention or _cudnn_attention_with_lse  # looked up per call (tests swap it)
     n, length = q.shape[0], keys.shape[0]
     prefix = length - n
     out_prefix, lse_prefix = attention(q, keys[:prefix], values[:prefix], scale, causal=False)
@@ -258,25 +288,3 @@ def prefix_split_sdpa(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     wide = torch.promote_types(q.dtype, torch.float32)
     merged = (out_prefix.to(wide) * weight_prefix + out_self.to(wide) * weight_self) / (weight_prefix + weight_self)
     return merged.to(q.dtype)
-
-
-def _cpu_flash_attention_with_lse(q, keys, values, scale: float, causal: bool):
-    """``(out [n, Hq, Dv], lse [n, Hq, 1] fp32)`` of the CPU's flash attention (top-left causal when
-    asked); the KV heads are repeated for the query groups (the op takes equal head counts)."""
-    n, heads = q.shape[0], q.shape[1]
-    group = heads // keys.shape[1]
-    keys, values = (x.repeat_interleave(group, dim=1) if group > 1 else x for x in (keys, values))
-    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        q.transpose(0, 1)[None], keys.transpose(0, 1)[None], values.transpose(0, 1)[None], 0.0, causal, scale=scale,
-    )
-    return out[0].transpose(0, 1), lse.reshape(heads, n).transpose(0, 1)[..., None].float()
-
-
-def _cudnn_attention_with_lse(q, keys, values, scale: float, causal: bool):
-    """``(out [n, Hq, Dv], lse [n, Hq, 1] fp32)`` of cuDNN attention (top-left causal when asked)."""
-    n, heads = q.shape[0], q.shape[1]
-    out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(
-        q.transpose(0, 1)[None], keys.transpose(0, 1)[None], values.transpose(0, 1)[None],
-        None, True, 0.0, causal, False, scale=scale,
-    )[:2]
-    return out[0].transpose(0, 1), lse.reshape(heads, n).transpose(0, 1)[..., None].float()
