@@ -10,7 +10,8 @@ ones under ``torch.profiler`` (CUDA activity, as SGLang's ``/start_profile``). O
 ms of host on a shape's first call (cuDNN building its plan), 0.4-1.2 ms on every later one,
 profiled or not (``benchmarks/results/prefill_host_h100/``).
 
-``--prepare`` first runs what the server runs at start-up (:func:`prepare_cudnn`). ``--prompts``
+``--prepare`` first runs what the server runs at start-up (:func:`prepare_cudnn`, then
+:func:`prebuild_chunk_plans` for ``--chunk`` over the longest prompt). ``--prompts``
 takes several prompt lengths, run one after the other in each pass (a length that is not a
 multiple of the chunk ends in a shorter chunk), and ``--label`` names the result file, so one
 process per setting of the environment (e.g. ``TORCH_CUDNN_SDPA_AVOID_RECOMPILE``, read once per
@@ -32,7 +33,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 from e2e_gpu import commit  # noqa: E402
 
-from sglang_m3.msa.dense_prefill import causal_sdpa, prepare_cudnn  # noqa: E402
+from sglang_m3.msa.dense_prefill import causal_sdpa, prebuild_chunk_plans, prepare_cudnn  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM = 64, 4, 128
 
@@ -75,14 +76,17 @@ def main(argv=None) -> int:
     parser.add_argument("--passes", type=int, default=3, help="plain passes before the profiled ones")
     parser.add_argument("--profiled-passes", type=int, default=2)
     parser.add_argument("--label", default="", help="added to the result file's name")
-    parser.add_argument("--prepare", action="store_true", help="first run the server's start-up step (prepare_cudnn), timed")
+    parser.add_argument("--prepare", action="store_true", help="first run the server's start-up steps (prepare_cudnn, prebuild_chunk_plans), timed")
     args = parser.parse_args(argv)
     heads, kv_heads = HEADS // args.tp, max(1, KV_HEADS // args.tp)
     result = {"commit": commit(), "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
               "tp": args.tp, "heads": heads, "kv_heads": kv_heads, "prompts": args.prompts, "chunk": args.chunk, "label": args.label, "passes": []}
     if args.prepare:
-        result["prepare_s"] = round(prepare_cudnn(heads, kv_heads, HEAD_DIM, torch.bfloat16, torch.device("cuda")), 3)
-        print(f"prepare_cudnn: {result['prepare_s']} s", flush=True)
+        widths = (heads, kv_heads, HEAD_DIM, torch.bfloat16, torch.device("cuda"))
+        result["prepare_s"] = round(prepare_cudnn(*widths), 3)
+        shapes, seconds = prebuild_chunk_plans(*widths, chunk=args.chunk, context=max(args.prompts))
+        result["chunk_plans"] = {"shapes": shapes, "seconds": round(seconds, 3)}
+        print(f"prepare_cudnn: {result['prepare_s']} s; chunk plans: {shapes} shapes in {seconds:.3f} s", flush=True)
     result["env"] = {key: value for key, value in os.environ.items() if key.startswith(("TORCH_CUDNN", "SGLANG_M3_DENSE"))}
     for index in range(args.passes):
         result["passes"].append({"pass": index, "profiled": False, "chunks": one_pass(args, heads, kv_heads)})

@@ -18,3 +18,14 @@ def env_choice(name: str, choices: tuple[str, ...], meaning: str = "") -> str:
         expected = meaning or " or ".join(repr(choice) for choice in choices)
         raise ValueError(f"{name}={value!r}: expected {expected}")
     return value
+
+
+def env_tokens(name: str, default: int) -> int:
+    """The non-negative whole number of tokens in environment variable ``name``, ``default`` when
+    unset; anything else is refused with the variable named."""
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    if not value.strip().isdigit():
+        raise ValueError(f"{name}={value!r}: expected a whole number of tokens (0 or more)")
+    return int(value)

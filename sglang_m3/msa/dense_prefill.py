@@ -24,7 +24,8 @@ depends on the shape alone, so a request's result does not depend on what ran be
 cuDNN's first call of each form compiles its kernel: 0.76 and 1.05 s on the H200 for a chunk without
 and after a prefix (``benchmarks/results/cold_start_h200/``), which a server's first long prompt
 would pay. So the backend's construction runs each form once on small aligned shapes
-(:func:`prepare_cudnn`, 0.3 s); a later new shape then costs its plan alone (about 40 ms, once).
+(:func:`prepare_cudnn`, 0.3 s); a later new shape then costs its plan alone (about 40 ms, once),
+and the full chunks of a long prompt have theirs built at start-up too (:func:`prebuild_chunk_plans`).
 Torch's ragged cuDNN path (``TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1``, plans keyed on lengths rounded
 up to powers of two) would build fewer plans, but on the H200 its kernels took 6% longer over the
 chunks of 32K, 128K, 30001- and 12288-token prompts (292.9 against 276.2 ms), and the prefix split
@@ -59,7 +60,7 @@ from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
-from sglang_m3.env_switch import env_choice
+from sglang_m3.env_switch import env_choice, env_tokens
 from sglang_m3.msa.batch_shape import host_extend_lens
 
 #: Environment switch: ``sdpa`` (default on CUDA and the CPU) or ``sglang`` (SGLang's own extend kernel).
@@ -182,6 +183,54 @@ def prepare_cudnn(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, 
     causal_sdpa(q, keys, values, head_dim**-0.5)
     torch.cuda.synchronize(device)
     return time.perf_counter() - began
+
+
+#: Environment switch: the longest cached prefix, in tokens, whose full-chunk cuDNN plans the
+#: server builds at start-up (:func:`prebuild_chunk_plans`); ``0`` turns the step off.
+CHUNK_PLANS_ENV = "SGLANG_M3_DENSE_CUDNN_CHUNK_PLANS"
+#: 16 prefixes of 8K chunks: a 128K prompt's whole chunked prefill, in about a second at start-up.
+#: Longer contexts would pay more per plan (each runs its attention once over its whole prefix).
+DEFAULT_CHUNK_PLAN_PREFIX = 131072
+
+
+def chunk_plan_prefixes(chunk: int, context: int, longest_prefix: int) -> list[int]:
+    """The cached-prefix lengths of the full chunks of chunked prefill that cuDNN takes: ``0`` (a
+    prompt's first chunk) and every multiple of ``chunk`` up to ``longest_prefix`` that leaves room
+    for a whole chunk in ``context`` tokens. None when the chunk is not one cuDNN takes (chunked
+    prefill off, or a chunk that is not a multiple of :data:`CUDNN_SHAPE_STEP`)."""
+    if chunk <= 0 or not cudnn_takes(chunk, chunk):
+        return []
+    return list(range(0, min(longest_prefix, context - chunk) + 1, chunk))
+
+
+def prebuild_chunk_plans(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device,
+                         chunk: int, context: int) -> tuple[int, float]:
+    """cuDNN's plans for every full chunk of a long prompt, built before the first request.
+
+    :func:`prepare_cudnn` compiles each form's kernel, but torch keys cuDNN's plans on the exact
+    lengths (and strides), so a server's first 32K prompt still built one plan per 8K chunk inside
+    the request (its first three chunks took about 200 ms more than the second prompt's on the
+    H200 at TP2, ``benchmarks/results/first_prompt_h200/``). The chunks of chunked prefill after a
+    prefix of whole chunks recur in every long prompt, so their plans are built here, on tensors
+    laid out as the serving call's (``[tokens, heads, dim]`` rows, keys gathered contiguous). The
+    plan cache is per thread: this runs on the scheduler's thread, which runs the forward too.
+    Returns how many chunk shapes were prepared and the seconds taken; nothing runs where cuDNN
+    never would, or with ``SGLANG_M3_DENSE_CUDNN_CHUNK_PLANS=0``.
+    """
+    if device.type != "cuda" or dtype not in (torch.bfloat16, torch.float16):
+        return 0, 0.0
+    longest = env_tokens(CHUNK_PLANS_ENV, DEFAULT_CHUNK_PLAN_PREFIX)
+    prefixes = chunk_plan_prefixes(chunk, context, longest) if longest else []
+    if not prefixes:
+        return 0, 0.0
+    began = time.perf_counter()
+    q = torch.randn(chunk, heads, head_dim, device=device, dtype=dtype)
+    keys = torch.randn(prefixes[-1] + chunk, kv_heads, head_dim, device=device, dtype=dtype)
+    values = torch.randn_like(keys)
+    for prefix in prefixes:
+        causal_sdpa(q, keys[: prefix + chunk], values[: prefix + chunk], head_dim**-0.5)
+    torch.cuda.synchronize(device)
+    return len(prefixes), time.perf_counter() - began
 
 
 def cudnn_takes(n: int, length: int) -> bool:

@@ -67,11 +67,13 @@ def test_switch_off_keeps_the_flash_call(monkeypatch):
 
 
 def test_prepared_cudnn_then_every_aligned_form():
-    """After the server's start-up step, each aligned form at M3's widths at TP4 (16 query heads
-    over one KV head) and lengths beyond the start-up's keeps the bound of the test above."""
-    from sglang_m3.msa.dense_prefill import prepare_cudnn
+    """After the server's start-up steps (the kernels, then the plans of 8K chunks up to a 24K
+    prefix), each aligned form at M3's widths at TP4 (16 query heads over one KV head), on those
+    plans and beyond them, keeps the bound of the test above."""
+    from sglang_m3.msa.dense_prefill import prebuild_chunk_plans, prepare_cudnn
 
     assert prepare_cudnn(16, 1, 128, torch.bfloat16, torch.device("cuda")) > 0
+    assert prebuild_chunk_plans(16, 1, 128, torch.bfloat16, torch.device("cuda"), chunk=8192, context=4 * 8192)[0] == 4
     gen = torch.Generator(device="cuda").manual_seed(3)
     for prefix, n in [(0, 1024), (0, 8192), (8192, 8192), (3 * 8192, 4096)]:
         keys, values = (torch.randn(prefix + n, 1, 128, device="cuda", generator=gen).bfloat16() for _ in range(2))

@@ -13,10 +13,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from attention_definitions import math_attention_with_lse
 from forward_batch_doubles import forward_batch_for
 
-from sglang_m3.msa.dense_prefill import ENV, SDPADensePrefill, sdpa_dense_prefill_enabled
+from sglang_m3.msa.dense_prefill import CUDNN_SHAPE_STEP, ENV, SDPADensePrefill, sdpa_dense_prefill_enabled
 
 HQ, HKV, D = 6, 2, 8
 
@@ -271,6 +273,60 @@ def test_prepare_cudnn_runs_each_form_once_on_cuda_in_16_bit_only(monkeypatch):
     step = dense_prefill.CUDNN_SHAPE_STEP
     assert calls == [((step, HQ, D), (step, HKV, D), torch.bfloat16), ((step, HQ, D), (2 * step, HKV, D), torch.bfloat16)]
     assert all(dense_prefill.cudnn_takes(q[0], keys[0]) for q, keys, _ in calls)
+
+
+@given(chunk=st.integers(-1, 40_000), context=st.integers(1, 300_000), longest=st.integers(1, 300_000))
+def test_chunk_plan_prefixes_are_the_full_chunks_cudnn_takes(chunk, context, longest):
+    """Each listed prefix is a multiple of the chunk, leaves room for a whole chunk in the context,
+    is at most the bound, and makes a shape cuDNN takes; none is missing between them."""
+    from sglang_m3.msa.dense_prefill import chunk_plan_prefixes, cudnn_takes
+
+    prefixes = chunk_plan_prefixes(chunk, context, longest)
+    if chunk <= 0 or chunk % CUDNN_SHAPE_STEP or chunk > context:
+        assert prefixes == []
+        return
+    assert prefixes == list(range(0, len(prefixes) * chunk, chunk))
+    assert all(prefix <= longest and prefix + chunk <= context and cudnn_takes(chunk, prefix + chunk) for prefix in prefixes)
+    next_prefix = len(prefixes) * chunk
+    assert next_prefix > longest or next_prefix + chunk > context
+
+
+def test_chunk_plan_prefixes_of_a_128k_server():
+    from sglang_m3.msa.dense_prefill import DEFAULT_CHUNK_PLAN_PREFIX, chunk_plan_prefixes
+
+    assert chunk_plan_prefixes(8192, 131456, DEFAULT_CHUNK_PLAN_PREFIX) == [8192 * k for k in range(16)]
+    assert chunk_plan_prefixes(8192, 1_048_576, DEFAULT_CHUNK_PLAN_PREFIX) == [8192 * k for k in range(17)]
+    assert chunk_plan_prefixes(8000, 131456, DEFAULT_CHUNK_PLAN_PREFIX) == []  # a chunk cuDNN does not take
+
+
+def test_prebuild_chunk_plans_runs_each_full_chunk_once_on_cuda_in_16_bit_only(monkeypatch):
+    """One call per full chunk, with the rank's heads and the serving call's layout: ``[tokens,
+    heads, dim]`` queries, keys cut from one contiguous buffer as a gather leaves them."""
+    from sglang_m3.msa import dense_prefill
+
+    calls = []
+    monkeypatch.setattr(dense_prefill, "causal_sdpa", lambda q, keys, values, scale: calls.append(
+        (tuple(q.shape), tuple(keys.shape), keys.stride(), values.stride(), q.dtype, scale)))
+    assert dense_prefill.prebuild_chunk_plans(HQ, HKV, D, torch.bfloat16, torch.device("cpu"), chunk=2048, context=10_000) == (0, 0.0)
+    assert dense_prefill.prebuild_chunk_plans(HQ, HKV, D, torch.float32, torch.device("cuda"), chunk=2048, context=10_000) == (0, 0.0)
+    assert calls == []
+
+    monkeypatch.setattr(dense_prefill.torch, "randn", lambda *shape, device, dtype: torch.zeros(*shape, dtype=dtype))
+    monkeypatch.setattr(dense_prefill.torch.cuda, "synchronize", lambda device: None)
+    shapes, seconds = dense_prefill.prebuild_chunk_plans(HQ, HKV, D, torch.bfloat16, torch.device("cuda"), chunk=2048, context=10_000)
+    assert (shapes, seconds >= 0) == (4, True)
+    assert [(q, keys) for q, keys, *_ in calls] == [((2048, HQ, D), (2048 * k, HKV, D)) for k in (1, 2, 3, 4)]
+    assert all(k_stride == v_stride == (HKV * D, D, 1) for _, _, k_stride, v_stride, _, _ in calls)
+    assert {(dtype, scale) for *_, dtype, scale in calls} == {(torch.bfloat16, D**-0.5)}
+
+    calls.clear()
+    monkeypatch.setenv(dense_prefill.CHUNK_PLANS_ENV, "4096")
+    assert dense_prefill.prebuild_chunk_plans(HQ, HKV, D, torch.bfloat16, torch.device("cuda"), chunk=2048, context=10_000)[0] == 3
+    monkeypatch.setenv(dense_prefill.CHUNK_PLANS_ENV, "0")
+    assert dense_prefill.prebuild_chunk_plans(HQ, HKV, D, torch.bfloat16, torch.device("cuda"), chunk=2048, context=10_000) == (0, 0.0)
+    monkeypatch.setenv(dense_prefill.CHUNK_PLANS_ENV, "all")
+    with pytest.raises(ValueError, match=dense_prefill.CHUNK_PLANS_ENV):
+        dense_prefill.prebuild_chunk_plans(HQ, HKV, D, torch.bfloat16, torch.device("cuda"), chunk=2048, context=10_000)
 
 
 def test_on_the_cpu_a_fresh_chunk_attends_its_tokens_as_cached():
