@@ -78,7 +78,7 @@ def wrap_with_msa_backend(original, runner, full_attn_backend):
         return original(runner, full_attn_backend)
     import torch
 
-    from sglang.srt.runtime_context import get_parallel
+    from sglang.srt.runtime_context import get_parallel, get_schedule
 
     from sglang_m3.msa.dense_prefill import SDPADensePrefill, prebuild_chunk_plans, prepare_cudnn, sdpa_dense_prefill_enabled
     from sglang_m3.msa.hybrid import M3HybridAttnBackend
@@ -94,10 +94,11 @@ def wrap_with_msa_backend(original, runner, full_attn_backend):
             widths = (spec.num_heads // attn_tp_size, runner.model_config.get_num_kv_heads(attn_tp_size), spec.head_dim, runner.dtype, device)
             seconds = prepare_cudnn(*widths)
             logger.info("sglang-m3: dense prefill's cuDNN attention prepared in %.2f s", seconds)
-            shapes, seconds = prebuild_chunk_plans(*widths, chunk=runner.server_args.chunked_prefill_size or 0,
-                                                   context=runner.model_config.context_len)
-            if shapes:
-                logger.info("sglang-m3: cuDNN plans of %d full prefill chunks built in %.2f s", shapes, seconds)
+            # the resolved chunk (the runtime context's; the runner's copy of the arguments may leave it unset)
+            chunk = get_schedule().chunked_prefill_size or 0
+            shapes, seconds = prebuild_chunk_plans(*widths, chunk=chunk, context=runner.model_config.context_len)
+            logger.info("sglang-m3: cuDNN plans of %d full prefill chunks (chunk %d, context %d) built in %.2f s",
+                        shapes, chunk, runner.model_config.context_len, seconds)
     return M3HybridAttnBackend(dense, _sparse_backend(runner, spec), spec.sparse_layer_ids, dense_prefill,
                                _dense_attention_layers(runner.model, spec.sparse_layer_ids))
 
