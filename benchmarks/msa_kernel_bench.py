@@ -733,7 +733,8 @@ def main() -> None:
     try:
         import subprocess
 
-        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
+        # one line per GPU on a machine of several: the driver is the same for all
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True).stdout.split("\n")[0].strip()
     except OSError:
         driver = "unknown"
     meta = {
