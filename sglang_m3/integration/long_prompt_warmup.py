@@ -3,9 +3,12 @@
 SGLang's own start-up request is a few tokens, which M3 attends densely (every block selected),
 and its CUDA-graph capture covers decode and short prefill. So the sparse layers' prefill kernels
 (index scan and top-k, the split merge after a prefix, block-major attention) and the dense
-layer's plans for chunks after a prefix first compile at a user's first long prompt: 2.5 s for the
-first 32K prompt on an H200 with an empty Triton cache, against 0.4 s once compiled
+layer's plans for chunks after a prefix first compiled at a user's first long prompt: 2.5 s for
+the first 32K prompt on an H200 with an empty Triton cache, against 0.4 s once compiled
 (``benchmarks/results/cold_start_h200/``); with this warm-up, 407 ms, for 6.2 s more start-up.
+Since then the backends' construction compiles the extend kernels (``msa_kernels.prepare``) and
+builds the full chunks' plans (``dense_prefill.prebuild_chunk_plans``) on every CUDA server; this
+warm-up still runs what those leave out, such as a prompt's partial last chunk.
 This warm-up sends, before the server takes requests (SGLang runs ``--warmups`` in the HTTP
 server's start-up), one prompt of two full prefill chunks and half of a third: a first chunk, a
 full chunk after a prefix and a partial one, the shapes a long prompt runs. It then empties the
