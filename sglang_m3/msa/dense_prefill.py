@@ -196,7 +196,7 @@ DEFAULT_CHUNK_PLAN_PREFIX = 131072
 def chunk_plan_prefixes(chunk: int, context: int, longest_prefix: int) -> list[int]:
     """The cached-prefix lengths of the full chunks of chunked prefill that cuDNN takes: ``0`` (a
     prompt's first chunk) and every multiple of ``chunk`` up to ``longest_prefix`` that leaves room
-    for a whole chunk in ``context`` tokens. None when the chunk is not one cuDNN takes (chunked
+    for a whole chunk in ``context`` tokens. Empty when the chunk is not one cuDNN takes (chunked
     prefill off, or a chunk that is not a multiple of :data:`CUDNN_SHAPE_STEP`)."""
     if chunk <= 0 or not cudnn_takes(chunk, chunk):
         return []
@@ -212,7 +212,8 @@ def prebuild_chunk_plans(heads: int, kv_heads: int, head_dim: int, dtype: torch.
     the request (its first three chunks took about 200 ms more than the second prompt's on the
     H200 at TP2, ``benchmarks/results/first_prompt_h200/``). The chunks of chunked prefill after a
     prefix of whole chunks recur in every long prompt, so their plans are built here, on tensors
-    laid out as the serving call's (``[tokens, heads, dim]`` rows, keys gathered contiguous). The
+    laid out as the serving call's (``[tokens, heads, dim]`` rows, keys gathered contiguous): the
+    first 32K prompt at TP2 then took 201.6 against 414.2 ms, for 0.7 s per rank at start-up. The
     plan cache is per thread: this runs on the scheduler's thread, which runs the forward too.
     Returns how many chunk shapes were prepared and the seconds taken; nothing runs where cuDNN
     never would, or with ``SGLANG_M3_DENSE_CUDNN_CHUNK_PLANS=0``.
