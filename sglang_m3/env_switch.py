@@ -1,7 +1,7 @@
 """The plugin's environment switches (A/B paths such as ``SGLANG_M3_MOE_OVERLAP``) read one way.
 
-Each switch takes a fixed set of values; anything else is refused with the variable named, so a
-value like ``false`` or ``off`` never silently leaves a path on.
+Each switch takes a fixed set of values, and each number its range; anything else is refused with
+the variable named, so a value like ``false`` or ``off`` never silently leaves a path on.
 """
 
 from __future__ import annotations
@@ -20,12 +20,23 @@ def env_choice(name: str, choices: tuple[str, ...], meaning: str = "") -> str:
     return value
 
 
-def env_tokens(name: str, default: int) -> int:
-    """The non-negative whole number of tokens in environment variable ``name``, ``default`` when
-    unset; anything else is refused with the variable named."""
-    value = os.environ.get(name)
-    if value is None:
-        return default
-    if not value.strip().isdigit():
-        raise ValueError(f"{name}={value!r}: expected a whole number of tokens (0 or more)")
-    return int(value)
+
+def env_number(name: str, convert, accept, expected: str):
+    """The environment variable ``name`` as ``convert`` reads it, None when unset; a value that does
+    not convert or that ``accept`` rejects is refused naming the variable and ``expected``."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        value = convert(raw)
+    except ValueError:
+        value = None
+    if value is None or not accept(value):
+        raise ValueError(f"{name}={raw!r}: expected {expected}")
+    return value
+
+
+def env_non_negative_int(name: str, default: int) -> int:
+    """A whole number >= 0 from ``name``, ``default`` when unset (refused otherwise, as above)."""
+    value = env_number(name, int, lambda v: v >= 0, "a whole number >= 0")
+    return default if value is None else value

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from sglang_m3.cache.offload_settings import env_number
+from sglang_m3.env_switch import env_number
 from sglang_m3.recipe.render import SPARSE_OFFLOAD_HOST_GB_ENV
 
 

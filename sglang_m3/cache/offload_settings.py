@@ -16,43 +16,23 @@ Every incompatible setting is refused at start-up by its flag's name (:func:`che
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
+from sglang_m3.env_switch import env_non_negative_int
 from sglang_m3.recipe.render import SPARSE_OFFLOAD_BLOCKS_ENV, sparse_offload_selection_blocks
 
 SPARSE_OFFLOAD_LOG_STEPS_ENV = "SGLANG_M3_SPARSE_OFFLOAD_LOG_STEPS"
 DEFAULT_LOG_STEPS = 100
 
 
-def env_number(name: str, convert, accept, expected: str):
-    """The environment variable ``name`` as ``convert`` reads it, None when unset; a value that does
-    not convert or that ``accept`` rejects is refused naming the variable and ``expected``."""
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return None
-    try:
-        value = convert(raw)
-    except ValueError:
-        value = None
-    if value is None or not accept(value):
-        raise ValueError(f"{name}={raw!r}: expected {expected}")
-    return value
-
-
-def _non_negative_int(name: str, default: int) -> int:
-    value = env_number(name, int, lambda v: v >= 0, "a whole number >= 0")
-    return default if value is None else value
-
-
 def sparse_offload_blocks() -> int:
     """Block-cache entries per sparse layer; 0 when sparse offload is off."""
-    return _non_negative_int(SPARSE_OFFLOAD_BLOCKS_ENV, 0)
+    return env_non_negative_int(SPARSE_OFFLOAD_BLOCKS_ENV, 0)
 
 
 def offload_log_steps() -> int:
     """Decode / verify steps between two counter log lines (0: never log)."""
-    return _non_negative_int(SPARSE_OFFLOAD_LOG_STEPS_ENV, DEFAULT_LOG_STEPS)
+    return env_non_negative_int(SPARSE_OFFLOAD_LOG_STEPS_ENV, DEFAULT_LOG_STEPS)
 
 
 @dataclass(frozen=True)

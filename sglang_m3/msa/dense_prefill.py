@@ -60,7 +60,7 @@ from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
-from sglang_m3.env_switch import env_choice, env_tokens
+from sglang_m3.env_switch import env_choice, env_non_negative_int
 from sglang_m3.msa.batch_shape import host_extend_lens
 
 #: Environment switch: ``sdpa`` (default on CUDA and the CPU) or ``sglang`` (SGLang's own extend kernel).
@@ -220,7 +220,7 @@ def prebuild_chunk_plans(heads: int, kv_heads: int, head_dim: int, dtype: torch.
     """
     if device.type != "cuda" or dtype not in (torch.bfloat16, torch.float16):
         return 0, 0.0
-    longest = env_tokens(CHUNK_PLANS_ENV, DEFAULT_CHUNK_PLAN_PREFIX)
+    longest = env_non_negative_int(CHUNK_PLANS_ENV, DEFAULT_CHUNK_PLAN_PREFIX)
     prefixes = chunk_plan_prefixes(chunk, context, longest) if longest else []
     if not prefixes:
         return 0, 0.0
