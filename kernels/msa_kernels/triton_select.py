@@ -77,11 +77,15 @@ def keep_top(top_val, top_id, ranked, ids, KP: tl.constexpr):
 def topk_ids(ranked, blk, TOPK: tl.constexpr, KP: tl.constexpr):
     """Ids of the ``TOPK`` largest entries of ``ranked`` (1-D), -1 where fewer are finite-or-forced.
 
-    One fused max+argmax reduction per pick (ties go to the lower block id).
+    One fused max+argmax reduction per pick (ties go to the lower block id). The picks loop at
+    run time, not unrolled: unrolled, the code of a wide row (32 scores per thread at 1,024
+    blocks, three widths in the decode top-k) outgrew what an SM keeps cached, and a served step,
+    whose attention kernel evicts it between layers, ran the top-k at B8 L128K in 19.4 us against
+    9.6 us behind a warm cache (H200, torch profiler; ``benchmarks/results/decode_topk_icache_h200/``).
     """
     slot = tl.arange(0, KP)
     chosen = tl.full([KP], -1, tl.int32)
-    for i in tl.static_range(TOPK):
+    for i in range(TOPK):
         best, where_best = tl.max(ranked, 0, return_indices=True)
         chosen = tl.where(slot == i, tl.where(best > float("-inf"), where_best, -1), chosen)
         ranked = tl.where(blk == where_best, float("-inf"), ranked)
