@@ -78,10 +78,10 @@ def topk_ids(ranked, blk, TOPK: tl.constexpr, KP: tl.constexpr):
     """Ids of the ``TOPK`` largest entries of ``ranked`` (1-D), -1 where fewer are finite-or-forced.
 
     One fused max+argmax reduction per pick (ties go to the lower block id). The picks loop at
-    run time, not unrolled: unrolled, the code of a wide row (32 scores per thread at 1,024
-    blocks, three widths in the decode top-k) outgrew what an SM keeps cached, and a served step,
-    whose attention kernel evicts it between layers, ran the top-k at B8 L128K in 19.4 us against
-    9.6 us behind a warm cache (H200, torch profiler; ``benchmarks/results/decode_topk_icache_h200/``).
+    run time: unrolled sixteen times at each of the decode top-k's three widths (32 scores per
+    thread at 1,024 blocks), the top-k inside a whole step's graph, behind the attention kernel,
+    took 19.4 us at B8 L128K against 9.6 us with only the index scan around it (H200; by every
+    sign its code no longer stayed in the instruction cache; ``benchmarks/results/decode_topk_icache_h200/``).
     """
     slot = tl.arange(0, KP)
     chosen = tl.full([KP], -1, tl.int32)
