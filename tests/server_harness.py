@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import json
 import os
 import random
@@ -144,6 +145,9 @@ def _environment_variable(name: str, value: str):
             os.environ[name] = saved
 
 
+_SERVER_NUMBERS = itertools.count(1)
+
+
 def start_cpu_server(
     model_path: str, log_dir: str, *extra: str, env: dict[str, str] | None = None, without: tuple[str, ...] = (),
     cold: bool = False,
@@ -152,7 +156,9 @@ def start_cpu_server(
     part of its environment and ``without`` names variables it lacks; ``cold`` starts it in a fresh
     interpreter, as a user's shell does, rather than forked from a warm one."""
     port = free_port()
-    log_path = os.path.join(log_dir, f"sglang-{port}.log")
+    # Named by port and start time: a later server on the same port must not overwrite the log of
+    # one that failed (a CI failure once named a log that the next server on its port had replaced).
+    log_path = os.path.join(log_dir, f"sglang-{port}-{time.strftime('%H%M%S')}-{next(_SERVER_NUMBERS)}.log")
     env = {**server_environment(without), **(env or {})}
     argv = cpu_server_args(model_path, port, *extra)
     base_url = f"http://127.0.0.1:{port}"
