@@ -7,9 +7,10 @@ times each as a graph replay (``msa_kernel_bench.graph_replay_us``, L2 flushed b
 and records each kernel's duration inside each graph with the torch profiler (CUPTI).
 
 A kernel that takes longer inside the step than inside its own part's graph pays for what the
-kernels around it leave behind. That is how the decode top-k's regression of 82690c4 showed: its
-unrolled picks at three widths outgrew the SM's instruction cache, so behind the attention kernel of
-the previous step it ran at twice its time alone (``results/decode_topk_icache_h200/``).
+kernels around it leave behind. That is how the decode top-k's regression of 82690c4 showed: behind
+the previous step's attention kernel it ran at twice its time alone, by every sign because its
+unrolled picks at three widths no longer stayed in the instruction cache
+(``results/decode_topk_icache_h200/``).
 
 Run once per revision of the kernels, the one first on ``sys.path`` (``--label`` names it):
 
