@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
 
 import torch
 import triton
@@ -28,6 +29,9 @@ _LOG2E = 1.4426950408889634
 FP8_KV_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 #: KV cache element types whose extend attention loads by tensor descriptor on a GPU.
 _DESCRIPTOR_GPU_DTYPES = (torch.bfloat16, torch.float16)
+#: ``0`` launches a decode step's three kernels one after the other instead of chained
+#: (:func:`run_decode`); any other value, or none, chains them where the GPU can.
+DECODE_CHAIN_ENV = "MSA_DECODE_CHAINED_LAUNCH"
 
 
 def _pow2(n: int) -> int:
@@ -112,7 +116,7 @@ def _attention_strides(q, k_cache, v_cache, page_table, selected, out) -> tuple[
 def _attention(
     plan_tiles: Tiles, page_table, q, k_cache, v_cache, selected, out, splits: int, sm_scale: float, block_size: int,
     tickets: torch.Tensor | None = None, k_scale: float = 1.0, v_scale: float = 1.0, tree: DraftTree | None = None,
-    per_token: bool = False, dense: bool = False,
+    per_token: bool = False, dense: bool = False, chained: bool = False,
 ) -> None:
     """Sparse GQA over each tile's union of chosen blocks; split + LSE merge when ``splits > 1``.
 
@@ -120,6 +124,7 @@ def _attention(
     ``tree``: the tiles are requests whose tokens form draft trees (decode plans only).
     ``per_token`` (decode plans): each tile's ``max_tokens`` tokens attend as one-token tiles.
     ``dense`` (one-token tiles): every block up to each token's position, ``selected`` unread.
+    ``chained``: launched by programmatic dependent launch after the kernel that wrote ``selected``.
 
     Splits need one-token tiles: the merge runs in the last-arriving split program of each
     (tile, kv head), counted in ``tickets`` (int32 zeros, ``tiles x kv_heads``, left zero
@@ -159,8 +164,8 @@ def _attention(
         sm_scale * k_scale * _LOG2E, v_scale,
         G=group, GP=gp, ROWS=rows, D=d, BLOCK=block_size,
         TOPK=topk, KP=_pow2(topk), UP=union_slots, SPLITS=splits, WRITE_PARTIAL=partial,
-        SINGLE_TOKEN=single, **tree_flags, TOKEN_TILES=token_tiles, DENSE=dense,
-        num_warps=4 if rows <= 64 else 8, num_stages=2,
+        SINGLE_TOKEN=single, **tree_flags, TOKEN_TILES=token_tiles, DENSE=dense, AFTER_PRIOR=chained,
+        num_warps=4 if rows <= 64 else 8, num_stages=2, launch_pdl=chained,
     )
 
 
@@ -270,11 +275,14 @@ def topk_num_warps(nbp: int) -> int:
 
 
 def decode_select(
-    plan: DecodePlan, iq: torch.Tensor, ik_cache: torch.Tensor, ik_scale: torch.Tensor | None = None
+    plan: DecodePlan, iq: torch.Tensor, ik_cache: torch.Tensor, ik_scale: torch.Tensor | None = None,
+    chained: bool = False,
 ) -> torch.Tensor:
     """Chosen blocks ``[batch*q_len, kv_heads, topk]`` (int32, ascending, -1 padded) of a decode batch.
 
     ``ik_scale [slots]``: fp32 per-slot scales when ``ik_cache`` holds float8_e4m3fn keys.
+    ``chained`` (Hopper on): the top-k is launched by programmatic dependent launch, so it is
+    resident and waiting when the scan ends, and lets a chained attention start its preamble.
 
     Two kernels: the index scan (keys on the MMA's M side, split over blocks) writes one fp32
     block-max per (request, row, block); the top-k runs one small program per (request, head, token).
@@ -298,7 +306,7 @@ def decode_select(
         plan.page_table.stride(0),
         scores.stride(0), scores.stride(1),
         NUM_HEADS=hkv, ROWS=score_rows, D=di, BLOCK=p.block_size, SPLITS=plan.index_splits,
-        KEY_FP8=ik_scale is not None, TREE=plan.tree is not None,
+        KEY_FP8=ik_scale is not None, TREE=plan.tree is not None, EARLY_DEPENDENTS=chained and plan.tree is None,
         num_warps=4, num_stages=3,
     )
     tree = plan.tree
@@ -324,9 +332,9 @@ def decode_select(
         selected.stride(0), selected.stride(1),
         NUM_HEADS=hkv, BLOCK=p.block_size, NBP=nbp,
         TOPK=p.topk, KP=_pow2(p.topk), LOCAL=p.local_blocks, INIT=p.init_blocks,
-        **topk_widths(nbp),
+        **topk_widths(nbp), AFTER_PRIOR=chained,
         TREE=tree is not None, depth_ptr=None if tree is None else tree.depth,
-        num_warps=topk_num_warps(nbp),
+        num_warps=topk_num_warps(nbp), launch_pdl=chained,
     )
     return selected
 
@@ -359,9 +367,17 @@ def run_decode(
     _check_kv_scales(k_cache, v_cache, k_scale, v_scale)
     if k_cache.shape[1] != plan.num_kv_heads:
         raise ValueError(f"k_cache has {k_cache.shape[1]} kv heads, the plan was made for {plan.num_kv_heads}")
-    selected = decode_select(plan, iq, ik_cache, ik_scale)
-    out = decode_attention(plan, q, k_cache, v_cache, selected, out, sm_scale, k_scale, v_scale)
+    chained = chains_decode_launches(q.device)
+    selected = decode_select(plan, iq, ik_cache, ik_scale, chained=chained)
+    out = decode_attention(plan, q, k_cache, v_cache, selected, out, sm_scale, k_scale, v_scale, chained=chained)
     return out, selected
+
+
+def chains_decode_launches(device: torch.device) -> bool:
+    """Whether :func:`run_decode` chains its kernels by programmatic dependent launch: on a Hopper
+    or later GPU unless ``MSA_DECODE_CHAINED_LAUNCH=0``. Each chained kernel is resident and past
+    its preamble when the one before it ends, instead of launching then."""
+    return device.type == "cuda" and _hopper_or_later(device) and os.environ.get(DECODE_CHAIN_ENV, "1") != "0"
 
 
 def _check_page_table_like(plan_table: torch.Tensor, page_table: torch.Tensor, k_cache: torch.Tensor, block_size: int) -> None:
@@ -387,6 +403,7 @@ def decode_attention(
     page_table: torch.Tensor | None = None,
     requests: tuple[int, int] | None = None,
     dense: bool = False,
+    chained: bool = False,
 ) -> torch.Tensor:
     """The attention half of :func:`run_decode`: sparse GQA over the blocks ``selected`` chose.
 
@@ -403,8 +420,13 @@ def decode_attention(
     drafts), split over ``plan.dense_splits`` programs and merged in the last. For a verify batch
     that reads the K/V once per (token, kv head) split, where an extend kernel without a split
     over the keys gives each (request, head) one program.
+
+    ``chained``: the last launch on the stream was the top-k of ``decode_select(chained=True)``
+    that wrote ``selected``; this launch then overlaps its end (:func:`run_decode`).
     """
     p = plan.params
+    if chained and dense:
+        raise ValueError("a dense decode attention reads no choice: it cannot be chained after a top-k")
     if dense:
         if selected is not None or requests is not None or page_table is not None:
             raise ValueError("dense attention reads every block of the plan's own table: no selected, requests or page_table")
@@ -432,6 +454,7 @@ def decode_attention(
         tiles, table, q, k_cache, v_cache, table if dense else selected, out,
         splits=plan.dense_splits if dense else plan.attn_splits, sm_scale=_scale(sm_scale, q.shape[-1]), block_size=p.block_size,
         tickets=plan.tickets, k_scale=k_scale, v_scale=v_scale, tree=plan.tree, per_token=True, dense=dense,
+        chained=chained,
     )
     return out
 
@@ -559,7 +582,7 @@ def _descriptor_loads_fit(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
     Triton interpreter (CPU), which emulates them. On a GPU only 16-bit caches, the ones measured
     and tested there (fp8 caches are tested through it under the interpreter only)."""
     if k_cache.is_cuda and (
-        not _has_tma(k_cache.device) or k_cache.dtype not in _DESCRIPTOR_GPU_DTYPES or v_cache.dtype not in _DESCRIPTOR_GPU_DTYPES
+        not _hopper_or_later(k_cache.device) or k_cache.dtype not in _DESCRIPTOR_GPU_DTYPES or v_cache.dtype not in _DESCRIPTOR_GPU_DTYPES
     ):
         return False
     for cache in (k_cache, v_cache):
@@ -570,8 +593,9 @@ def _descriptor_loads_fit(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
 
 
 @functools.cache
-def _has_tma(device: torch.device) -> bool:
-    """Hopper or later (asked once per device: the check runs for every sparse layer's extend)."""
+def _hopper_or_later(device: torch.device) -> bool:
+    """Hopper or later: TMA and programmatic dependent launch (asked once per device: the check
+    runs for every sparse layer's extend and decode)."""
     return torch.cuda.get_device_capability(device)[0] >= 9
 
 

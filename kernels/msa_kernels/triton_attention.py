@@ -45,7 +45,7 @@ def sparse_attention_kernel(
     G: tl.constexpr, GP: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
     TOPK: tl.constexpr, KP: tl.constexpr, UP: tl.constexpr, SPLITS: tl.constexpr, WRITE_PARTIAL: tl.constexpr,
     SINGLE_TOKEN: tl.constexpr, TREE: tl.constexpr, NW: tl.constexpr, WB: tl.constexpr,
-    TOKEN_TILES: tl.constexpr = 1, DENSE: tl.constexpr = False,
+    TOKEN_TILES: tl.constexpr = 1, DENSE: tl.constexpr = False, AFTER_PRIOR: tl.constexpr = False,
 ):
     """See the module docstring. ``TOKEN_TILES``: one-token tiles per tile of the tile tensors
     (the grid's first axis counts the one-token tiles; needs ``SINGLE_TOKEN``). ``TREE``
@@ -53,7 +53,9 @@ def sparse_attention_kernel(
     up to the request's prefix (``j < pos0``), then the request's draft tokens are attended from
     their slots (``tslot``), each row only along its path (``anc`` bits), ancestor ``a`` counted
     in block ``(pos0 + depth[a]) // BLOCK`` (split 0 does that step; ``NW`` tokens at most,
-    spanning ``WB`` blocks)."""
+    spanning ``WB`` blocks). ``AFTER_PRIOR`` (launched by programmatic dependent launch after the
+    decode top-k): the tile and q are read, then the kernel waits for the prior grid before it
+    reads the choice or writes anything (its scratch may reuse the scores' memory)."""
     tile = tl.program_id(0)  # with TOKEN_TILES > 1: token ``tile % TOKEN_TILES`` of request tile ``tile // TOKEN_TILES``
     h = tl.program_id(1)
     split = tl.program_id(2)
@@ -75,6 +77,8 @@ def sparse_attention_kernel(
     d = tl.arange(0, D)
     q = tl.load(q_ptr + (tok0 + t)[:, None] * s_q_t + (h * G + g)[:, None] * s_q_h + d[None, :], mask=row_ok[:, None], other=0.0)
     slot = tl.arange(0, KP)
+    if AFTER_PRIOR:
+        tl.extra.cuda.gdc_wait()
     if DENSE:  # no choice to read
         row_sel = tl.full([ROWS, KP], -1, tl.int32)
     else:

@@ -38,14 +38,18 @@ def decode_index_scores_kernel(
     s_pg_b,
     s_sc_b, s_sc_r,
     NUM_HEADS: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
-    SPLITS: tl.constexpr, KEY_FP8: tl.constexpr, TREE: tl.constexpr = False,
+    SPLITS: tl.constexpr, KEY_FP8: tl.constexpr, TREE: tl.constexpr = False, EARLY_DEPENDENTS: tl.constexpr = False,
 ):
     """score[b, row, blk] = max_{j in blk, j <= pos(row)} iq[row] . ik[j]; row = token * heads + head.
 
     ``KEY_FP8``: ``ik`` is fp8 and ``iks[slot]`` its scale (else ``iks_ptr`` is not read).
     ``TREE`` (draft-tree verify): every row scans the request's prefix only, ``j < pos0``, the
     blocks ``0 .. cdiv(pos0, BLOCK) - 1``; :func:`tree_window_scores_kernel` adds each row's path.
+    ``EARLY_DEPENDENTS``: let a kernel launched after this one by programmatic dependent launch
+    (the decode top-k) start at once; it waits for this grid's scores itself (``gdc_wait``).
     """
+    if EARLY_DEPENDENTS:
+        tl.extra.cuda.gdc_launch_dependents()
     b = tl.program_id(0)
     split = tl.program_id(1)
     tok0, pos0, ntok = load_tile(tile_tok0_ptr, tile_pos0_ptr, tile_ntok_ptr, b)

@@ -126,7 +126,7 @@ def decode_topk_kernel(
     s_sel_t, s_sel_h,
     NUM_HEADS: tl.constexpr, BLOCK: tl.constexpr, NBP: tl.constexpr,
     TOPK: tl.constexpr, KP: tl.constexpr, LOCAL: tl.constexpr, INIT: tl.constexpr,
-    SHORT: tl.constexpr, MEDIUM: tl.constexpr,
+    SHORT: tl.constexpr, MEDIUM: tl.constexpr, AFTER_PRIOR: tl.constexpr = False,
     TREE: tl.constexpr = False, depth_ptr=None,
 ):
     """Per (request, index head, query token): forced blocks + top-k of that token's scores.
@@ -140,16 +140,24 @@ def decode_topk_kernel(
     context), but each token ranks only the ``SHORT``, ``MEDIUM`` or ``NBP`` first blocks, the
     narrowest width that holds its visible ones: the TOPK serial reductions cost in proportion to
     the width, and a graphed 2K-token decode would otherwise rank 2,048 blocks to pick among 16.
+
+    ``AFTER_PRIOR`` (launched by programmatic dependent launch after the scan): read the plan's
+    tiles, wait for the prior grid (``gdc_wait``), then let the attention launched the same way
+    start its own preamble while this kernel ranks.
     """
     b = tl.program_id(0)
     h = tl.program_id(1)
     t = tl.program_id(2)
     tok0 = tl.load(tile_tok0_ptr + b)
     ntok = tl.load(tile_ntok_ptr + b)
+    pos0 = tl.load(tile_pos0_ptr + b)
+    if AFTER_PRIOR:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     if TREE:
-        pos = tl.load(tile_pos0_ptr + b) + tl.load(depth_ptr + tok0 + t, mask=t < ntok, other=0)
+        pos = pos0 + tl.load(depth_ptr + tok0 + t, mask=t < ntok, other=0)
     else:
-        pos = tl.load(tile_pos0_ptr + b) + t
+        pos = pos0 + t
     own = pos // BLOCK
     live = t < ntok
     score_row = b * s_sc_b + (t * NUM_HEADS + h) * s_sc_r

@@ -190,3 +190,51 @@ def test_decode_graph_replay_matches_eager():
     assert torch.equal(selected, eager_sel)
     torch.testing.assert_close(out, eager_out, rtol=0, atol=0)
     _assert_agrees(compare_with_reference(batch, params, out, selected, rel_tol=REL_TOL))
+
+
+@pytest.mark.parametrize("shape", ["chain", "tree"])
+def test_chained_decode_launches_match_unchained(shape, monkeypatch):
+    """``run_decode`` chains its scan, top-k and attention by programmatic dependent launch on a
+    Hopper GPU: the same bits as the kernels launched one after the other, eager and replayed from
+    a graph after the inputs change in place (fp8 index keys too)."""
+    from msa_kernels import api
+    from msa_kernels.reference import quantize_index_keys
+
+    if not api.chains_decode_launches(torch.device("cuda")):
+        pytest.skip("programmatic dependent launch needs Hopper or later")
+    params = MSAParams(block_size=BLOCK, topk=16, local_blocks=1, init_blocks=0)
+    prefixes = [5, 2049, 20477, 33000]
+    seq_lens = [p + 4 for p in prefixes]
+    batch = _batch(seq_lens, [4] * 4, 64, 4, seed=31, decode_q_len=4, max_context=40960)
+    tree = None
+    if shape == "tree":
+        batch = batch.with_draft_trees([[-1, 0, 0, 1], [-1, 0, 1, 2]] * 2)
+        tree = batch.draft_tree()
+    plan = plan_decode(params, _table(batch, 40960), torch.tensor(seq_lens, device="cuda"), q_len=4, num_kv_heads=4, tree=tree)
+    ik8, scales = quantize_index_keys(batch.ik_cache)
+    for keys, key_scale in ((batch.ik_cache, None), (ik8, scales.reshape(-1))):
+        def step():
+            return api.run_decode(plan, batch.q, batch.k_cache, batch.v_cache, batch.iq, keys, ik_scale=key_scale)
+
+        def unchained():
+            with monkeypatch.context() as env:
+                env.setenv(api.DECODE_CHAIN_ENV, "0")
+                return step()
+
+        out, selected = step()
+        want_out, want_sel = unchained()
+        assert torch.equal(selected, want_sel)
+        torch.testing.assert_close(out, want_out, rtol=0, atol=0)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            graphed_out, graphed_sel = step()
+        batch.q.copy_(torch.randn_like(batch.q))
+        batch.iq.copy_(torch.randn_like(batch.iq))
+        for _ in range(3):
+            graph.replay()
+        torch.cuda.synchronize()
+        assert not plan.tickets.any()
+        want_out, want_sel = unchained()
+        assert torch.equal(graphed_sel, want_sel)
+        torch.testing.assert_close(graphed_out, want_out, rtol=0, atol=0)

@@ -203,3 +203,14 @@ def test_bad_tensors_are_refused_before_any_launch(interpreted_api):
         interpreted_api.run_decode(plan, batch.q[:, :3], *args[1:])
     with pytest.raises(ValueError, match="the plan was made for 2"):  # its merge tickets count 2 heads
         interpreted_api.run_decode(plan, batch.q, batch.k_cache[:, :1], batch.v_cache[:, :1], batch.iq[:, :1], args[4])
+
+
+def test_decode_launches_are_chained_on_hopper_gpus_only(interpreted_api):
+    """Programmatic dependent launch is a Hopper feature: off for CPU tensors (the interpreter runs
+    the kernels one after the other), and a dense attention, which follows no top-k, refuses it."""
+    assert not interpreted_api.chains_decode_launches(torch.device("cpu"))
+    params = MSAParams(block_size=BLOCK, topk=4, local_blocks=1, init_blocks=0)
+    batch = _batch([40, 70], [1, 1], 4, 2, seed=3, decode_q_len=1, max_context=128)
+    plan = plan_decode(params, _page_table(batch, 128), torch.tensor([40, 70]), q_len=1, num_kv_heads=2, num_sms=8)
+    with pytest.raises(ValueError, match="cannot be chained"):
+        interpreted_api.decode_attention(plan, batch.q, batch.k_cache, batch.v_cache, None, dense=True, chained=True)
