@@ -12,6 +12,10 @@ the previous step's attention kernel it ran at twice its time alone, by every si
 unrolled picks at three widths no longer stayed in the instruction cache
 (``results/decode_topk_icache_h200/``).
 
+Where ``run_decode`` chains its launches (Hopper on, ``msa_kernels.api.chains_decode_launches``),
+a chained kernel's duration inside the step includes the time it sits resident waiting for the
+kernel before it: compare the step's time there, not its kernels'.
+
 Run once per revision of the kernels, the one first on ``sys.path`` (``--label`` names it):
 
     PYTHONPATH=OLD/kernels:kernels python benchmarks/decode_graph_kernels.py --label OLD --out rows.jsonl
