@@ -231,6 +231,7 @@ class ForkedServer:
     pid: int
     returncode_path: str
     returncode: int | None = None
+    start_ticks: int | None = None  # see ``process_start_ticks``
 
     #: The exit status of a server gone without one written: its zygote died before reaping it.
     LOST = -255
@@ -287,7 +288,7 @@ class Zygote:
             connection.connect(self.socket_path)
             connection.sendall(request.encode())
             reply = json.loads(connection.makefile("r", encoding="utf-8").readline())
-        return ForkedServer(reply["pid"], f"{log_path}.returncode")
+        return ForkedServer(reply["pid"], f"{log_path}.returncode", start_ticks=process_start_ticks(reply["pid"]))
 
     def _wait_ready(self) -> None:
         deadline = time.time() + IMPORTING_TIMEOUT_S
@@ -301,7 +302,23 @@ class Zygote:
 def _spawn(command: list[str], log_path: str, env: dict[str, str]) -> subprocess.Popen:
     """``command`` in its own session (stopped as a group), stdout and stderr into ``log_path``."""
     with open(log_path, "w", encoding="utf-8") as log:
-        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    process.start_ticks = process_start_ticks(process.pid)
+    return process
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot, ``/proc``), None if there is none.
+
+    A pid names one process only while it lives: recorded at start, it tells a stop much later
+    whether ``pid`` still names that server or a process started since (``stop_process_group``).
+    """
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            stat = handle.read()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2:].split()[19])  # field 22, counted after the command name
 
 
 def _wait_ready(server: RunningServer) -> None:
@@ -329,8 +346,16 @@ def stop_process_group(process: subprocess.Popen | ForkedServer, grace_s: float)
     capturing graphs) and outlive it: waiting for the launcher alone once left two schedulers
     holding a GPU's memory into the next server's start. So the whole group gets SIGTERM, and
     SIGKILL for whatever is still running after ``grace_s``.
+
+    A server whose group emptied long before its stop (it exited on its own) leaves its pid free:
+    the CI machine's pids wrap at 32,768 and tests run in two workers, so by then the pid may lead
+    another worker's server, whose group the signal would reach. When the process recorded its
+    start (``start_ticks``) and ``pid`` now names a later process, there is nothing of ours to stop.
     """
     pgid = process.pid
+    recorded = getattr(process, "start_ticks", None)
+    if recorded is not None and process_start_ticks(pgid) not in (None, recorded):
+        return
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGTERM)
     if _group_gone(process, pgid, grace_s):

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 
-from server_harness import live_group_members, stop_process_group
+from server_harness import live_group_members, process_start_ticks, stop_process_group
 
 # The leader starts a child of its own group, tells us both pids, and exits on SIGTERM; the child
 # ignores SIGTERM (or, with "polite", exits on it too).
@@ -37,6 +37,7 @@ def _launch(child_mode: str) -> tuple[subprocess.Popen, int]:
     )
     leader, child = (int(pid) for pid in process.stdout.readline().split())
     assert leader == process.pid
+    process.start_ticks = process_start_ticks(process.pid)  # as the harness records its servers'
     assert sorted(live_group_members(process.pid)) == sorted([leader, child])
     return process, child
 
@@ -66,3 +67,21 @@ def test_a_group_whose_leader_already_exited_still_has_its_children_stopped():
     assert live_group_members(process.pid) == [child]
     stop_process_group(process, grace_s=0.5)
     assert live_group_members(process.pid) == []
+
+
+def test_a_pid_that_now_names_another_process_is_left_alone():
+    """A stop long after its server exited: the pid leads another session now (here a sleeper
+    standing in for another worker's server), so nothing is signalled."""
+    from server_harness import ForkedServer
+
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    try:
+        ticks = process_start_ticks(other.pid)
+        assert ticks is not None
+        gone = ForkedServer(other.pid, "/nonexistent/returncode", returncode=0, start_ticks=ticks - 1)
+        stop_process_group(gone, grace_s=0.5)
+        assert other.poll() is None, "stop_process_group signalled a process started after the one it was given"
+        assert live_group_members(other.pid) == [other.pid]
+    finally:
+        other.kill()
+        other.wait(timeout=10)
