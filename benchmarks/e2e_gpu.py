@@ -38,7 +38,7 @@ from serving_client import random_prompt, run_group, stream_generate  # noqa: E4
 from trace_summary import idle_gaps, kernel_summary, load_events  # noqa: E402
 
 sys.path.append(os.path.join(os.path.dirname(__file__), "..", "tests"))
-from server_harness import free_port, stop_process_group  # noqa: E402  (the tests' port choice and group stop)
+from server_harness import free_port, process_start_ticks, stop_process_group  # noqa: E402  (the tests' port choice and group stop)
 
 IMPLS = ("ours", "upstream")
 TTFT_PROMPTS = (8192, 32768, 131072)
@@ -150,6 +150,7 @@ def start_server(impl: str, model_dir: str, out_dir: str, tp: int, ep: int, extr
         [sys.executable, "-m", "sglang.launch_server", *server_args(model_dir, port, tp, ep), *extra_args],
         stdout=log, stderr=subprocess.STDOUT, env={**server_env(impl, out_dir), **(env or {})}, start_new_session=True,
     )
+    process.start_ticks = process_start_ticks(process.pid)  # so that a late stop cannot reach a reused pid
     base_url = f"http://127.0.0.1:{port}"
     while time.perf_counter() - started < READY_TIMEOUT_S:
         if process.poll() is not None:

@@ -1,4 +1,5 @@
-"""``stop_process_group``: a stopped server leaves no process of its group behind.
+"""``stop_process_group``: a stopped server leaves no process of its group behind, and a stop
+that comes after the server's pid was reused signals nothing.
 
 The failure it guards against: a launcher that exits on SIGTERM while a child of its group keeps
 running (an SGLang scheduler busy starting up), which used to outlive the benchmark's stop and
