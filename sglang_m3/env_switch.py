@@ -20,7 +20,6 @@ def env_choice(name: str, choices: tuple[str, ...], meaning: str = "") -> str:
     return value
 
 
-
 def env_number(name: str, convert, accept, expected: str):
     """The environment variable ``name`` as ``convert`` reads it, None when unset; a value that does
     not convert or that ``accept`` rejects is refused naming the variable and ``expected``."""
