@@ -105,10 +105,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--label", required=True, help="which revision of the kernels this is (recorded)")
     parser.add_argument("--out", required=True, help="JSON-lines file; one line per run is appended")
+    parser.add_argument("--commit", default=os.environ.get("MSA_COMMIT", "unknown"), help="commit of the script's checkout")
     args = parser.parse_args()
     torch.manual_seed(0)
     pool = bench.Pool(POOL_TOKENS)
-    record = {"label": args.label, "gpu": torch.cuda.get_device_name(), "kernels": os.path.dirname(msa_kernels.__file__),
+    record = {"label": args.label, "commit": args.commit, "gpu": torch.cuda.get_device_name(), "kernels": os.path.dirname(msa_kernels.__file__),
               "triton": bench.triton.__version__, "rows": [measure(pool, batch, context) for batch, context in SHAPES]}
     with open(args.out, "a", encoding="utf-8") as handle:
         handle.write(json.dumps(record) + "\n")

@@ -55,12 +55,13 @@ def sweep_shape(pool: bench.Pool, n: int, prefix: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="JSON file to write")
+    parser.add_argument("--commit", default=os.environ.get("MSA_COMMIT", "unknown"), help="commit of the benchmarked code")
     args = parser.parse_args()
     if os.environ.get("HKV"):
         bench.HKV = int(os.environ["HKV"])
     torch.manual_seed(0)
     pool = bench.Pool(1 << 18)
-    result = {"gpu": torch.cuda.get_device_name(), "hkv": bench.HKV, "rows": [sweep_shape(pool, n, p) for n, p in SHAPES]}
+    result = {"gpu": torch.cuda.get_device_name(), "commit": args.commit, "hkv": bench.HKV, "rows": [sweep_shape(pool, n, p) for n, p in SHAPES]}
     with open(args.out, "w", encoding="utf-8") as handle:
         json.dump(result, handle, indent=1)
 
