@@ -1,0 +1,208 @@
+"""What bounds the decode index scan with fp8 index keys: forms of the scan, timed alone (GPU).
+
+``msa_kernel_bench.py`` at 0b689c7 timed the selection (scan + top-k) at B8 L128K at 87.8 us with
+bf16 index keys and 78.9 us with fp8 ones: half the bytes, 10% less time. The bf16 scan runs at
+~0.86 of copy bandwidth; the fp8 one at about half that. This script times forms of the scan alone
+(graph replays of several input sets, as the kernel benchmark does) to find where the fp8 scan's
+time goes and what removes it:
+
+* ``bf16``: the shipped scan over bf16 keys (the reference rate);
+* ``fp8_widen``: the shipped fp8 form, keys widened to bf16 in registers for the MMA, scores
+  multiplied by the per-token scales;
+* ``fp8_noscale``: the same without the scale load and multiply (timing only, wrong scores);
+* ``fp8_dot``: keys fed to the MMA as fp8 straight from shared memory; the query split once per
+  program into two fp8 terms (``q * s ~ hi + lo / 16``, s a per-row power of two), two MMAs per
+  block, so the query keeps about bf16's precision;
+* ``fp8_dot1``: one fp8 term of the query (timing only: the query rounded to 4 significant bits).
+
+Each form runs over a sweep of pipeline stages, warps and programs per SM at B8 L128K, then at its
+best and at the shipped launch over the other decode shapes. Scores of the exact forms are checked
+against a torch reference over the same (dequantized) keys before anything is timed.
+
+Usage: PYTHONPATH=kernels python benchmarks/decode_index_scan_variants.py --out DIR [--commit REV]
+Writes DIR/decode_index_scan_variants.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, os.path.dirname(__file__))
+import msa_kernel_bench as bench  # noqa: E402
+from msa_kernels.plan import page_table_from_req_to_token, plan_decode  # noqa: E402
+from msa_kernels.triton_select import load_tile  # noqa: E402
+
+FORMS = ("bf16", "fp8_widen", "fp8_noscale", "fp8_dot", "fp8_dot1")
+EXACT_FORMS = ("bf16", "fp8_widen", "fp8_dot")
+SHIPPED_LAUNCH = {"num_stages": 3, "num_warps": 4, "programs_per_sm": 16}
+SWEEP = {"num_stages": (2, 3, 4), "num_warps": (4, 8), "programs_per_sm": (8, 16, 32)}
+SHAPES = ((8, 131072), (8, 32768), (32, 32768), (1, 32768))  # (batch, context)
+E4M3_MAX = 448.0
+
+
+@triton.jit
+def scan_form_kernel(
+    iq_ptr, ik_ptr, iks_ptr, page_ptr, score_ptr,
+    tile_tok0_ptr, tile_pos0_ptr, tile_ntok_ptr,
+    s_iq_t, s_iq_h, s_ik_slot, s_pg_b, s_sc_b, s_sc_r,
+    NUM_HEADS: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
+    SPLITS: tl.constexpr, FORM: tl.constexpr,
+):
+    """The decode scan of ``triton_index.decode_index_scores_kernel`` (q_len 1, no tree) in one of ``FORMS``."""
+    b = tl.program_id(0)
+    split = tl.program_id(1)
+    tok0, pos0, ntok = load_tile(tile_tok0_ptr, tile_pos0_ptr, tile_ntok_ptr, b)
+    rows = tl.arange(0, ROWS)
+    t = rows // NUM_HEADS
+    row_ok = t < ntok
+    d = tl.arange(0, D)
+    q_t = tl.load(
+        iq_ptr + (tok0 + t)[None, :] * s_iq_t + (rows % NUM_HEADS)[None, :] * s_iq_h + d[:, None],
+        mask=row_ok[None, :], other=0.0,
+    )
+    if FORM == "fp8_dot" or FORM == "fp8_dot1":
+        qf = q_t.to(tl.float32)
+        amax = tl.maximum(tl.max(tl.abs(qf), axis=0), 1e-30)
+        # power of two bringing the row's largest |value| to at most 448
+        q_scale = tl.exp2(tl.floor(tl.log2(E4M3_MAX / amax)))
+        qs = qf * q_scale[None, :]
+        q_hi = qs.to(tl.float8e4nv)
+        q_lo = ((qs - q_hi.to(tl.float32)) * 16.0).to(tl.float8e4nv)
+        unscale = 1.0 / q_scale
+    last_pos = pos0 + ntok - 1
+    row_pos = pos0 + t
+    nblk = tl.cdiv(last_pos + 1, BLOCK)
+    per_split = tl.cdiv(nblk, SPLITS)
+    start = split * per_split
+    end = tl.minimum(start + per_split, nblk)
+    keys = tl.arange(0, BLOCK)
+    for blk in range(start, end):
+        page = tl.load(page_ptr + b * s_pg_b + blk).to(tl.int64)
+        kpos = blk * BLOCK + keys
+        k = tl.load(ik_ptr + (page * BLOCK + keys)[:, None] * s_ik_slot + d[None, :], mask=(kpos <= last_pos)[:, None], other=0.0)
+        if FORM == "bf16":
+            s = tl.dot(k, q_t)
+        elif FORM == "fp8_noscale":
+            s = tl.dot(k.to(q_t.dtype), q_t)
+        elif FORM == "fp8_widen":
+            s = tl.dot(k.to(q_t.dtype), q_t)
+            s *= tl.load(iks_ptr + page * BLOCK + keys, mask=kpos <= last_pos, other=0.0)[:, None]
+        else:
+            s = tl.dot(k, q_hi)
+            if FORM == "fp8_dot":
+                s += tl.dot(k, q_lo) * 0.0625
+            s *= tl.load(iks_ptr + page * BLOCK + keys, mask=kpos <= last_pos, other=0.0)[:, None] * unscale[None, :]
+        s = tl.where(kpos[:, None] <= row_pos[None, :], s, float("-inf"))
+        tl.store(score_ptr + b * s_sc_b + rows * s_sc_r + blk, tl.max(s, axis=0), mask=row_ok)
+
+
+class Shape:
+    """Input sets of one decode shape over the shared pool, and the scan of each over them."""
+
+    def __init__(self, pool: bench.Pool, batch: int, context: int, sets: int):
+        self.pool, self.batch, self.context = pool, batch, context
+        self.sets = []
+        for _ in range(sets):
+            req_to_token = pool.req_to_token([context] * batch, context)
+            table = page_table_from_req_to_token(req_to_token, torch.arange(batch, device="cuda"), context, bench.BLOCK)
+            iq = torch.randn(batch, bench.HKV, bench.DI, device="cuda", dtype=torch.bfloat16)
+            self.sets.append((table, iq))
+        self.scores = torch.empty(sets, batch, 16, context // bench.BLOCK, device="cuda", dtype=torch.float32)
+
+    def launcher(self, form: str, num_stages: int, num_warps: int, programs_per_sm: int):
+        fp8 = form != "bf16"
+        ik = (self.pool.ik8 if fp8 else self.pool.ik).reshape(-1, bench.DI)
+        iks = self.pool.iks if fp8 else ik
+        plans = [plan_decode(bench.PARAMS, table, torch.full((self.batch,), self.context, device="cuda"), q_len=1,
+                             num_kv_heads=bench.HKV, index_programs_per_sm=programs_per_sm) for table, _ in self.sets]
+
+        def run(i: int) -> None:
+            plan, (_, iq), scores = plans[i], self.sets[i], self.scores[i]
+            tiles = plan.tiles
+            scan_form_kernel[(self.batch, plan.index_splits)](
+                iq, ik, iks, plan.page_table, scores, tiles.tok0, tiles.pos0, tiles.ntok,
+                iq.stride(0), iq.stride(1), ik.stride(0), plan.page_table.stride(0), scores.stride(0), scores.stride(1),
+                NUM_HEADS=bench.HKV, ROWS=16, D=bench.DI, BLOCK=bench.BLOCK, SPLITS=plan.index_splits, FORM=form,
+                num_warps=num_warps, num_stages=num_stages,
+            )
+        return run
+
+    def reference_scores(self, i: int, fp8: bool) -> torch.Tensor:
+        """``[batch, heads, blocks]`` block maxima in fp32 over the keys the form reads (fp8 ones dequantized)."""
+        table, iq = self.sets[i]
+        keys = self.pool.ik8.float().reshape(-1, bench.DI) * self.pool.iks[:, None] if fp8 else self.pool.ik.float().reshape(-1, bench.DI)
+        slots = (table.long()[:, :, None] * bench.BLOCK + torch.arange(bench.BLOCK, device="cuda")).reshape(self.batch, -1)
+        scores = torch.einsum("bld,bhd->bhl", keys[slots], iq.float())
+        return scores.reshape(self.batch, bench.HKV, -1, bench.BLOCK).amax(-1)
+
+
+def check(shape: Shape, form: str) -> dict:
+    """Largest score error of an exact form against the reference, relative to the largest |score|."""
+    shape.launcher(form, **SHIPPED_LAUNCH)(0)
+    ref = shape.reference_scores(0, fp8=form != "bf16")
+    got = shape.scores[0][:, : bench.HKV]
+    rel = float((got - ref).abs().max() / ref.abs().max())
+    return {"form": form, "max_rel_err": rel, "ok": rel < 2e-2}
+
+
+def scan_bytes(batch: int, context: int, form: str) -> int:
+    return batch * context * (2 * bench.DI if form == "bf16" else bench.DI + 4)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, help="folder for decode_index_scan_variants.json")
+    parser.add_argument("--commit", default=os.environ.get("MSA_COMMIT", "unknown"), help="commit of the script's checkout")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    pool = bench.Pool(1 << 21)
+    copy = bench.measure_ceilings()["copy_bytes_per_s"]
+    record = {"commit": args.commit, "gpu": torch.cuda.get_device_name(), "triton": triton.__version__,
+              "copy_bytes_per_s": copy, "shipped_launch": SHIPPED_LAUNCH}
+    small = Shape(pool, 2, 4096, 1)
+    record["checks"] = [check(small, form) for form in EXACT_FORMS]
+    print(json.dumps(record["checks"]))
+    if not all(c["ok"] for c in record["checks"]):
+        raise SystemExit("a scan form disagrees with the reference; nothing timed")
+
+    def timed(shape: Shape, form: str, launch: dict) -> dict:
+        us = bench.graph_replay_us(shape.launcher(form, **launch), len(shape.sets))
+        bw = scan_bytes(shape.batch, shape.context, form) / (us * 1e-6)
+        return {"batch": shape.batch, "context": shape.context, "form": form, **launch, "us": us, "of_copy_bandwidth": bw / copy}
+
+    big = Shape(pool, *SHAPES[0], sets=1)
+    sweep = []
+    for form in FORMS:
+        for values in itertools.product(*SWEEP.values()):
+            launch = dict(zip(SWEEP, values))
+            sweep.append(timed(big, form, launch))
+            print(json.dumps(sweep[-1]))
+    record["sweep_b8_l128k"] = sweep
+    best = {form: min((r for r in sweep if r["form"] == form), key=lambda r: r["us"]) for form in FORMS}
+    rows = []
+    for batch, context in SHAPES[1:]:
+        shape = Shape(pool, batch, context, sets=max(1, min(4, int(400e6 // scan_bytes(batch, context, "bf16")))))
+        for form in FORMS:
+            for launch in (SHIPPED_LAUNCH, {k: best[form][k] for k in SWEEP}):
+                rows.append(timed(shape, form, launch))
+                print(json.dumps(rows[-1]))
+    record["rows"] = rows
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "decode_index_scan_variants.json"), "w", encoding="utf-8") as handle:
+        json.dump(record, handle, indent=1)
+    for form in FORMS:
+        r = best[form]
+        print(f"B8 L128K {form}: best {r['us']:.1f} us ({r['of_copy_bandwidth']:.2f} of copy) at "
+              f"stages {r['num_stages']} warps {r['num_warps']} programs/SM {r['programs_per_sm']}")
+
+
+if __name__ == "__main__":
+    main()
