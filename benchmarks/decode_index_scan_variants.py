@@ -45,7 +45,7 @@ EXACT_FORMS = ("bf16", "fp8_widen", "fp8_dot")
 SHIPPED_LAUNCH = {"num_stages": 3, "num_warps": 4, "programs_per_sm": 16}
 SWEEP = {"num_stages": (2, 3, 4), "num_warps": (4, 8), "programs_per_sm": (8, 16, 32)}
 SHAPES = ((8, 131072), (8, 32768), (32, 32768), (1, 32768))  # (batch, context)
-E4M3_MAX = 448.0
+E4M3_MAX = tl.constexpr(448.0)
 
 
 @triton.jit

@@ -306,8 +306,9 @@ def decode_select(
         plan.page_table.stride(0),
         scores.stride(0), scores.stride(1),
         NUM_HEADS=hkv, ROWS=score_rows, D=di, BLOCK=p.block_size, SPLITS=plan.index_splits,
-        KEY_FP8=ik_scale is not None, TREE=plan.tree is not None, EARLY_DEPENDENTS=chained and plan.tree is None,
-        num_warps=4, num_stages=3,
+        KEY_FP8=ik_scale is not None, QUERY_TERMS=ik_scale is not None and iq.dtype == torch.bfloat16,
+        TREE=plan.tree is not None, EARLY_DEPENDENTS=chained and plan.tree is None,
+        num_warps=4, num_stages=2,
     )
     tree = plan.tree
     if tree is not None:

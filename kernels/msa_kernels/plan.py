@@ -168,7 +168,7 @@ def plan_decode(
     q_lens: torch.Tensor | None = None,
     num_kv_heads: int = 4,
     num_sms: int = 132,
-    index_programs_per_sm: int = 16,
+    index_programs_per_sm: int = 32,
     attn_programs_per_sm: int = 2,
     tree: DraftTree | None = None,
 ) -> DecodePlan:
@@ -215,7 +215,7 @@ def assemble_decode_plan(
     tickets: torch.Tensor,
     num_kv_heads: int = 4,
     num_sms: int = 132,
-    index_programs_per_sm: int = 16,
+    index_programs_per_sm: int = 32,
     attn_programs_per_sm: int = 2,
     tree: DraftTree | None = None,
 ) -> DecodePlan:

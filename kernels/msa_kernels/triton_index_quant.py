@@ -1,7 +1,8 @@
 """fp8 (e4m3) index keys with a per-token power-of-two scale: the Triton side of the quantizer.
 
 The format and why it was chosen are stated once, in :func:`msa_kernels.reference.quantize_index_keys`;
-these helpers compute the same bytes inside a kernel (the cache insert), bit for bit:
+these helpers compute the same bytes inside a kernel (the cache insert), bit for bit, and split a
+bf16 query into fp8 terms for the decode scan's fp8 MMA:
 
 * the scale's exponent comes from the integer bits of the row's largest |value| (no division,
   whose GPU form is not correctly rounded);
@@ -40,13 +41,35 @@ def _round_to_e4m3(y):
 
 
 @triton.jit
+def _pow2_scale(amax):
+    """(scale, 1 / scale): the smallest power of two ``2**e`` with ``amax <= 448 * 2**e``, and its inverse."""
+    bits = tl.maximum(amax, _MIN_ROW_AMAX).to(tl.int32, bitcast=True)
+    e = ((bits >> 23) & 0xFF) - 127 - _E4M3_MAX_EXP + ((bits & 0x7FFFFF) > _MANTISSA_175).to(tl.int32)
+    return ((e + 127) << 23).to(tl.float32, bitcast=True), ((127 - e) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def quantize_e4m3_row(x):
     """One key row ``x`` (fp32 ``[D]``) -> (its values on the e4m3 grid as fp32, its fp32 scale)."""
-    amax = tl.maximum(tl.max(tl.abs(x), axis=0), _MIN_ROW_AMAX)
-    bits = amax.to(tl.int32, bitcast=True)
-    # smallest e with amax <= 448 * 2**e
-    e = ((bits >> 23) & 0xFF) - 127 - _E4M3_MAX_EXP + ((bits & 0x7FFFFF) > _MANTISSA_175).to(tl.int32)
-    scale = ((e + 127) << 23).to(tl.float32, bitcast=True)
-    inverse = ((127 - e) << 23).to(tl.float32, bitcast=True)
+    scale, inverse = _pow2_scale(tl.max(tl.abs(x), axis=0))
     y = tl.minimum(tl.maximum(x * inverse, -_E4M3_MAX), _E4M3_MAX)
     return _round_to_e4m3(y), scale
+
+
+@triton.jit
+def split_e4m3_columns(q):
+    """Query columns ``q`` (fp32 ``[D, ROWS]``, bf16 values) -> fp8 ``hi``, ``lo`` and fp32 ``scale [ROWS]``
+    with ``q == (hi + lo / 16) * scale`` exactly.
+
+    Why: the decode scan then feeds fp8 index keys to the MMA as they lie in shared memory (two
+    fp8 MMAs, one per term) instead of widening every key in registers. Why exact: scaled by its
+    column's power of two a bf16 value has 8 significant bits; ``hi`` keeps its top 4 (e4m3's), the
+    remainder is a multiple of the value's 8th bit no larger than half of ``hi``'s last step, so
+    ``16 x`` it fits e4m3's 4 bits as well. Only values below about 2**-15 of the column's largest
+    |value| fall into e4m3's subnormals and lose bits there, far under the keys' own e4m3 rounding.
+    """
+    scale, inverse = _pow2_scale(tl.max(tl.abs(q), axis=0))
+    y = q * inverse[None, :]
+    hi = _round_to_e4m3(y)
+    lo = _round_to_e4m3((y - hi) * 16.0)
+    return hi.to(tl.float8e4nv), lo.to(tl.float8e4nv), scale

@@ -5,12 +5,17 @@ The kernels must choose the blocks the reference chooses from the *dequantized* 
 semantics), compared exactly as the bf16 kernels are (sets, swaps only at near-ties).
 """
 
+from dataclasses import replace
+
 import pytest
 import torch
+import triton
+import triton.language as tl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fp8_batches import fp8_batch, page_table
+from msa_kernels import triton_index_quant  # reloaded in interpreter mode by ``interpreted_api``
 from msa_kernels.paged_batch import compare_with_reference, reference_request
 from msa_kernels.plan import plan_decode, plan_prefill
 from msa_kernels.reference import MSAParams, dequantize_index_keys, quantize_index_keys
@@ -140,6 +145,47 @@ def test_decode_with_fp8_keys_matches_reference(interpreted_api):
     agreement = compare_with_reference(batch, PARAMS, out, selected, rel_tol=1e-4)
     assert agreement.ok, agreement.failures
     assert agreement.rows == 8 * 2
+
+
+@settings(max_examples=25, deadline=None)
+@given(exponent=st.integers(-30, 30), seed=st.integers(0, 2**31 - 1))
+def test_a_bf16_query_splits_into_two_fp8_terms_exactly(interpreted_api, exponent, seed):
+    """``split_e4m3_columns``: ``(hi + lo / 16) * scale`` gives back every bf16 value the scan's fp8
+    MMAs need, per column of its own magnitude, down to 2**-14 of the column's largest |value|."""
+    @triton.jit
+    def split_kernel(q_ptr, hi_ptr, lo_ptr, scale_ptr, D: tl.constexpr, ROWS: tl.constexpr):
+        offs = tl.arange(0, D)[:, None] * ROWS + tl.arange(0, ROWS)[None, :]
+        hi, lo, scale = triton_index_quant.split_e4m3_columns(tl.load(q_ptr + offs).to(tl.float32))
+        tl.store(hi_ptr + offs, hi)
+        tl.store(lo_ptr + offs, lo)
+        tl.store(scale_ptr + tl.arange(0, ROWS), scale)
+
+    gen = torch.Generator().manual_seed(seed)
+    magnitudes = 2.0 ** (exponent + torch.randint(-3, 4, (1, 16), generator=gen).float())  # columns of their own scale
+    q = (torch.randn(32, 16, generator=gen) * magnitudes).bfloat16()
+    q[0, 0] = 0.0
+    hi = torch.empty(32, 16, dtype=torch.float8_e4m3fn)
+    lo = torch.empty_like(hi)
+    scale = torch.empty(16)
+    split_kernel[(1,)](q, hi, lo, scale, D=32, ROWS=16)
+    back = (hi.float() + lo.float() / 16) * scale
+    representable = q.float().abs() >= q.float().abs().amax(0) * 2.0**-14
+    assert torch.equal(back[representable], q.float()[representable])
+    assert ((back - q.float()).abs() <= q.float().abs().amax(0) * 2.0**-20).all()
+
+
+def test_decode_selection_with_fp8_keys_and_a_bf16_query(interpreted_api):
+    """The scan's fp8-MMA form (bf16 queries) chooses the reference's blocks over the dequantized keys."""
+    seq_lens = [40, 150, 17, 129]
+    batch = _fp8_batch(seq_lens, [1] * 4, seed=11, decode_q_len=1, max_context=160)
+    batch = replace(batch, iq=batch.iq.bfloat16().float())  # the reference scores the query the kernel reads
+    plan = plan_decode(PARAMS, _table(batch, 160), torch.tensor(seq_lens), q_len=1, num_kv_heads=2, num_sms=8)
+    selected = interpreted_api.decode_select(plan, batch.iq.bfloat16(), batch.ik_cache, batch.ik_scale)
+    # the reference's own outputs stand in for the attention, so only the selections are compared
+    reference_out = torch.cat([reference_request(batch, b, PARAMS)[0] for b in range(len(seq_lens))])
+    agreement = compare_with_reference(batch, PARAMS, reference_out, selected, rel_tol=0.0)
+    assert agreement.ok, agreement.failures
+    assert agreement.rows == 4 * 2
 
 
 def test_scales_are_required_exactly_with_fp8_keys(interpreted_api):
