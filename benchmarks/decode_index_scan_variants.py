@@ -13,7 +13,10 @@ time goes and what removes it:
 * ``fp8_dot``: keys fed to the MMA as fp8 straight from shared memory; the query split once per
   program into two fp8 terms (``q * s ~ hi + lo / 16``, s a per-row power of two), two MMAs per
   block, so the query keeps about bf16's precision;
-* ``fp8_dot1``: one fp8 term of the query (timing only: the query rounded to 4 significant bits).
+* ``fp8_dot1``: one fp8 term of the query (timing only: the query rounded to 4 significant bits);
+* ``fp8_dot_k64`` / ``fp8_dot_k32``: ``fp8_dot`` with the 128-long dot products cut into 2 or 4
+  MMAs of their own whose results add in fp32: Hopper's fp8 MMA keeps only about 14 bits while it
+  accumulates, so shorter sums each rounded once should err less.
 
 Each form runs over a sweep of pipeline stages, warps and programs per SM at B8 L128K, then at its
 best and at the shipped launch over the other decode shapes. Scores of the exact forms are checked
@@ -40,12 +43,19 @@ import msa_kernel_bench as bench  # noqa: E402
 from msa_kernels.plan import page_table_from_req_to_token, plan_decode  # noqa: E402
 from msa_kernels.triton_select import load_tile  # noqa: E402
 
-FORMS = ("bf16", "fp8_widen", "fp8_noscale", "fp8_dot", "fp8_dot1")
-EXACT_FORMS = ("bf16", "fp8_widen", "fp8_dot")
+FORMS = ("bf16", "fp8_widen", "fp8_noscale", "fp8_dot", "fp8_dot1", "fp8_dot_k64", "fp8_dot_k32")
+EXACT_FORMS = ("bf16", "fp8_widen", "fp8_dot", "fp8_dot_k64", "fp8_dot_k32")
 SHIPPED_LAUNCH = {"num_stages": 3, "num_warps": 4, "programs_per_sm": 16}
-SWEEP = {"num_stages": (2, 3, 4), "num_warps": (4, 8), "programs_per_sm": (8, 16, 32)}
+SWEEP = {"num_stages": (2, 3), "num_warps": (4, 8), "programs_per_sm": (16, 32)}
 SHAPES = ((8, 131072), (8, 32768), (32, 32768), (1, 32768))  # (batch, context)
-E4M3_MAX = tl.constexpr(448.0)
+
+
+@triton.jit
+def _query_chunk_terms(q_ptrs, row_ok, q_scale):
+    """fp8 ``hi``, ``lo`` of one chunk of the query's dimensions, scaled by the whole column's ``q_scale``."""
+    qs = tl.load(q_ptrs, mask=row_ok[None, :], other=0.0).to(tl.float32) * q_scale[None, :]
+    hi = qs.to(tl.float8e4nv)
+    return hi, ((qs - hi.to(tl.float32)) * 16.0).to(tl.float8e4nv)
 
 
 @triton.jit
@@ -54,7 +64,7 @@ def scan_form_kernel(
     tile_tok0_ptr, tile_pos0_ptr, tile_ntok_ptr,
     s_iq_t, s_iq_h, s_ik_slot, s_pg_b, s_sc_b, s_sc_r,
     NUM_HEADS: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
-    SPLITS: tl.constexpr, FORM: tl.constexpr,
+    SPLITS: tl.constexpr, FORM: tl.constexpr, KC: tl.constexpr,
 ):
     """The decode scan of ``triton_index.decode_index_scores_kernel`` (q_len 1, no tree) in one of ``FORMS``."""
     b = tl.program_id(0)
@@ -68,15 +78,23 @@ def scan_form_kernel(
         iq_ptr + (tok0 + t)[None, :] * s_iq_t + (rows % NUM_HEADS)[None, :] * s_iq_h + d[:, None],
         mask=row_ok[None, :], other=0.0,
     )
-    if FORM == "fp8_dot" or FORM == "fp8_dot1":
+    if FORM != "bf16" and FORM != "fp8_widen" and FORM != "fp8_noscale":
         qf = q_t.to(tl.float32)
         amax = tl.maximum(tl.max(tl.abs(qf), axis=0), 1e-30)
         # power of two bringing the row's largest |value| to at most 448
-        q_scale = tl.exp2(tl.floor(tl.log2(E4M3_MAX / amax)))
+        q_scale = tl.exp2(tl.floor(tl.log2(448.0 / amax)))
         qs = qf * q_scale[None, :]
         q_hi = qs.to(tl.float8e4nv)
         q_lo = ((qs - q_hi.to(tl.float32)) * 16.0).to(tl.float8e4nv)
         unscale = 1.0 / q_scale
+    if FORM == "fp8_dot_k64" or FORM == "fp8_dot_k32":
+        dc = tl.arange(0, KC)
+        q_ptrs = iq_ptr + (tok0 + t)[None, :] * s_iq_t + (rows % NUM_HEADS)[None, :] * s_iq_h + dc[:, None]
+        hi0, lo0 = _query_chunk_terms(q_ptrs, row_ok, q_scale)
+        hi1, lo1 = _query_chunk_terms(q_ptrs + KC, row_ok, q_scale)
+        if KC == 32:
+            hi2, lo2 = _query_chunk_terms(q_ptrs + 2 * KC, row_ok, q_scale)
+            hi3, lo3 = _query_chunk_terms(q_ptrs + 3 * KC, row_ok, q_scale)
     last_pos = pos0 + ntok - 1
     row_pos = pos0 + t
     nblk = tl.cdiv(last_pos + 1, BLOCK)
@@ -87,19 +105,31 @@ def scan_form_kernel(
     for blk in range(start, end):
         page = tl.load(page_ptr + b * s_pg_b + blk).to(tl.int64)
         kpos = blk * BLOCK + keys
-        k = tl.load(ik_ptr + (page * BLOCK + keys)[:, None] * s_ik_slot + d[None, :], mask=(kpos <= last_pos)[:, None], other=0.0)
-        if FORM == "bf16":
-            s = tl.dot(k, q_t)
-        elif FORM == "fp8_noscale":
-            s = tl.dot(k.to(q_t.dtype), q_t)
-        elif FORM == "fp8_widen":
-            s = tl.dot(k.to(q_t.dtype), q_t)
-            s *= tl.load(iks_ptr + page * BLOCK + keys, mask=kpos <= last_pos, other=0.0)[:, None]
-        else:
-            s = tl.dot(k, q_hi)
-            if FORM == "fp8_dot":
-                s += tl.dot(k, q_lo) * 0.0625
+        if FORM == "fp8_dot_k64" or FORM == "fp8_dot_k32":
+            k_ptrs = ik_ptr + (page * BLOCK + keys)[:, None] * s_ik_slot + dc[None, :]
+            k_ok = (kpos <= last_pos)[:, None]
+            k0 = tl.load(k_ptrs, mask=k_ok, other=0.0)
+            k1 = tl.load(k_ptrs + KC, mask=k_ok, other=0.0)
+            s = tl.dot(k0, hi0) + tl.dot(k1, hi1) + (tl.dot(k0, lo0) + tl.dot(k1, lo1)) * 0.0625
+            if KC == 32:
+                k2 = tl.load(k_ptrs + 2 * KC, mask=k_ok, other=0.0)
+                k3 = tl.load(k_ptrs + 3 * KC, mask=k_ok, other=0.0)
+                s += tl.dot(k2, hi2) + tl.dot(k3, hi3) + (tl.dot(k2, lo2) + tl.dot(k3, lo3)) * 0.0625
             s *= tl.load(iks_ptr + page * BLOCK + keys, mask=kpos <= last_pos, other=0.0)[:, None] * unscale[None, :]
+        else:
+            k = tl.load(ik_ptr + (page * BLOCK + keys)[:, None] * s_ik_slot + d[None, :], mask=(kpos <= last_pos)[:, None], other=0.0)
+            if FORM == "bf16":
+                s = tl.dot(k, q_t)
+            elif FORM == "fp8_noscale":
+                s = tl.dot(k.to(q_t.dtype), q_t)
+            elif FORM == "fp8_widen":
+                s = tl.dot(k.to(q_t.dtype), q_t)
+                s *= tl.load(iks_ptr + page * BLOCK + keys, mask=kpos <= last_pos, other=0.0)[:, None]
+            else:
+                s = tl.dot(k, q_hi)
+                if FORM == "fp8_dot":
+                    s += tl.dot(k, q_lo) * 0.0625
+                s *= tl.load(iks_ptr + page * BLOCK + keys, mask=kpos <= last_pos, other=0.0)[:, None] * unscale[None, :]
         s = tl.where(kpos[:, None] <= row_pos[None, :], s, float("-inf"))
         tl.store(score_ptr + b * s_sc_b + rows * s_sc_r + blk, tl.max(s, axis=0), mask=row_ok)
 
@@ -131,6 +161,7 @@ class Shape:
                 iq, ik, iks, plan.page_table, scores, tiles.tok0, tiles.pos0, tiles.ntok,
                 iq.stride(0), iq.stride(1), ik.stride(0), plan.page_table.stride(0), scores.stride(0), scores.stride(1),
                 NUM_HEADS=bench.HKV, ROWS=16, D=bench.DI, BLOCK=bench.BLOCK, SPLITS=plan.index_splits, FORM=form,
+                KC={"fp8_dot_k64": 64, "fp8_dot_k32": 32}.get(form, bench.DI),
                 num_warps=num_warps, num_stages=num_stages,
             )
         return run
@@ -151,6 +182,19 @@ def check(shape: Shape, form: str) -> dict:
     got = shape.scores[0][:, : bench.HKV]
     rel = float((got - ref).abs().max() / ref.abs().max())
     return {"form": form, "max_rel_err": rel, "ok": rel < 2e-2}
+
+
+def precision(shape: Shape, form: str) -> dict:
+    """Score errors against the reference at a served-like shape, and the top-16 sets they change."""
+    shape.launcher(form, **SHIPPED_LAUNCH)(0)
+    ref = shape.reference_scores(0, fp8=form != "bf16")
+    got = shape.scores[0][:, : bench.HKV]
+    rel = (got - ref).abs() / ref.abs().amax(-1, keepdim=True)
+    top_ref = ref.topk(bench.TOPK, dim=-1).indices.sort(-1).values
+    top_got = got.topk(bench.TOPK, dim=-1).indices.sort(-1).values
+    return {"form": form, "batch": shape.batch, "context": shape.context, "max_rel_err": float(rel.max()),
+            "mean_rel_err": float(rel.mean()), "rows": ref.shape[0] * ref.shape[1],
+            "rows_with_another_top16": int((top_ref != top_got).any(-1).sum())}
 
 
 def scan_bytes(batch: int, context: int, form: str) -> int:
@@ -178,6 +222,11 @@ def main() -> None:
         bw = scan_bytes(shape.batch, shape.context, form) / (us * 1e-6)
         return {"batch": shape.batch, "context": shape.context, "form": form, **launch, "us": us, "of_copy_bandwidth": bw / copy}
 
+    served_like = Shape(pool, 32, 32768, 1)
+    record["precision"] = [precision(served_like, form) for form in EXACT_FORMS]
+    for row in record["precision"]:
+        print(json.dumps(row))
+    del served_like
     big = Shape(pool, *SHAPES[0], sets=1)
     sweep = []
     for form in FORMS:
