@@ -18,20 +18,24 @@ matrix never exists in memory. ``prefill_index_topk_kernel`` has two forms:
 Index keys are bf16 (or the model's dtype) or, opt-in, float8_e4m3fn with one fp32 scale per
 token (``KEY_FP8``; format in ``reference.quantize_index_keys``). Each key's score is multiplied
 by its scale after the MMA (one multiply per score instead of one per key element; exact, the
-scales being powers of two). The decode scan with a bf16 query splits the query once into two
-fp8 terms (``triton_index_quant.split_e4m3_columns``, exact) and runs two fp8 MMAs per block on
-the keys as loaded: widening each block's keys in registers instead left that scan at half the
-copy bandwidth, 69 against 51 us at B8 L128K on an H200 (``decode_index_scan_variants.py``). The
-fp8 MMA accumulates in reduced precision (scores ~3e-4 apart, relative, from an fp32 sum, against
-~1e-2 from the keys' own e4m3 rounding). Other queries (fp32, fp16: more bits than two terms
-hold) and the prefill scans, which are MMA-bound where the decode scan is bound by bytes, widen
-the keys to the query's dtype.
+scales being powers of two).
+
+The decode scan with a bf16 query feeds the fp8 keys to the MMA as loaded: the query is split once
+into two fp8 terms (``triton_index_quant.split_e4m3``, exact for bf16 values), and each half of
+the 128 dimensions gets its own MMA per term, the four results added in fp32. Widening each
+block's keys in registers instead held the scan to half the copy bandwidth (B8 L128K on an H200,
+``benchmarks/decode_index_scan_variants.py``: 69 us widened, 56 us in halves). The halves are for
+precision: Hopper's fp8 MMA keeps about 14 bits while it accumulates, and one MMA over all 128
+dimensions put scores up to 5.5e-4 (of the row's largest) off the fp32 sum, enough to trade a
+block outside the kernel tests' near-tie tolerance; in halves, 2.3e-4 (widened: 3e-7). Either is
+far under the keys' own e4m3 rounding. Other queries (fp32, fp16: more bits than two terms hold)
+and the prefill scans, bound by MMAs where the decode scan is bound by bytes, widen the keys.
 """
 
 import triton
 import triton.language as tl
 
-from msa_kernels.triton_index_quant import split_e4m3_columns
+from msa_kernels.triton_index_quant import e4m3_column_scales, split_e4m3
 from msa_kernels.triton_select import TILE_POINTERS, empty_top, forced_or_visible_scores, keep_top, load_tile, sort_ids
 from msa_kernels.triton_tree import main_pass_limits
 
@@ -52,7 +56,7 @@ def decode_index_scores_kernel(
 
     ``KEY_FP8``: ``ik`` is fp8 and ``iks[slot]`` its scale (else ``iks_ptr`` is not read).
     ``QUERY_TERMS`` (with ``KEY_FP8``, bf16 ``iq`` only): the MMAs take the keys as fp8 against the
-    query split into two fp8 terms, rather than the keys widened to the query's dtype.
+    query split into two fp8 terms, per half of the dimensions, rather than the keys widened.
     ``TREE`` (draft-tree verify): every row scans the request's prefix only, ``j < pos0``, the
     blocks ``0 .. cdiv(pos0, BLOCK) - 1``; :func:`tree_window_scores_kernel` adds each row's path.
     ``EARLY_DEPENDENTS``: let a kernel launched after this one by programmatic dependent launch
@@ -73,7 +77,11 @@ def decode_index_scores_kernel(
         other=0.0,
     )  # [D, ROWS]: query rows on the MMA's N side
     if QUERY_TERMS:
-        q_hi, q_lo, q_scale = split_e4m3_columns(q_t.to(tl.float32))
+        q_scale, q_inverse = e4m3_column_scales(q_t.to(tl.float32))
+        half = tl.arange(0, D // 2)
+        q_half = iq_ptr + (tok0 + t)[None, :] * s_iq_t + (rows % NUM_HEADS)[None, :] * s_iq_h + half[:, None]
+        hi0, lo0 = split_e4m3(tl.load(q_half, mask=row_ok[None, :], other=0.0).to(tl.float32), q_inverse)
+        hi1, lo1 = split_e4m3(tl.load(q_half + D // 2, mask=row_ok[None, :], other=0.0).to(tl.float32), q_inverse)
     last_pos, row_pos = main_pass_limits(pos0, ntok, t, TREE)
     nblk = tl.cdiv(last_pos + 1, BLOCK)
     per_split = tl.cdiv(nblk, SPLITS)
@@ -83,15 +91,20 @@ def decode_index_scores_kernel(
     for blk in range(start, end):
         page = tl.load(page_ptr + b * s_pg_b + blk).to(tl.int64)
         kpos = blk * BLOCK + keys
-        k = tl.load(ik_ptr + (page * BLOCK + keys)[:, None] * s_ik_slot + d[None, :], mask=(kpos <= last_pos)[:, None], other=0.0)
         if QUERY_TERMS:
-            s = tl.dot(k, q_hi) + tl.dot(k, q_lo) * 0.0625  # [BLOCK, ROWS]: keys on M
+            k_half = ik_ptr + (page * BLOCK + keys)[:, None] * s_ik_slot + half[None, :]
+            k0 = tl.load(k_half, mask=(kpos <= last_pos)[:, None], other=0.0)
+            k1 = tl.load(k_half + D // 2, mask=(kpos <= last_pos)[:, None], other=0.0)
+            # [BLOCK, ROWS], keys on M; each MMA accumulates alone, the sums add in fp32
+            s = tl.dot(k0, hi0) + tl.dot(k1, hi1) + (tl.dot(k0, lo0) + tl.dot(k1, lo1)) * 0.0625
             s *= tl.load(iks_ptr + page * BLOCK + keys, mask=kpos <= last_pos, other=0.0)[:, None] * q_scale[None, :]
-        elif KEY_FP8:
-            s = tl.dot(k.to(q_t.dtype), q_t)
-            s *= tl.load(iks_ptr + page * BLOCK + keys, mask=kpos <= last_pos, other=0.0)[:, None]
         else:
-            s = tl.dot(k, q_t)
+            k = tl.load(ik_ptr + (page * BLOCK + keys)[:, None] * s_ik_slot + d[None, :], mask=(kpos <= last_pos)[:, None], other=0.0)
+            if KEY_FP8:
+                s = tl.dot(k.to(q_t.dtype), q_t)
+                s *= tl.load(iks_ptr + page * BLOCK + keys, mask=kpos <= last_pos, other=0.0)[:, None]
+            else:
+                s = tl.dot(k, q_t)
         s = tl.where(kpos[:, None] <= row_pos[None, :], s, float("-inf"))
         tl.store(score_ptr + b * s_sc_b + rows * s_sc_r + blk, tl.max(s, axis=0), mask=row_ok)
 

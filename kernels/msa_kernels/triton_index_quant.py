@@ -57,19 +57,24 @@ def quantize_e4m3_row(x):
 
 
 @triton.jit
-def split_e4m3_columns(q):
-    """Query columns ``q`` (fp32 ``[D, ROWS]``, bf16 values) -> fp8 ``hi``, ``lo`` and fp32 ``scale [ROWS]``
-    with ``q == (hi + lo / 16) * scale`` exactly.
+def e4m3_column_scales(q):
+    """Per column of ``q`` (fp32 ``[D, ROWS]``): (scale, 1 / scale), the power of two of :func:`split_e4m3`."""
+    return _pow2_scale(tl.max(tl.abs(q), axis=0))
 
-    Why: the decode scan then feeds fp8 index keys to the MMA as they lie in shared memory (two
-    fp8 MMAs, one per term) instead of widening every key in registers. Why exact: scaled by its
+
+@triton.jit
+def split_e4m3(q, inverse):
+    """Query columns ``q`` (fp32 ``[d, ROWS]``, bf16 values; ``inverse`` from :func:`e4m3_column_scales`
+    over the whole columns) -> fp8 ``hi``, ``lo`` with ``q == (hi + lo / 16) * scale`` exactly.
+
+    Why: the decode scan then feeds fp8 index keys to the MMA as they lie in shared memory (fp8
+    MMAs, one per term) instead of widening every key in registers. Why exact: scaled by its
     column's power of two a bf16 value has 8 significant bits; ``hi`` keeps its top 4 (e4m3's), the
     remainder is a multiple of the value's 8th bit no larger than half of ``hi``'s last step, so
     ``16 x`` it fits e4m3's 4 bits as well. Only values below about 2**-15 of the column's largest
     |value| fall into e4m3's subnormals and lose bits there, far under the keys' own e4m3 rounding.
     """
-    scale, inverse = _pow2_scale(tl.max(tl.abs(q), axis=0))
     y = q * inverse[None, :]
     hi = _round_to_e4m3(y)
     lo = _round_to_e4m3((y - hi) * 16.0)
-    return hi.to(tl.float8e4nv), lo.to(tl.float8e4nv), scale
+    return hi.to(tl.float8e4nv), lo.to(tl.float8e4nv)
