@@ -41,6 +41,7 @@ import triton.language as tl
 sys.path.insert(0, os.path.dirname(__file__))
 import msa_kernel_bench as bench  # noqa: E402
 from msa_kernels.plan import page_table_from_req_to_token, plan_decode  # noqa: E402
+from msa_kernels.triton_index import decode_query_columns  # noqa: E402
 from msa_kernels.triton_select import load_tile  # noqa: E402
 
 FORMS = ("bf16", "fp8_widen", "fp8_noscale", "fp8_dot", "fp8_dot1", "fp8_dot_k64", "fp8_dot_k32")
@@ -74,10 +75,7 @@ def scan_form_kernel(
     t = rows // NUM_HEADS
     row_ok = t < ntok
     d = tl.arange(0, D)
-    q_t = tl.load(
-        iq_ptr + (tok0 + t)[None, :] * s_iq_t + (rows % NUM_HEADS)[None, :] * s_iq_h + d[:, None],
-        mask=row_ok[None, :], other=0.0,
-    )
+    q_t = decode_query_columns(iq_ptr, tok0, ntok, s_iq_t, s_iq_h, 0, NUM_HEADS, ROWS, D)
     if FORM != "bf16" and FORM != "fp8_widen" and FORM != "fp8_noscale":
         qf = q_t.to(tl.float32)
         amax = tl.maximum(tl.max(tl.abs(qf), axis=0), 1e-30)

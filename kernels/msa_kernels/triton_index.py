@@ -41,6 +41,19 @@ from msa_kernels.triton_tree import main_pass_limits
 
 
 @triton.jit
+def decode_query_columns(iq_ptr, tok0, ntok, s_iq_t, s_iq_h, first, NUM_HEADS: tl.constexpr, ROWS: tl.constexpr, DIMS: tl.constexpr):
+    """Dimensions ``first .. first + DIMS - 1`` of a decode tile's index query rows, as columns
+    ``[DIMS, ROWS]`` (row = token * heads + head; rows past the tile's ``ntok`` tokens are zeros)."""
+    rows = tl.arange(0, ROWS)
+    t = rows // NUM_HEADS
+    return tl.load(
+        iq_ptr + (tok0 + t)[None, :] * s_iq_t + (rows % NUM_HEADS)[None, :] * s_iq_h + first + tl.arange(0, DIMS)[:, None],
+        mask=(t < ntok)[None, :],
+        other=0.0,
+    )
+
+
+@triton.jit
 def decode_index_scores_kernel(
     iq_ptr, ik_ptr, iks_ptr, page_ptr, score_ptr,
     tile_tok0_ptr, tile_pos0_ptr, tile_ntok_ptr,
@@ -71,17 +84,12 @@ def decode_index_scores_kernel(
     t = rows // NUM_HEADS
     row_ok = t < ntok
     d = tl.arange(0, D)
-    q_t = tl.load(
-        iq_ptr + (tok0 + t)[None, :] * s_iq_t + (rows % NUM_HEADS)[None, :] * s_iq_h + d[:, None],
-        mask=row_ok[None, :],
-        other=0.0,
-    )  # [D, ROWS]: query rows on the MMA's N side
+    q_t = decode_query_columns(iq_ptr, tok0, ntok, s_iq_t, s_iq_h, 0, NUM_HEADS, ROWS, D)  # query rows on the MMA's N side
     if QUERY_TERMS:
         q_scale, q_inverse = e4m3_column_scales(q_t.to(tl.float32))
         half = tl.arange(0, D // 2)
-        q_half = iq_ptr + (tok0 + t)[None, :] * s_iq_t + (rows % NUM_HEADS)[None, :] * s_iq_h + half[:, None]
-        hi0, lo0 = split_e4m3(tl.load(q_half, mask=row_ok[None, :], other=0.0).to(tl.float32), q_inverse)
-        hi1, lo1 = split_e4m3(tl.load(q_half + D // 2, mask=row_ok[None, :], other=0.0).to(tl.float32), q_inverse)
+        hi0, lo0 = split_e4m3(decode_query_columns(iq_ptr, tok0, ntok, s_iq_t, s_iq_h, 0, NUM_HEADS, ROWS, D // 2).to(tl.float32), q_inverse)
+        hi1, lo1 = split_e4m3(decode_query_columns(iq_ptr, tok0, ntok, s_iq_t, s_iq_h, D // 2, NUM_HEADS, ROWS, D // 2).to(tl.float32), q_inverse)
     last_pos, row_pos = main_pass_limits(pos0, ntok, t, TREE)
     nblk = tl.cdiv(last_pos + 1, BLOCK)
     per_split = tl.cdiv(nblk, SPLITS)
