@@ -16,7 +16,10 @@ time goes and what removes it:
 * ``fp8_dot1``: one fp8 term of the query (timing only: the query rounded to 4 significant bits);
 * ``fp8_dot_k64`` / ``fp8_dot_k32``: ``fp8_dot`` with the 128-long dot products cut into 2 or 4
   MMAs of their own whose results add in fp32: Hopper's fp8 MMA keeps only about 14 bits while it
-  accumulates, so shorter sums each rounded once should err less.
+  accumulates, so shorter sums each rounded once should err less (``fp8_dot_k64`` ships);
+* ``bf16_pairs`` / ``fp8_dot_k64_pairs``: the two shipped forms stepping two blocks per loop
+  iteration (256 keys on M, one cross-warp max for both), since at half the bytes per block the fp8
+  scan's fixed cost per block (page load, MMAs, max, store) outweighs its bytes.
 
 Each form runs over a sweep of pipeline stages, warps and programs per SM at B8 L128K, then at its
 best and at the shipped launch over the other decode shapes. Scores of the exact forms are checked
@@ -41,11 +44,11 @@ import triton.language as tl
 sys.path.insert(0, os.path.dirname(__file__))
 import msa_kernel_bench as bench  # noqa: E402
 from msa_kernels.plan import page_table_from_req_to_token, plan_decode  # noqa: E402
-from msa_kernels.triton_index import decode_query_columns  # noqa: E402
+from msa_kernels.triton_index import decode_query_columns, split_block_range  # noqa: E402
 from msa_kernels.triton_select import load_tile  # noqa: E402
 
-FORMS = ("bf16", "fp8_widen", "fp8_noscale", "fp8_dot", "fp8_dot1", "fp8_dot_k64", "fp8_dot_k32")
-EXACT_FORMS = ("bf16", "fp8_widen", "fp8_dot", "fp8_dot_k64", "fp8_dot_k32")
+FORMS = ("bf16", "fp8_widen", "fp8_noscale", "fp8_dot", "fp8_dot1", "fp8_dot_k64", "fp8_dot_k32", "bf16_pairs", "fp8_dot_k64_pairs")
+EXACT_FORMS = ("bf16", "fp8_widen", "fp8_dot", "fp8_dot_k64", "fp8_dot_k32", "bf16_pairs", "fp8_dot_k64_pairs")
 SHIPPED_LAUNCH = {"num_stages": 3, "num_warps": 4, "programs_per_sm": 16}
 SWEEP = {"num_stages": (2, 3), "num_warps": (4, 8), "programs_per_sm": (16, 32)}
 SHAPES = ((8, 131072), (8, 32768), (32, 32768), (1, 32768))  # (batch, context)
@@ -60,14 +63,45 @@ def _query_chunk_terms(q_ptrs, row_ok, q_scale):
 
 
 @triton.jit
+def _scan_pairs(ik_ptr, iks_ptr, page_ptr, score_ptr, b, start, end, last_pos, row_pos, rows, row_ok, s_ik_slot, s_pg_b,
+                s_sc_b, s_sc_r, q_t, hi0, lo0, hi1, lo1, unscale,
+                FORM: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr):
+    """Blocks ``start .. end - 1`` two per iteration: 256 keys on the MMA's M side, one max for both."""
+    keys = tl.arange(0, 2 * BLOCK)
+    pair = tl.arange(0, 2)
+    half = tl.arange(0, D // 2)
+    for blk in range(start, end, 2):
+        second = blk + 1 < end
+        page0 = tl.load(page_ptr + b * s_pg_b + blk).to(tl.int64)
+        page1 = tl.load(page_ptr + b * s_pg_b + blk + 1, mask=second, other=0).to(tl.int64)
+        slot = tl.where(keys < BLOCK, page0 * BLOCK + keys, page1 * BLOCK + keys - BLOCK)
+        kpos = blk * BLOCK + keys
+        k_ok = (kpos <= last_pos) & ((keys < BLOCK) | second)
+        if FORM == "bf16":
+            k = tl.load(ik_ptr + slot[:, None] * s_ik_slot + tl.arange(0, D)[None, :], mask=k_ok[:, None], other=0.0)
+            s = tl.dot(k, q_t)
+        else:
+            k_half = ik_ptr + slot[:, None] * s_ik_slot + half[None, :]
+            k0 = tl.load(k_half, mask=k_ok[:, None], other=0.0)
+            k1 = tl.load(k_half + D // 2, mask=k_ok[:, None], other=0.0)
+            s = tl.dot(k0, hi0) + tl.dot(k1, hi1) + (tl.dot(k0, lo0) + tl.dot(k1, lo1)) * 0.0625
+            s *= tl.load(iks_ptr + slot, mask=k_ok, other=0.0)[:, None] * unscale[None, :]
+        s = tl.where(k_ok[:, None] & (kpos[:, None] <= row_pos[None, :]), s, float("-inf"))
+        block_max = tl.max(tl.reshape(s, [2, BLOCK, ROWS]), axis=1)  # [2, ROWS]
+        tl.store(score_ptr + b * s_sc_b + rows[None, :] * s_sc_r + (blk + pair)[:, None], block_max,
+                 mask=row_ok[None, :] & ((pair == 0) | second)[:, None])
+
+
+@triton.jit
 def scan_form_kernel(
     iq_ptr, ik_ptr, iks_ptr, page_ptr, score_ptr,
     tile_tok0_ptr, tile_pos0_ptr, tile_ntok_ptr,
     s_iq_t, s_iq_h, s_ik_slot, s_pg_b, s_sc_b, s_sc_r,
     NUM_HEADS: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
-    SPLITS: tl.constexpr, FORM: tl.constexpr, KC: tl.constexpr,
+    SPLITS: tl.constexpr, FORM: tl.constexpr, KC: tl.constexpr, PAIRS: tl.constexpr,
 ):
-    """The decode scan of ``triton_index.decode_index_scores_kernel`` (q_len 1, no tree) in one of ``FORMS``."""
+    """The decode scan of ``triton_index.decode_index_scores_kernel`` (q_len 1, no tree) in one of ``FORMS``;
+    ``PAIRS``: two blocks per loop iteration (``FORM`` "bf16" or "fp8_dot_k64" only)."""
     b = tl.program_id(0)
     split = tl.program_id(1)
     tok0, pos0, ntok = load_tile(tile_tok0_ptr, tile_pos0_ptr, tile_ntok_ptr, b)
@@ -95,41 +129,45 @@ def scan_form_kernel(
             hi3, lo3 = _query_chunk_terms(q_ptrs + 3 * KC, row_ok, q_scale)
     last_pos = pos0 + ntok - 1
     row_pos = pos0 + t
-    nblk = tl.cdiv(last_pos + 1, BLOCK)
-    per_split = tl.cdiv(nblk, SPLITS)
-    start = split * per_split
-    end = tl.minimum(start + per_split, nblk)
-    keys = tl.arange(0, BLOCK)
-    for blk in range(start, end):
-        page = tl.load(page_ptr + b * s_pg_b + blk).to(tl.int64)
-        kpos = blk * BLOCK + keys
-        if FORM == "fp8_dot_k64" or FORM == "fp8_dot_k32":
-            k_ptrs = ik_ptr + (page * BLOCK + keys)[:, None] * s_ik_slot + dc[None, :]
-            k_ok = (kpos <= last_pos)[:, None]
-            k0 = tl.load(k_ptrs, mask=k_ok, other=0.0)
-            k1 = tl.load(k_ptrs + KC, mask=k_ok, other=0.0)
-            s = tl.dot(k0, hi0) + tl.dot(k1, hi1) + (tl.dot(k0, lo0) + tl.dot(k1, lo1)) * 0.0625
-            if KC == 32:
-                k2 = tl.load(k_ptrs + 2 * KC, mask=k_ok, other=0.0)
-                k3 = tl.load(k_ptrs + 3 * KC, mask=k_ok, other=0.0)
-                s += tl.dot(k2, hi2) + tl.dot(k3, hi3) + (tl.dot(k2, lo2) + tl.dot(k3, lo3)) * 0.0625
-            s *= tl.load(iks_ptr + page * BLOCK + keys, mask=kpos <= last_pos, other=0.0)[:, None] * unscale[None, :]
-        else:
-            k = tl.load(ik_ptr + (page * BLOCK + keys)[:, None] * s_ik_slot + d[None, :], mask=(kpos <= last_pos)[:, None], other=0.0)
-            if FORM == "bf16":
-                s = tl.dot(k, q_t)
-            elif FORM == "fp8_noscale":
-                s = tl.dot(k.to(q_t.dtype), q_t)
-            elif FORM == "fp8_widen":
-                s = tl.dot(k.to(q_t.dtype), q_t)
-                s *= tl.load(iks_ptr + page * BLOCK + keys, mask=kpos <= last_pos, other=0.0)[:, None]
-            else:
-                s = tl.dot(k, q_hi)
-                if FORM == "fp8_dot":
-                    s += tl.dot(k, q_lo) * 0.0625
+    start, end = split_block_range(last_pos, split, SPLITS, BLOCK)
+    if PAIRS and FORM == "bf16":
+        _scan_pairs(ik_ptr, iks_ptr, page_ptr, score_ptr, b, start, end, last_pos, row_pos, rows, row_ok, s_ik_slot, s_pg_b,
+                    s_sc_b, s_sc_r, q_t, q_t, q_t, q_t, q_t, row_pos, FORM, D, BLOCK, ROWS)
+    elif PAIRS:
+        _scan_pairs(ik_ptr, iks_ptr, page_ptr, score_ptr, b, start, end, last_pos, row_pos, rows, row_ok, s_ik_slot, s_pg_b,
+                    s_sc_b, s_sc_r, q_t, hi0, lo0, hi1, lo1, unscale, FORM, D, BLOCK, ROWS)
+    else:
+        keys = tl.arange(0, BLOCK)
+        for blk in range(start, end):
+            page = tl.load(page_ptr + b * s_pg_b + blk).to(tl.int64)
+            kpos = blk * BLOCK + keys
+            if FORM == "fp8_dot_k64" or FORM == "fp8_dot_k32":
+                k_ptrs = ik_ptr + (page * BLOCK + keys)[:, None] * s_ik_slot + dc[None, :]
+                k_ok = (kpos <= last_pos)[:, None]
+                k0 = tl.load(k_ptrs, mask=k_ok, other=0.0)
+                k1 = tl.load(k_ptrs + KC, mask=k_ok, other=0.0)
+                s = tl.dot(k0, hi0) + tl.dot(k1, hi1) + (tl.dot(k0, lo0) + tl.dot(k1, lo1)) * 0.0625
+                if KC == 32:
+                    k2 = tl.load(k_ptrs + 2 * KC, mask=k_ok, other=0.0)
+                    k3 = tl.load(k_ptrs + 3 * KC, mask=k_ok, other=0.0)
+                    s += tl.dot(k2, hi2) + tl.dot(k3, hi3) + (tl.dot(k2, lo2) + tl.dot(k3, lo3)) * 0.0625
                 s *= tl.load(iks_ptr + page * BLOCK + keys, mask=kpos <= last_pos, other=0.0)[:, None] * unscale[None, :]
-        s = tl.where(kpos[:, None] <= row_pos[None, :], s, float("-inf"))
-        tl.store(score_ptr + b * s_sc_b + rows * s_sc_r + blk, tl.max(s, axis=0), mask=row_ok)
+            else:
+                k = tl.load(ik_ptr + (page * BLOCK + keys)[:, None] * s_ik_slot + d[None, :], mask=(kpos <= last_pos)[:, None], other=0.0)
+                if FORM == "bf16":
+                    s = tl.dot(k, q_t)
+                elif FORM == "fp8_noscale":
+                    s = tl.dot(k.to(q_t.dtype), q_t)
+                elif FORM == "fp8_widen":
+                    s = tl.dot(k.to(q_t.dtype), q_t)
+                    s *= tl.load(iks_ptr + page * BLOCK + keys, mask=kpos <= last_pos, other=0.0)[:, None]
+                else:
+                    s = tl.dot(k, q_hi)
+                    if FORM == "fp8_dot":
+                        s += tl.dot(k, q_lo) * 0.0625
+                    s *= tl.load(iks_ptr + page * BLOCK + keys, mask=kpos <= last_pos, other=0.0)[:, None] * unscale[None, :]
+            s = tl.where(kpos[:, None] <= row_pos[None, :], s, float("-inf"))
+            tl.store(score_ptr + b * s_sc_b + rows * s_sc_r + blk, tl.max(s, axis=0), mask=row_ok)
 
 
 class Shape:
@@ -146,7 +184,8 @@ class Shape:
         self.scores = torch.empty(sets, batch, 16, context // bench.BLOCK, device="cuda", dtype=torch.float32)
 
     def launcher(self, form: str, num_stages: int, num_warps: int, programs_per_sm: int):
-        fp8 = form != "bf16"
+        fp8 = not form.startswith("bf16")
+        base = form.removesuffix("_pairs")
         ik = (self.pool.ik8 if fp8 else self.pool.ik).reshape(-1, bench.DI)
         iks = self.pool.iks if fp8 else ik
         plans = [plan_decode(bench.PARAMS, table, torch.full((self.batch,), self.context, device="cuda"), q_len=1,
@@ -158,8 +197,8 @@ class Shape:
             scan_form_kernel[(self.batch, plan.index_splits)](
                 iq, ik, iks, plan.page_table, scores, tiles.tok0, tiles.pos0, tiles.ntok,
                 iq.stride(0), iq.stride(1), ik.stride(0), plan.page_table.stride(0), scores.stride(0), scores.stride(1),
-                NUM_HEADS=bench.HKV, ROWS=16, D=bench.DI, BLOCK=bench.BLOCK, SPLITS=plan.index_splits, FORM=form,
-                KC={"fp8_dot_k64": 64, "fp8_dot_k32": 32}.get(form, bench.DI),
+                NUM_HEADS=bench.HKV, ROWS=16, D=bench.DI, BLOCK=bench.BLOCK, SPLITS=plan.index_splits, FORM=base,
+                KC={"fp8_dot_k64": 64, "fp8_dot_k32": 32}.get(base, bench.DI), PAIRS=base != form,
                 num_warps=num_warps, num_stages=num_stages,
             )
         return run
@@ -176,7 +215,7 @@ class Shape:
 def check(shape: Shape, form: str) -> dict:
     """Largest score error of an exact form against the reference, relative to the largest |score|."""
     shape.launcher(form, **SHIPPED_LAUNCH)(0)
-    ref = shape.reference_scores(0, fp8=form != "bf16")
+    ref = shape.reference_scores(0, fp8=not form.startswith("bf16"))
     got = shape.scores[0][:, : bench.HKV]
     rel = float((got - ref).abs().max() / ref.abs().max())
     return {"form": form, "max_rel_err": rel, "ok": rel < 2e-2}
@@ -185,7 +224,7 @@ def check(shape: Shape, form: str) -> dict:
 def precision(shape: Shape, form: str) -> dict:
     """Score errors against the reference at a served-like shape, and the top-16 sets they change."""
     shape.launcher(form, **SHIPPED_LAUNCH)(0)
-    ref = shape.reference_scores(0, fp8=form != "bf16")
+    ref = shape.reference_scores(0, fp8=not form.startswith("bf16"))
     got = shape.scores[0][:, : bench.HKV]
     rel = (got - ref).abs() / ref.abs().amax(-1, keepdim=True)
     top_ref = ref.topk(bench.TOPK, dim=-1).indices.sort(-1).values
@@ -196,7 +235,7 @@ def precision(shape: Shape, form: str) -> dict:
 
 
 def scan_bytes(batch: int, context: int, form: str) -> int:
-    return batch * context * (2 * bench.DI if form == "bf16" else bench.DI + 4)
+    return batch * context * (2 * bench.DI if form.startswith("bf16") else bench.DI + 4)
 
 
 def main() -> None:

@@ -54,6 +54,15 @@ def decode_query_columns(iq_ptr, tok0, ntok, s_iq_t, s_iq_h, first, NUM_HEADS: t
 
 
 @triton.jit
+def split_block_range(last_pos, split, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
+    """``(first, end)``: the contiguous share of blocks ``0 .. last_pos // BLOCK`` that program ``split`` of ``SPLITS`` scans."""
+    nblk = tl.cdiv(last_pos + 1, BLOCK)
+    per_split = tl.cdiv(nblk, SPLITS)
+    start = split * per_split
+    return start, tl.minimum(start + per_split, nblk)
+
+
+@triton.jit
 def decode_index_scores_kernel(
     iq_ptr, ik_ptr, iks_ptr, page_ptr, score_ptr,
     tile_tok0_ptr, tile_pos0_ptr, tile_ntok_ptr,
@@ -91,10 +100,7 @@ def decode_index_scores_kernel(
         hi0, lo0 = split_e4m3(decode_query_columns(iq_ptr, tok0, ntok, s_iq_t, s_iq_h, 0, NUM_HEADS, ROWS, D // 2).to(tl.float32), q_inverse)
         hi1, lo1 = split_e4m3(decode_query_columns(iq_ptr, tok0, ntok, s_iq_t, s_iq_h, D // 2, NUM_HEADS, ROWS, D // 2).to(tl.float32), q_inverse)
     last_pos, row_pos = main_pass_limits(pos0, ntok, t, TREE)
-    nblk = tl.cdiv(last_pos + 1, BLOCK)
-    per_split = tl.cdiv(nblk, SPLITS)
-    start = split * per_split
-    end = tl.minimum(start + per_split, nblk)
+    start, end = split_block_range(last_pos, split, SPLITS, BLOCK)
     keys = tl.arange(0, BLOCK)
     for blk in range(start, end):
         page = tl.load(page_ptr + b * s_pg_b + blk).to(tl.int64)
