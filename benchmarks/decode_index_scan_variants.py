@@ -49,7 +49,7 @@ from msa_kernels.triton_select import load_tile  # noqa: E402
 
 FORMS = ("bf16", "fp8_widen", "fp8_noscale", "fp8_dot", "fp8_dot1", "fp8_dot_k64", "fp8_dot_k32", "bf16_pairs", "fp8_dot_k64_pairs")
 EXACT_FORMS = ("bf16", "fp8_widen", "fp8_dot", "fp8_dot_k64", "fp8_dot_k32", "bf16_pairs", "fp8_dot_k64_pairs")
-SHIPPED_LAUNCH = {"num_stages": 3, "num_warps": 4, "programs_per_sm": 16}
+SHIPPED_LAUNCH = {"num_stages": 2, "num_warps": 4, "programs_per_sm": 32}
 SWEEP = {"num_stages": (2, 3), "num_warps": (4, 8), "programs_per_sm": (16, 32)}
 SHAPES = ((8, 131072), (8, 32768), (32, 32768), (1, 32768))  # (batch, context)
 
@@ -244,14 +244,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="folder for decode_index_scan_variants.json")
     parser.add_argument("--commit", default=os.environ.get("MSA_COMMIT", "unknown"), help="commit of the script's checkout")
+    parser.add_argument("--forms", nargs="+", choices=FORMS, default=FORMS, help="forms to check and time (default: all)")
     args = parser.parse_args()
+    forms = tuple(args.forms)
+    exact_forms = tuple(form for form in EXACT_FORMS if form in forms)
     torch.manual_seed(0)
     pool = bench.Pool(1 << 21)
     copy = bench.measure_ceilings()["copy_bytes_per_s"]
     record = {"commit": args.commit, "gpu": torch.cuda.get_device_name(), "triton": triton.__version__,
               "copy_bytes_per_s": copy, "shipped_launch": SHIPPED_LAUNCH}
     small = Shape(pool, 2, 4096, 1)
-    record["checks"] = [check(small, form) for form in EXACT_FORMS]
+    record["checks"] = [check(small, form) for form in exact_forms]
     print(json.dumps(record["checks"]))
     if not all(c["ok"] for c in record["checks"]):
         raise SystemExit("a scan form disagrees with the reference; nothing timed")
@@ -262,23 +265,23 @@ def main() -> None:
         return {"batch": shape.batch, "context": shape.context, "form": form, **launch, "us": us, "of_copy_bandwidth": bw / copy}
 
     served_like = Shape(pool, 32, 32768, 1)
-    record["precision"] = [precision(served_like, form) for form in EXACT_FORMS]
+    record["precision"] = [precision(served_like, form) for form in exact_forms]
     for row in record["precision"]:
         print(json.dumps(row))
     del served_like
     big = Shape(pool, *SHAPES[0], sets=1)
     sweep = []
-    for form in FORMS:
+    for form in forms:
         for values in itertools.product(*SWEEP.values()):
             launch = dict(zip(SWEEP, values))
             sweep.append(timed(big, form, launch))
             print(json.dumps(sweep[-1]))
     record["sweep_b8_l128k"] = sweep
-    best = {form: min((r for r in sweep if r["form"] == form), key=lambda r: r["us"]) for form in FORMS}
+    best = {form: min((r for r in sweep if r["form"] == form), key=lambda r: r["us"]) for form in forms}
     rows = []
     for batch, context in SHAPES[1:]:
         shape = Shape(pool, batch, context, sets=max(1, min(4, int(400e6 // scan_bytes(batch, context, "bf16")))))
-        for form in FORMS:
+        for form in forms:
             for launch in (SHIPPED_LAUNCH, {k: best[form][k] for k in SWEEP}):
                 rows.append(timed(shape, form, launch))
                 print(json.dumps(rows[-1]))
@@ -286,7 +289,7 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "decode_index_scan_variants.json"), "w", encoding="utf-8") as handle:
         json.dump(record, handle, indent=1)
-    for form in FORMS:
+    for form in forms:
         r = best[form]
         print(f"B8 L128K {form}: best {r['us']:.1f} us ({r['of_copy_bandwidth']:.2f} of copy) at "
               f"stages {r['num_stages']} warps {r['num_warps']} programs/SM {r['programs_per_sm']}")

@@ -269,9 +269,11 @@ def topk_widths(nbp: int) -> dict[str, int]:
 
 
 def topk_num_warps(nbp: int) -> int:
-    """Warps of the decode top-k over ``nbp`` blocks: at most 32 scores per thread (no register
-    spills), as few warps as that allows (the serial reductions then need fewer block barriers)."""
-    return max(1, min(16, nbp // 1024))
+    """Warps of the decode top-k over ``nbp`` blocks: 4 up to 1,024 blocks, then 8 scores per
+    thread. The bitonic top-k's 64-bit keys spill past about 8 per thread (1,024 blocks on one warp:
+    12.6 us, on four 4.2 us), while its cross-warp stages cost little (H200,
+    ``benchmarks/results/decode_topk_bitonic_h200/``)."""
+    return max(4, min(16, nbp // 256))
 
 
 def decode_select(

@@ -93,12 +93,16 @@ def decode_index_scores_kernel(
     t = rows // NUM_HEADS
     row_ok = t < ntok
     d = tl.arange(0, D)
-    q_t = decode_query_columns(iq_ptr, tok0, ntok, s_iq_t, s_iq_h, 0, NUM_HEADS, ROWS, D)  # query rows on the MMA's N side
+    # query rows on the MMA's N side
     if QUERY_TERMS:
-        q_scale, q_inverse = e4m3_column_scales(q_t.to(tl.float32))
+        q0 = decode_query_columns(iq_ptr, tok0, ntok, s_iq_t, s_iq_h, 0, NUM_HEADS, ROWS, D // 2).to(tl.float32)
+        q1 = decode_query_columns(iq_ptr, tok0, ntok, s_iq_t, s_iq_h, D // 2, NUM_HEADS, ROWS, D // 2).to(tl.float32)
+        q_scale, q_inverse = e4m3_column_scales(q0, q1)
+        hi0, lo0 = split_e4m3(q0, q_inverse)
+        hi1, lo1 = split_e4m3(q1, q_inverse)
         half = tl.arange(0, D // 2)
-        hi0, lo0 = split_e4m3(decode_query_columns(iq_ptr, tok0, ntok, s_iq_t, s_iq_h, 0, NUM_HEADS, ROWS, D // 2).to(tl.float32), q_inverse)
-        hi1, lo1 = split_e4m3(decode_query_columns(iq_ptr, tok0, ntok, s_iq_t, s_iq_h, D // 2, NUM_HEADS, ROWS, D // 2).to(tl.float32), q_inverse)
+    else:
+        q_t = decode_query_columns(iq_ptr, tok0, ntok, s_iq_t, s_iq_h, 0, NUM_HEADS, ROWS, D)
     last_pos, row_pos = main_pass_limits(pos0, ntok, t, TREE)
     start, end = split_block_range(last_pos, split, SPLITS, BLOCK)
     keys = tl.arange(0, BLOCK)

@@ -57,9 +57,10 @@ def quantize_e4m3_row(x):
 
 
 @triton.jit
-def e4m3_column_scales(q):
-    """Per column of ``q`` (fp32 ``[D, ROWS]``): (scale, 1 / scale), the power of two of :func:`split_e4m3`."""
-    return _pow2_scale(tl.max(tl.abs(q), axis=0))
+def e4m3_column_scales(q_first, q_second):
+    """Per column of a query held as two pieces of its dimensions (fp32 ``[d, ROWS]`` each, as the
+    decode scan's MMAs take them): (scale, 1 / scale), the power of two of :func:`split_e4m3`."""
+    return _pow2_scale(tl.maximum(tl.max(tl.abs(q_first), axis=0), tl.max(tl.abs(q_second), axis=0)))
 
 
 @triton.jit

@@ -74,22 +74,29 @@ def keep_top(top_val, top_id, ranked, ids, KP: tl.constexpr):
 
 
 @triton.jit
-def topk_ids(ranked, blk, TOPK: tl.constexpr, KP: tl.constexpr):
-    """Ids of the ``TOPK`` largest entries of ``ranked`` (1-D), -1 where fewer are finite-or-forced.
+def order_bits(x):
+    """fp32 ``x`` as int32 keys that order as the floats do (``-0.0`` taken as ``+0.0``)."""
+    bits = (x + 0.0).to(tl.int32, bitcast=True)
+    return tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
 
-    One fused max+argmax reduction per pick (ties go to the lower block id). The picks loop at
-    run time: unrolled sixteen times at each of the decode top-k's three widths (32 scores per
-    thread at 1,024 blocks), the top-k inside a whole step's graph, behind the attention kernel,
-    took 19.4 us at B8 L128K against 9.6 us with only the index scan around it (H200; by every
-    sign its code no longer stayed in the instruction cache; ``benchmarks/results/decode_topk_icache_h200/``).
+
+@triton.jit
+def topk_ids(ranked, blk, TOPK: tl.constexpr, KP: tl.constexpr, WIDTH: tl.constexpr):
+    """Ids of the ``TOPK`` largest entries of ``ranked`` (1-D, ``WIDTH`` long), best first, -1 where
+    fewer are finite-or-forced; equal keys rank the lower block first.
+
+    One bitonic top-k (``tl.topk``) over 64-bit keys, the score's order bits above the reversed
+    block id: its compare-exchange stages work on every lane's keys at once, where the serial form
+    it replaced (one fused max+argmax reduction per pick) was a chain of ``TOPK`` dependent warp
+    reductions. Alone on an H200 with 4 warps: 4.2 against 8.5 us over 1,024 blocks, 2.7 against
+    4.7 over 256 (``benchmarks/results/decode_topk_bitonic_h200/``).
     """
+    key = (order_bits(ranked).to(tl.int64) << 32) | (WIDTH - 1 - blk).to(tl.int64)
+    top = tl.topk(key, KP)
+    ids = WIDTH - 1 - (top & 0xFFFFFFFF).to(tl.int32)
+    floor = order_bits(tl.full([KP], float("-inf"), tl.float32))
     slot = tl.arange(0, KP)
-    chosen = tl.full([KP], -1, tl.int32)
-    for i in range(TOPK):
-        best, where_best = tl.max(ranked, 0, return_indices=True)
-        chosen = tl.where(slot == i, tl.where(best > float("-inf"), where_best, -1), chosen)
-        ranked = tl.where(blk == where_best, float("-inf"), ranked)
-    return chosen
+    return tl.where(((top >> 32).to(tl.int32) > floor) & (slot < TOPK), ids, -1)
 
 
 @triton.jit
@@ -113,7 +120,7 @@ def choose_blocks(
     blk = tl.arange(0, WIDTH)
     scores = tl.load(score_ptr + score_row + blk, mask=(blk <= own) & live, other=float("-inf"))
     ranked = forced_or_visible_scores(scores, blk, own, LOCAL, INIT)
-    chosen = sort_ids(topk_ids(ranked, blk, TOPK, KP))
+    chosen = sort_ids(topk_ids(ranked, blk, TOPK, KP, WIDTH))
     slot = tl.arange(0, KP)
     tl.store(sel_ptr + sel_row + slot, chosen, mask=(slot < TOPK) & live)
 
@@ -131,15 +138,14 @@ def decode_topk_kernel(
 ):
     """Per (request, index head, query token): forced blocks + top-k of that token's scores.
 
-    Each token selects on its own (speculative verification never shares a selection). Launched
-    with few warps: the TOPK serial reductions are then warp shuffles without block barriers.
+    Each token selects on its own (speculative verification never shares a selection).
     A chain's token ``t`` sits at ``pos0 + t``; a draft tree's (``TREE``) at ``pos0 + depth``,
     its depth read from ``depth_ptr`` (last, with ``TREE``: chain launches leave both out).
 
     ``NBP`` covers the longest context the plan allows (a CUDA graph's: the model's whole
     context), but each token ranks only the ``SHORT``, ``MEDIUM`` or ``NBP`` first blocks, the
-    narrowest width that holds its visible ones: the TOPK serial reductions cost in proportion to
-    the width, and a graphed 2K-token decode would otherwise rank 2,048 blocks to pick among 16.
+    narrowest width that holds its visible ones: the bitonic stages cost in proportion to the
+    width, and a graphed 2K-token decode would otherwise rank 2,048 blocks to pick among 16.
 
     ``AFTER_PRIOR`` (launched by programmatic dependent launch after the scan): read the plan's
     tiles, wait for the prior grid (``gdc_wait``), then let the attention launched the same way

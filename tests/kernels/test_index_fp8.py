@@ -152,17 +152,20 @@ def test_decode_with_fp8_keys_matches_reference(interpreted_api):
 def test_a_bf16_query_splits_into_two_fp8_terms_exactly(interpreted_api, exponent, seed):
     """``split_e4m3``: ``(hi + lo / 16) * scale`` gives back every bf16 value the scan's fp8 MMAs
     need, per column of its own magnitude, down to 2**-14 of the column's largest |value|; the
-    scale comes from the whole column while the split runs on a half of it, as in the scan."""
+    scale comes from both halves of the column and each half splits on its own, as in the scan."""
 
     @triton.jit
     def split_kernel(q_ptr, hi_ptr, lo_ptr, scale_ptr, D: tl.constexpr, ROWS: tl.constexpr):
-        offs = tl.arange(0, D)[:, None] * ROWS + tl.arange(0, ROWS)[None, :]
-        scale, inverse = triton_index_quant.e4m3_column_scales(tl.load(q_ptr + offs).to(tl.float32))
         half = tl.arange(0, D // 2)[:, None] * ROWS + tl.arange(0, ROWS)[None, :]
-        for h in tl.static_range(2):
-            hi, lo = triton_index_quant.split_e4m3(tl.load(q_ptr + h * (D // 2) * ROWS + half).to(tl.float32), inverse)
-            tl.store(hi_ptr + h * (D // 2) * ROWS + half, hi)
-            tl.store(lo_ptr + h * (D // 2) * ROWS + half, lo)
+        q0 = tl.load(q_ptr + half).to(tl.float32)
+        q1 = tl.load(q_ptr + (D // 2) * ROWS + half).to(tl.float32)
+        scale, inverse = triton_index_quant.e4m3_column_scales(q0, q1)
+        hi, lo = triton_index_quant.split_e4m3(q0, inverse)
+        tl.store(hi_ptr + half, hi)
+        tl.store(lo_ptr + half, lo)
+        hi, lo = triton_index_quant.split_e4m3(q1, inverse)
+        tl.store(hi_ptr + (D // 2) * ROWS + half, hi)
+        tl.store(lo_ptr + (D // 2) * ROWS + half, lo)
         tl.store(scale_ptr + tl.arange(0, ROWS), scale)
 
     gen = torch.Generator().manual_seed(seed)
