@@ -21,7 +21,7 @@ from msa_kernels.triton_index import (
     tree_window_scores_kernel,
 )
 from msa_kernels.triton_prefill_attention import prefill_attention_kernel
-from msa_kernels.triton_select import decode_topk_kernel
+from msa_kernels.triton_select import BITONIC_MAX_WIDTH, decode_topk_kernel
 
 _LOG2E = 1.4426950408889634
 
@@ -269,11 +269,11 @@ def topk_widths(nbp: int) -> dict[str, int]:
 
 
 def topk_num_warps(nbp: int) -> int:
-    """Warps of the decode top-k over ``nbp`` blocks: 4 up to 1,024 blocks, then 8 scores per
-    thread. The bitonic top-k's 64-bit keys spill past about 8 per thread (1,024 blocks on one warp:
-    12.6 us, on four 4.2 us), while its cross-warp stages cost little (H200,
-    ``benchmarks/results/decode_topk_bitonic_h200/``)."""
-    return max(4, min(16, nbp // 256))
+    """Warps of the decode top-k over ``nbp`` blocks. Up to ``BITONIC_MAX_WIDTH`` every width is
+    ranked bitonically: 4 warps (its 64-bit keys spill past about 8 per thread: 1,024 blocks took
+    12.6 us on one warp, 4.2 us on four). Past it the widest rows take the serial picks, which
+    want few warps (fewer block barriers per pick): at most 32 scores per thread, as before."""
+    return 4 if nbp <= BITONIC_MAX_WIDTH else min(16, nbp // 1024)
 
 
 def decode_select(

@@ -9,6 +9,8 @@ import triton
 import triton.language as tl
 
 _BIG = tl.constexpr(1 << 30)
+#: Widest score row the decode top-k ranks by :func:`topk_ids_bitonic` (see there and ``api.topk_num_warps``).
+BITONIC_MAX_WIDTH = tl.constexpr(1024)
 
 #: The tile tensors' parameters of the kernels that take a plan's tiles. An extend batch's kernels
 #: compile once per process (``prepare_prefill``), not once per batch shape: Triton specializes a
@@ -81,15 +83,16 @@ def order_bits(x):
 
 
 @triton.jit
-def topk_ids(ranked, blk, TOPK: tl.constexpr, KP: tl.constexpr, WIDTH: tl.constexpr):
+def topk_ids_bitonic(ranked, blk, TOPK: tl.constexpr, KP: tl.constexpr, WIDTH: tl.constexpr):
     """Ids of the ``TOPK`` largest entries of ``ranked`` (1-D, ``WIDTH`` long), best first, -1 where
     fewer are finite-or-forced; equal keys rank the lower block first.
 
     One bitonic top-k (``tl.topk``) over 64-bit keys, the score's order bits above the reversed
-    block id: its compare-exchange stages work on every lane's keys at once, where the serial form
-    it replaced (one fused max+argmax reduction per pick) was a chain of ``TOPK`` dependent warp
-    reductions. Alone on an H200 with 4 warps: 4.2 against 8.5 us over 1,024 blocks, 2.7 against
-    4.7 over 256 (``benchmarks/results/decode_topk_bitonic_h200/``).
+    block id. Its compare-exchange stages work on every lane's keys at once, so it is short where
+    :func:`topk_ids_serial` is a chain of ``TOPK`` dependent warp reductions; but it does more work
+    in all (each stage exchanges every key). Alone on an H200: 1,024 blocks in 4.2 us on 4 warps
+    against 8.5 us serial; 2,048 blocks 9.6 us on 8 warps against 8.6 serial, and at 64 requests x 4
+    heads 20.9 against 13.4 (``benchmarks/results/decode_topk_bitonic_h200/``).
     """
     key = (order_bits(ranked).to(tl.int64) << 32) | (WIDTH - 1 - blk).to(tl.int64)
     top = tl.topk(key, KP)
@@ -97,6 +100,34 @@ def topk_ids(ranked, blk, TOPK: tl.constexpr, KP: tl.constexpr, WIDTH: tl.conste
     floor = order_bits(tl.full([KP], float("-inf"), tl.float32))
     slot = tl.arange(0, KP)
     return tl.where(((top >> 32).to(tl.int32) > floor) & (slot < TOPK), ids, -1)
+
+
+@triton.jit
+def topk_ids_serial(ranked, blk, TOPK: tl.constexpr, KP: tl.constexpr):
+    """:func:`topk_ids_bitonic`'s result by one fused max+argmax reduction per pick.
+
+    The picks loop at run time: unrolled sixteen times at each of the decode top-k's three widths,
+    the top-k inside a whole step's graph, behind the attention kernel, took 19.4 us at B8 L128K
+    against 9.6 us with only the index scan around it (H200; by every sign its code no longer stayed
+    in the instruction cache; ``benchmarks/results/decode_topk_icache_h200/``).
+    """
+    slot = tl.arange(0, KP)
+    chosen = tl.full([KP], -1, tl.int32)
+    for i in range(TOPK):
+        best, where_best = tl.max(ranked, 0, return_indices=True)
+        chosen = tl.where(slot == i, tl.where(best > float("-inf"), where_best, -1), chosen)
+        ranked = tl.where(blk == where_best, float("-inf"), ranked)
+    return chosen
+
+
+@triton.jit
+def topk_ids(ranked, blk, TOPK: tl.constexpr, KP: tl.constexpr, WIDTH: tl.constexpr):
+    """Ids of the ``TOPK`` largest entries of ``ranked``: bitonic up to ``BITONIC_MAX_WIDTH``
+    blocks (short latency), serial picks past it (less work, where the keys no longer fit)."""
+    if WIDTH <= BITONIC_MAX_WIDTH:
+        return topk_ids_bitonic(ranked, blk, TOPK, KP, WIDTH)
+    else:
+        return topk_ids_serial(ranked, blk, TOPK, KP)
 
 
 @triton.jit
@@ -144,8 +175,8 @@ def decode_topk_kernel(
 
     ``NBP`` covers the longest context the plan allows (a CUDA graph's: the model's whole
     context), but each token ranks only the ``SHORT``, ``MEDIUM`` or ``NBP`` first blocks, the
-    narrowest width that holds its visible ones: the bitonic stages cost in proportion to the
-    width, and a graphed 2K-token decode would otherwise rank 2,048 blocks to pick among 16.
+    narrowest width that holds its visible ones: the top-k's work grows with the width, and a
+    graphed 2K-token decode would otherwise rank 2,048 blocks to pick among 16.
 
     ``AFTER_PRIOR`` (launched by programmatic dependent launch after the scan): read the plan's
     tiles, wait for the prior grid (``gdc_wait``), then let the attention launched the same way
