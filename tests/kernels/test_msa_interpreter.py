@@ -160,6 +160,42 @@ def test_decode_topk_widths_pick_what_the_full_width_picks(interpreted_api):
     assert torch.equal(selected.long(), expected)
 
 
+@pytest.mark.parametrize("nbp", [256, 2048])
+def test_decode_topk_both_forms_rank_ties_to_the_lower_block(interpreted_api, nbp):
+    """Rows of up to ``BITONIC_MAX_WIDTH`` blocks are ranked by the bitonic top-k, wider ones by
+    the serial picks (2,048 blocks: widths 128, 512 bitonic, 2,048 serial). Scores drawn from five
+    values (so most blocks tie), -0.0 among them: both forms choose the forced blocks, then the
+    largest scores, equal ones by the lower block id, as a stable sort does."""
+    from msa_kernels.triton_select import BITONIC_MAX_WIDTH, decode_topk_kernel
+
+    params = MSAParams(block_size=BLOCK, topk=6, local_blocks=2, init_blocks=1)
+    heads = 2
+    widths = interpreted_api.topk_widths(nbp)
+    assert min(widths.values()) <= BITONIC_MAX_WIDTH and (nbp <= BITONIC_MAX_WIDTH) == (nbp == 256)
+    own_blocks = [0, 3, widths["SHORT"] - 1, widths["SHORT"], widths["MEDIUM"] - 1, widths["MEDIUM"] + 5, nbp - 1]
+    positions = torch.tensor([b * BLOCK + (b % BLOCK) for b in own_blocks])
+    batch = positions.numel()
+    gen = torch.Generator().manual_seed(nbp)
+    values = torch.tensor([-1.5, -0.0, 0.0, 0.25, 2.0])
+    scores = values[torch.randint(0, 5, (batch, 16, nbp), generator=gen)]
+    ones = torch.ones(batch, dtype=torch.int32)
+    selected = torch.full((batch, heads, params.topk), -7, dtype=torch.int32)
+    decode_topk_kernel[(batch, heads, 1)](
+        scores, selected, torch.arange(batch, dtype=torch.int32), positions.int(), ones,
+        scores.stride(0), scores.stride(1), selected.stride(0), selected.stride(1),
+        NUM_HEADS=heads, BLOCK=BLOCK, NBP=nbp, TOPK=params.topk, KP=8,
+        LOCAL=params.local_blocks, INIT=params.init_blocks, **widths,
+    )
+    for b, own in enumerate(own_blocks):
+        for h in range(heads):
+            visible = list(range(own + 1))
+            forced = [j for j in visible if j > own - params.local_blocks or j < params.init_blocks]
+            rank = {j: (0 if j in forced else 1, -float(scores[b, h, j]), j) for j in visible}
+            chosen = sorted(sorted(visible, key=rank.get)[: params.topk])
+            expected = chosen + [-1] * (params.topk - len(chosen))
+            assert selected[b, h].tolist() == expected, (own, h)
+
+
 def test_decode_in_a_whole_context_plan_matches_reference(interpreted_api):
     """Decode through a page table as wide as a graph's (256 blocks), with requests whose own
     blocks fall in each of the top-k's widths."""
