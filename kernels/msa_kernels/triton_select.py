@@ -123,8 +123,9 @@ def topk_ids_serial(ranked, blk, TOPK: tl.constexpr, KP: tl.constexpr):
 @triton.jit
 def topk_ids(ranked, blk, TOPK: tl.constexpr, KP: tl.constexpr, WIDTH: tl.constexpr):
     """Ids of the ``TOPK`` largest entries of ``ranked``: bitonic up to ``BITONIC_MAX_WIDTH``
-    blocks (short latency), serial picks past it (less work, where the keys no longer fit)."""
-    if WIDTH <= BITONIC_MAX_WIDTH:
+    blocks (short latency), serial picks past it (less work, where the keys no longer fit) and
+    below ``KP`` (``tl.topk`` takes at most the row's length)."""
+    if KP <= WIDTH and WIDTH <= BITONIC_MAX_WIDTH:
         return topk_ids_bitonic(ranked, blk, TOPK, KP, WIDTH)
     else:
         return topk_ids_serial(ranked, blk, TOPK, KP)

@@ -7,6 +7,7 @@ down (block 16, top-4) so that several blocks compete for the top-k at ~100-toke
 
 import pytest
 import torch
+import triton
 
 from msa_kernels.paged_batch import compare_with_reference, make_paged_batch
 from msa_kernels.plan import page_table_from_req_to_token, plan_decode, plan_prefill
@@ -160,19 +161,20 @@ def test_decode_topk_widths_pick_what_the_full_width_picks(interpreted_api):
     assert torch.equal(selected.long(), expected)
 
 
-@pytest.mark.parametrize("nbp", [256, 2048])
-def test_decode_topk_both_forms_rank_ties_to_the_lower_block(interpreted_api, nbp):
+@pytest.mark.parametrize("nbp, topk", [(256, 6), (2048, 6), (16, 20)])
+def test_decode_topk_both_forms_rank_ties_to_the_lower_block(interpreted_api, nbp, topk):
     """Rows of up to ``BITONIC_MAX_WIDTH`` blocks are ranked by the bitonic top-k, wider ones by
-    the serial picks (2,048 blocks: widths 128, 512 bitonic, 2,048 serial). Scores drawn from five
-    values (so most blocks tie), -0.0 among them: both forms choose the forced blocks, then the
-    largest scores, equal ones by the lower block id, as a stable sort does."""
-    from msa_kernels.triton_select import BITONIC_MAX_WIDTH, decode_topk_kernel
+    the serial picks (2,048 blocks: widths 128, 512 bitonic, 2,048 serial), and so are rows
+    narrower than the top-k's power-of-two slots (16 blocks, top-20). Scores drawn from five values
+    (so most blocks tie), -0.0 among them: both forms choose the forced blocks, then the largest
+    scores, equal ones by the lower block id, as a stable sort does."""
+    from msa_kernels.triton_select import decode_topk_kernel
 
-    params = MSAParams(block_size=BLOCK, topk=6, local_blocks=2, init_blocks=1)
+    params = MSAParams(block_size=BLOCK, topk=topk, local_blocks=2, init_blocks=1)
     heads = 2
     widths = interpreted_api.topk_widths(nbp)
-    assert min(widths.values()) <= BITONIC_MAX_WIDTH and (nbp <= BITONIC_MAX_WIDTH) == (nbp == 256)
-    own_blocks = [0, 3, widths["SHORT"] - 1, widths["SHORT"], widths["MEDIUM"] - 1, widths["MEDIUM"] + 5, nbp - 1]
+    edges = {0, 3, widths["SHORT"] - 1, widths["SHORT"], widths["MEDIUM"] - 1, widths["MEDIUM"] + 5, nbp - 1}
+    own_blocks = sorted(b for b in edges if b < nbp)
     positions = torch.tensor([b * BLOCK + (b % BLOCK) for b in own_blocks])
     batch = positions.numel()
     gen = torch.Generator().manual_seed(nbp)
@@ -183,7 +185,7 @@ def test_decode_topk_both_forms_rank_ties_to_the_lower_block(interpreted_api, nb
     decode_topk_kernel[(batch, heads, 1)](
         scores, selected, torch.arange(batch, dtype=torch.int32), positions.int(), ones,
         scores.stride(0), scores.stride(1), selected.stride(0), selected.stride(1),
-        NUM_HEADS=heads, BLOCK=BLOCK, NBP=nbp, TOPK=params.topk, KP=8,
+        NUM_HEADS=heads, BLOCK=BLOCK, NBP=nbp, TOPK=params.topk, KP=triton.next_power_of_2(params.topk),
         LOCAL=params.local_blocks, INIT=params.init_blocks, **widths,
     )
     for b, own in enumerate(own_blocks):
