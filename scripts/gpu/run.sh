@@ -78,12 +78,17 @@ if [[ "${1:-}" == caches ]]; then
     exit 0
 fi
 
-if [[ ! -f "$SITE/.unpacked" ]]; then
-    [[ -f "$ARCHIVE" ]] || { echo "no site archive at $ARCHIVE: run scripts/gpu/build_site.sh and carry it" >&2; exit 2; }
-    rm -rf "$SITE" && mkdir -p "$SITE"
-    tar xJf "$ARCHIVE" -C "$SITE"
-    touch "$SITE/.unpacked"
-fi
+# Lanes started side by side (one per GPU) share the unpacked site: the first unpacks it while the
+# others wait on the lock (two unpacking at once failed one lane's tar with "Cannot mkdir").
+(
+    flock 9
+    if [[ ! -f "$SITE/.unpacked" ]]; then
+        [[ -f "$ARCHIVE" ]] || { echo "no site archive at $ARCHIVE: run scripts/gpu/build_site.sh and carry it" >&2; exit 2; }
+        rm -rf "$SITE" && mkdir -p "$SITE"
+        tar xJf "$ARCHIVE" -C "$SITE"
+        touch "$SITE/.unpacked"
+    fi
+) 9>"$SITE.lock"
 
 # The project's model plugin as an installed distribution would expose it: its dist-info with the
 # entry points of pyproject.toml, the packages straight from the working tree (no copy, no build).
