@@ -92,7 +92,6 @@ def decode_index_scores_kernel(
     rows = tl.arange(0, ROWS)
     t = rows // NUM_HEADS
     row_ok = t < ntok
-    d = tl.arange(0, D)
     # query rows on the MMA's N side
     if QUERY_TERMS:
         q0 = decode_query_columns(iq_ptr, tok0, ntok, s_iq_t, s_iq_h, 0, NUM_HEADS, ROWS, D // 2).to(tl.float32)
@@ -103,6 +102,7 @@ def decode_index_scores_kernel(
         half = tl.arange(0, D // 2)
     else:
         q_t = decode_query_columns(iq_ptr, tok0, ntok, s_iq_t, s_iq_h, 0, NUM_HEADS, ROWS, D)
+        d = tl.arange(0, D)
     last_pos, row_pos = main_pass_limits(pos0, ntok, t, TREE)
     start, end = split_block_range(last_pos, split, SPLITS, BLOCK)
     keys = tl.arange(0, BLOCK)
