@@ -690,10 +690,13 @@ def main() -> None:
     parser.add_argument("--sglang-path", help="folder holding the stand-in 'sglang' package with SGLang's MSA kernels")
     parser.add_argument("--quick", action="store_true", help="a few headline shapes only")
     parser.add_argument("--decode-only", action="store_true", help="skip the prefill shapes")
+    parser.add_argument("--prefill-only", action="store_true", help="skip the decode shapes")
     parser.add_argument("--sweep", action="store_true", help="also time decode grid sizings at headline shapes")
     parser.add_argument("--breakdown", action="store_true", help="only the per-kernel ablation; writes msa_kernels_breakdown.json")
     parser.add_argument("--commit", default=os.environ.get("MSA_COMMIT", "unknown"), help="commit of the benchmarked code")
     args = parser.parse_args()
+    if args.decode_only and args.prefill_only:
+        parser.error("--decode-only and --prefill-only exclude each other")
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU")
     os.makedirs(args.out, exist_ok=True)
@@ -714,7 +717,7 @@ def main() -> None:
             print(f"WARNING: {name} failed the correctness check")
     pool = Pool(tokens=9 * 1024 * K)
     rows = []
-    for batch, L, q_len in QUICK_DECODE if args.quick else DECODE_SHAPES:
+    for batch, L, q_len in [] if args.prefill_only else QUICK_DECODE if args.quick else DECODE_SHAPES:
         try:
             pair = bench_decode(pool, sgl, batch, L, q_len)
         except torch.OutOfMemoryError as err:

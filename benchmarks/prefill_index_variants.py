@@ -16,7 +16,11 @@ shipped scan with switches):
   0 keeps no top-k at all (a row max only: wrong output, timed as the bound of the top-k's cost);
 - warps and pipeline stages.
 
-Every variant but ``KEEP=0`` must choose the shipped blocks (checked before timing).
+Every variant but ``KEEP=0`` must choose the shipped blocks (checked before timing). Outcome on an
+H200 (``results/prefill_index_variants_h200/``): the masks were the cost, the top-k offers hide
+behind the MMAs, and the chunked merge is slower. ``WHOLE=2`` with ``KEEP=1`` now ships
+(4K after 124K 1.56 -> 1.09 ms, 128K 20.0 -> 14.9 ms), so ``shipped`` times that form from then on
+and ``whole0_keep1_w8_s3`` the old one.
 Usage: PYTHONPATH=kernels python benchmarks/prefill_index_variants.py (writes $OUT/
 prefill_index_variants.json).
 """

@@ -9,7 +9,7 @@ import pytest
 import torch
 import triton
 
-from msa_kernels.paged_batch import compare_with_reference, make_paged_batch
+from msa_kernels.paged_batch import compare_with_reference, make_paged_batch, reference_request
 from msa_kernels.plan import page_table_from_req_to_token, plan_decode, plan_prefill
 from msa_kernels.reference import MSAParams
 
@@ -98,6 +98,35 @@ def test_split_index_matches_reference(interpreted_api, init_blocks, hq, hkv, se
     agreement = compare_with_reference(batch, params, out, selected, rel_tol=1e-4)
     assert agreement.ok, agreement.failures
     assert agreement.rows == sum(extend_lens) * hkv
+
+
+@pytest.mark.parametrize("index_splits, local_blocks", [(1, 0), (3, 0), (3, 1)])
+def test_prefill_index_scan_by_pointer_and_by_descriptor_choose_the_reference_blocks(interpreted_api, index_splits, local_blocks):
+    """The index scan reads the blocks that end before a tile's first token unmasked, by tensor
+    descriptor where the key rows allow it and by pointer where they do not (here: keys in a padded
+    cache); the tile's own blocks masked. Tiles of 8 tokens start at positions 110 and 126 (their
+    block ends one key past them), at 31 and 47 (their block ends with them), and inside a fresh
+    prefill. Without a local block a row's own block competes on its visible keys' scores, so a
+    mask dropped from it shows."""
+    params = MSAParams(block_size=BLOCK, topk=4, local_blocks=local_blocks, init_blocks=0)
+    seq_lens, extend_lens = [150, 70, 48], [40, 70, 17]  # prefixes 110, 0 and 31
+    batch = _batch(seq_lens, extend_lens, 4, 2, seed=23)
+    plan = plan_prefill(
+        params, _page_table(batch, max(seq_lens)), seq_lens, extend_lens,
+        num_index_heads=2, index_rows=16, index_splits=index_splits,
+    )
+    padded = torch.zeros(*batch.ik_cache.shape[:2], 2 * batch.ik_cache.shape[2])
+    padded[..., : batch.ik_cache.shape[2]] = batch.ik_cache
+    ik_strided = padded[..., : batch.ik_cache.shape[2]]
+    assert interpreted_api._descriptor_loads_fit(batch.ik_cache, batch.ik_cache)
+    assert not interpreted_api._descriptor_loads_fit(ik_strided, ik_strided)
+    by_descriptor = interpreted_api.prefill_select(plan, batch.iq, batch.ik_cache)
+    by_pointer = interpreted_api.prefill_select(plan, batch.iq, ik_strided)
+    assert torch.equal(by_pointer, by_descriptor)
+    reference_out = torch.cat([reference_request(batch, b, params)[0] for b in range(len(seq_lens))])
+    agreement = compare_with_reference(batch, params, reference_out, by_descriptor, rel_tol=0.0)
+    assert agreement.ok, agreement.failures
+    assert agreement.rows == sum(extend_lens) * 2
 
 
 @pytest.mark.parametrize("q_len, ragged", [(1, False), (3, True)])
