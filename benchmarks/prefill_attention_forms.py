@@ -1,0 +1,59 @@
+"""Query-major against KV-block-major prefill (GPU), whole extend step as a server runs it
+(``run_prefill``: indexer + attention), at the long extends where ``plan_prefill`` picks its
+default attention form. Random inputs, one request, no prefix.
+
+The two forms are timed in alternating rounds (query-major, block-major, query-major, ...), each
+round a CUDA-event median, so drift of the GPU over the run falls on both.
+Usage: PYTHONPATH=kernels python benchmarks/prefill_attention_forms.py (writes $OUT/
+prefill_attention_forms.json).
+"""
+
+import importlib.util
+import json
+import os
+import statistics
+import sys
+
+import torch
+
+from msa_kernels.api import run_prefill
+from msa_kernels.plan import page_table_from_req_to_token, plan_prefill
+
+spec = importlib.util.spec_from_file_location("bench", os.path.join(os.path.dirname(__file__), "msa_kernel_bench.py"))
+bench = importlib.util.module_from_spec(spec)
+sys.modules["bench"] = bench
+spec.loader.exec_module(bench)
+
+K = 1024
+NEW_TOKENS = [32 * K, 64 * K, 128 * K, 192 * K, 256 * K]
+ROUNDS = 3
+
+
+def main() -> None:
+    pool = bench.Pool(tokens=(max(NEW_TOKENS) // K + 4) * K)
+    rows = []
+    for n in NEW_TOKENS:
+        table = page_table_from_req_to_token(pool.req_to_token([n], n), torch.arange(1, device="cuda"), n, bench.BLOCK)
+        q = torch.randn(n, bench.HQ, bench.D, device="cuda", dtype=torch.bfloat16)
+        iq = torch.randn(n, bench.HKV, bench.DI, device="cuda", dtype=torch.bfloat16)
+        plans = {form: plan_prefill(bench.PARAMS, table, [n], [n], num_index_heads=bench.HKV, block_major=form == "block_major")
+                 for form in ("query_major", "block_major")}
+        outs = {form: run_prefill(plan, q, pool.k, pool.v, iq, pool.ik) for form, plan in plans.items()}
+        same_blocks = torch.equal(outs["query_major"][1], outs["block_major"][1])
+        max_abs_diff = (outs["query_major"][0].float() - outs["block_major"][0].float()).abs().max().item()
+        ms = {form: [] for form in plans}
+        for _ in range(ROUNDS):
+            for form, plan in plans.items():
+                ms[form].append(bench.bench_ms(lambda p=plan: run_prefill(p, q, pool.k, pool.v, iq, pool.ik), min_reps=3, budget_ms=300))
+        row = {"N": n, "ms": ms, "median_ms": {form: statistics.median(v) for form, v in ms.items()},
+               "same_blocks": same_blocks, "max_abs_diff": max_abs_diff}
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+        del q, iq, outs
+        torch.cuda.empty_cache()
+    with open(os.path.join(os.environ.get("OUT", "."), "prefill_attention_forms.json"), "w") as handle:
+        json.dump({"gpu": torch.cuda.get_device_name(), "commit": os.environ.get("M3_COMMIT", "unknown"), "rows": rows}, handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()
