@@ -314,10 +314,12 @@ def _tiles_for(
 
 
 # Below this many new tokens in a batch the query-major attention wins. Block-major pays a sort,
-# a partial output per (token, block) written and read back, and a merge; on an H100 (random
-# inputs, one request) it was 0.92x query-major's time at 128K, even at 32K, and slower below
-# (8K: 4.3 vs 3.6 ms; 4K after 124K: 2.8 vs 2.7 ms): benchmarks/KERNEL_NOTES.md.
-BLOCK_MAJOR_MIN_TOKENS = 65536
+# a partial output per (token, block) written and read back, and a merge. Since the query-major
+# kernel loads a token's older blocks by descriptor (v12), on an H200 (whole extend step, random
+# inputs, one request, alternating rounds) it was faster up to 128K new tokens (75.8 against
+# 79.5 ms) and block-major from 192K (131.8 against 135.0 ms; 256K 193 against 212 ms):
+# benchmarks/results/prefill_attention_forms_h200/. The switch sits between the two.
+BLOCK_MAJOR_MIN_TOKENS = 160 * 1024
 # Block-major passes of at most this many tokens: the partial outputs take
 # tokens x kv_heads x topk x group x head_dim elements (4 GiB in bf16 at M3 geometry and 16K).
 BLOCK_MAJOR_CHUNK_TOKENS = 16384
