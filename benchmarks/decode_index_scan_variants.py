@@ -17,6 +17,9 @@ time goes and what removes it:
 * ``fp8_dot_k64`` / ``fp8_dot_k32``: ``fp8_dot`` with the 128-long dot products cut into 2 or 4
   MMAs of their own whose results add in fp32: Hopper's fp8 MMA keeps only about 14 bits while it
   accumulates, so shorter sums each rounded once should err less (``fp8_dot_k64`` ships);
+* ``bf16_whole`` / ``fp8_dot_k64_whole`` (``_tma``): the two shipped forms with the blocks that end
+  at or before the query read without masks (all but the last), by pointer or (``_tma``) by tensor
+  descriptor, as the prefill scan has done since 0374202 (there it took 30% off);
 * ``bf16_pairs`` / ``fp8_dot_k64_pairs``: the two shipped forms stepping two blocks per loop
   iteration (256 keys on M, one cross-warp max for both), since at half the bytes per block the fp8
   scan's fixed cost per block (page load, MMAs, max, store) outweighs its bytes. Measured slower
@@ -42,6 +45,7 @@ import sys
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 sys.path.insert(0, os.path.dirname(__file__))
 import msa_kernel_bench as bench  # noqa: E402
@@ -49,8 +53,10 @@ from msa_kernels.plan import page_table_from_req_to_token, plan_decode  # noqa: 
 from msa_kernels.triton_index import decode_query_columns, split_block_range  # noqa: E402
 from msa_kernels.triton_select import load_tile  # noqa: E402
 
-FORMS = ("bf16", "fp8_widen", "fp8_noscale", "fp8_dot", "fp8_dot1", "fp8_dot_k64", "fp8_dot_k32", "bf16_pairs", "fp8_dot_k64_pairs")
-EXACT_FORMS = ("bf16", "fp8_widen", "fp8_dot", "fp8_dot_k64", "fp8_dot_k32", "bf16_pairs", "fp8_dot_k64_pairs")
+WHOLE_FORMS = ("bf16_whole", "bf16_whole_tma", "fp8_dot_k64_whole", "fp8_dot_k64_whole_tma")
+FORMS = ("bf16", "fp8_widen", "fp8_noscale", "fp8_dot", "fp8_dot1", "fp8_dot_k64", "fp8_dot_k32", "bf16_pairs", "fp8_dot_k64_pairs",
+         *WHOLE_FORMS)
+EXACT_FORMS = ("bf16", "fp8_widen", "fp8_dot", "fp8_dot_k64", "fp8_dot_k32", "bf16_pairs", "fp8_dot_k64_pairs", *WHOLE_FORMS)
 SHIPPED_LAUNCH = {"num_stages": 2, "num_warps": 4, "programs_per_sm": 32}
 SWEEP = {"num_stages": (2, 3), "num_warps": (4, 8), "programs_per_sm": (16, 32)}
 SHAPES = ((8, 131072), (8, 32768), (32, 32768), (1, 32768))  # (batch, context)
@@ -100,15 +106,39 @@ def _scan_pairs(ik_ptr, iks_ptr, page_ptr, score_ptr, b, start, end, last_pos, r
 
 
 @triton.jit
+def _whole_block_scores(ik_ptr, ik_desc, iks_ptr, page, keys, d, q_t, hi0, lo0, hi1, lo1, unscale, s_ik_slot,
+                        FORM: tl.constexpr, BLOCK: tl.constexpr, KC: tl.constexpr, DESC: tl.constexpr):
+    """Scores ``[BLOCK, ROWS]`` of a block whose every key the query sees: no masks (``FORM`` "bf16" or "fp8_dot_k64")."""
+    if FORM == "bf16":
+        if DESC:
+            k = ik_desc.load([page.to(tl.int32) * BLOCK, 0])
+        else:
+            k = tl.load(ik_ptr + (page * BLOCK + keys)[:, None] * s_ik_slot + d[None, :])
+        s = tl.dot(k, q_t)
+    else:
+        if DESC:
+            k0 = ik_desc.load([page.to(tl.int32) * BLOCK, 0])
+            k1 = ik_desc.load([page.to(tl.int32) * BLOCK, KC])
+        else:
+            k_ptrs = ik_ptr + (page * BLOCK + keys)[:, None] * s_ik_slot + tl.arange(0, KC)[None, :]
+            k0 = tl.load(k_ptrs)
+            k1 = tl.load(k_ptrs + KC)
+        s = tl.dot(k0, hi0) + tl.dot(k1, hi1) + (tl.dot(k0, lo0) + tl.dot(k1, lo1)) * 0.0625
+        s *= tl.load(iks_ptr + page * BLOCK + keys)[:, None] * unscale[None, :]
+    return s
+
+
+@triton.jit
 def scan_form_kernel(
-    iq_ptr, ik_ptr, iks_ptr, page_ptr, score_ptr,
+    iq_ptr, ik_ptr, ik_desc, iks_ptr, page_ptr, score_ptr,
     tile_tok0_ptr, tile_pos0_ptr, tile_ntok_ptr,
     s_iq_t, s_iq_h, s_ik_slot, s_pg_b, s_sc_b, s_sc_r,
     NUM_HEADS: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
-    SPLITS: tl.constexpr, FORM: tl.constexpr, KC: tl.constexpr, PAIRS: tl.constexpr,
+    SPLITS: tl.constexpr, FORM: tl.constexpr, KC: tl.constexpr, PAIRS: tl.constexpr, WHOLE: tl.constexpr,
 ):
     """The decode scan of ``triton_index.decode_index_scores_kernel`` (q_len 1, no tree) in one of ``FORMS``;
-    ``PAIRS``: two blocks per loop iteration (``FORM`` "bf16" or "fp8_dot_k64" only)."""
+    ``PAIRS``: two blocks per loop iteration; ``WHOLE`` 1 / 2: the blocks before the query's own
+    unmasked, by pointer / by descriptor (``FORM`` "bf16" or "fp8_dot_k64" only, for both)."""
     b = tl.program_id(0)
     split = tl.program_id(1)
     tok0, pos0, ntok = load_tile(tile_tok0_ptr, tile_pos0_ptr, tile_ntok_ptr, b)
@@ -145,7 +175,20 @@ def scan_form_kernel(
                     s_sc_b, s_sc_r, q_t, hi0, lo0, hi1, lo1, unscale, FORM, D, BLOCK, ROWS)
     else:
         keys = tl.arange(0, BLOCK)
-        for blk in range(start, end):
+        if WHOLE > 0:
+            whole_end = tl.minimum(tl.maximum((pos0 + 1) // BLOCK, start), end)
+            for blk in range(start, whole_end):
+                page = tl.load(page_ptr + b * s_pg_b + blk).to(tl.int64)
+                if FORM == "bf16":
+                    s = _whole_block_scores(ik_ptr, ik_desc, iks_ptr, page, keys, d, q_t, q_t, q_t, q_t, q_t, row_pos, s_ik_slot,
+                                            FORM, BLOCK, KC, WHOLE == 2)
+                else:
+                    s = _whole_block_scores(ik_ptr, ik_desc, iks_ptr, page, keys, d, q_t, hi0, lo0, hi1, lo1, unscale, s_ik_slot,
+                                            FORM, BLOCK, KC, WHOLE == 2)
+                tl.store(score_ptr + b * s_sc_b + rows * s_sc_r + blk, tl.max(s, axis=0), mask=row_ok)
+        else:
+            whole_end = start
+        for blk in range(whole_end, end):
             page = tl.load(page_ptr + b * s_pg_b + blk).to(tl.int64)
             kpos = blk * BLOCK + keys
             if FORM == "fp8_dot_k64" or FORM == "fp8_dot_k32":
@@ -192,9 +235,12 @@ class Shape:
 
     def launcher(self, form: str, num_stages: int, num_warps: int, programs_per_sm: int):
         fp8 = keys_fp8(form)
-        base = form.removesuffix("_pairs")
+        base = form.removesuffix("_pairs").removesuffix("_tma").removesuffix("_whole")
+        whole = 2 if form.endswith("_whole_tma") else 1 if form.endswith("_whole") else 0
         ik = (self.pool.ik8 if fp8 else self.pool.ik).reshape(-1, bench.DI)
         iks = self.pool.iks if fp8 else ik
+        kc = {"fp8_dot_k64": 64, "fp8_dot_k32": 32}.get(base, bench.DI)
+        ik_desc = TensorDescriptor.from_tensor(ik, [bench.BLOCK, kc]) if whole == 2 else ik
         plans = [plan_decode(bench.PARAMS, table, torch.full((self.batch,), self.context, device="cuda"), q_len=1,
                              num_kv_heads=bench.HKV, index_programs_per_sm=programs_per_sm) for table, _ in self.sets]
 
@@ -202,10 +248,10 @@ class Shape:
             plan, (_, iq), scores = plans[i], self.sets[i], self.scores[i]
             tiles = plan.tiles
             scan_form_kernel[(self.batch, plan.index_splits)](
-                iq, ik, iks, plan.page_table, scores, tiles.tok0, tiles.pos0, tiles.ntok,
+                iq, ik, ik_desc, iks, plan.page_table, scores, tiles.tok0, tiles.pos0, tiles.ntok,
                 iq.stride(0), iq.stride(1), ik.stride(0), plan.page_table.stride(0), scores.stride(0), scores.stride(1),
                 NUM_HEADS=bench.HKV, ROWS=16, D=bench.DI, BLOCK=bench.BLOCK, SPLITS=plan.index_splits, FORM=base,
-                KC={"fp8_dot_k64": 64, "fp8_dot_k32": 32}.get(base, bench.DI), PAIRS=base != form,
+                KC=kc, PAIRS=form.endswith("_pairs"), WHOLE=whole,
                 num_warps=num_warps, num_stages=num_stages,
             )
         return run
