@@ -19,7 +19,11 @@ time goes and what removes it:
   accumulates, so shorter sums each rounded once should err less (``fp8_dot_k64`` ships);
 * ``bf16_whole`` / ``fp8_dot_k64_whole`` (``_tma``): the two shipped forms with the blocks that end
   at or before the query read without masks (all but the last), by pointer or (``_tma``) by tensor
-  descriptor, as the prefill scan has done since 0374202 (there it took 30% off);
+  descriptor, as the prefill scan has done since 0374202 (there it took 30% off). No gain here
+  (H200, best launches, B8 L128K: bf16 77.2 / 77.5 against 76.1 us, fp8 57.0 / 55.6 against
+  55.6 us; B32 L32K and B1 L32K even or slower; ``results/decode_index_scan_fp8_mma_h200/
+  variants_whole_aaeaef9.json``): the decode scan's masks are 16 query columns per block, hidden
+  behind its loads, where the prefill scan's are 128 x 128 per block;
 * ``bf16_pairs`` / ``fp8_dot_k64_pairs``: the two shipped forms stepping two blocks per loop
   iteration (256 keys on M, one cross-warp max for both), since at half the bytes per block the fp8
   scan's fixed cost per block (page load, MMAs, max, store) outweighs its bytes. Measured slower
