@@ -8,7 +8,6 @@ Usage: PYTHONPATH=kernels python benchmarks/prefill_attention_forms.py (writes $
 prefill_attention_forms.json).
 """
 
-import importlib.util
 import json
 import os
 import statistics
@@ -16,13 +15,10 @@ import sys
 
 import torch
 
-from msa_kernels.api import run_prefill
-from msa_kernels.plan import page_table_from_req_to_token, plan_prefill
-
-spec = importlib.util.spec_from_file_location("bench", os.path.join(os.path.dirname(__file__), "msa_kernel_bench.py"))
-bench = importlib.util.module_from_spec(spec)
-sys.modules["bench"] = bench
-spec.loader.exec_module(bench)
+sys.path.insert(0, os.path.dirname(__file__))
+import msa_kernel_bench as bench  # noqa: E402
+from msa_kernels.api import run_prefill  # noqa: E402
+from msa_kernels.plan import page_table_from_req_to_token, plan_prefill  # noqa: E402
 
 K = 1024
 NEW_TOKENS = [32 * K, 64 * K, 128 * K, 192 * K, 256 * K]

@@ -25,7 +25,6 @@ Usage: PYTHONPATH=kernels python benchmarks/prefill_index_variants.py (writes $O
 prefill_index_variants.json).
 """
 
-import importlib.util
 import json
 import os
 import sys
@@ -35,15 +34,12 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from msa_kernels import api
-from msa_kernels.plan import page_table_from_req_to_token, plan_prefill
-from msa_kernels.triton_index import _store_selection, prefill_index_merge_kernel
-from msa_kernels.triton_select import empty_top, forced_or_visible_scores, keep_top, load_tile, order_bits
-
-spec = importlib.util.spec_from_file_location("bench", os.path.join(os.path.dirname(__file__), "msa_kernel_bench.py"))
-bench = importlib.util.module_from_spec(spec)
-sys.modules["bench"] = bench
-spec.loader.exec_module(bench)
+sys.path.insert(0, os.path.dirname(__file__))
+import msa_kernel_bench as bench  # noqa: E402
+from msa_kernels import api  # noqa: E402
+from msa_kernels.plan import page_table_from_req_to_token, plan_prefill  # noqa: E402
+from msa_kernels.triton_index import _store_selection, _tile_rows, prefill_index_merge_kernel, split_share  # noqa: E402
+from msa_kernels.triton_select import empty_top, forced_or_visible_scores, keep_top, order_bits  # noqa: E402
 
 SHAPES = [(4 * 1024, 124 * 1024), (8 * 1024, 0), (32 * 1024, 0), (128 * 1024, 0)]  # (new tokens, prefix)
 
@@ -102,20 +98,8 @@ def index_scan_variant_kernel(
 ):
     tile = tl.program_id(0)
     req = tl.load(tile_req_ptr + tile)
-    tok0, pos0, ntok = load_tile(tile_tok0_ptr, tile_pos0_ptr, tile_ntok_ptr, tile)
-    rows = tl.arange(0, ROWS)
-    t, h = rows // NUM_HEADS, rows % NUM_HEADS
-    row_ok = t < ntok
-    row_pos = pos0 + t
-    last_pos = pos0 + ntok - 1
-    nblk = last_pos // BLOCK + 1
-    if SPLIT:
-        per_split = tl.cdiv(nblk, tl.num_programs(1))
-        start = tl.program_id(1) * per_split
-        end = tl.minimum(start + per_split, nblk)
-    else:
-        start = 0
-        end = nblk
+    tok0, pos0, t, h, row_ok, row_pos, last_pos = _tile_rows(tile_tok0_ptr, tile_pos0_ptr, tile_ntok_ptr, tile, NUM_HEADS, ROWS)
+    start, end = split_share(last_pos // BLOCK + 1, SPLIT)
     if WHOLE > 0:
         mid = tl.minimum(tl.maximum((pos0 + 1) // BLOCK, start), end)
     else:
@@ -151,7 +135,7 @@ def index_scan_variant_kernel(
         value = tl.where(value_bits < 0, value_bits ^ 0x7FFFFFFF, value_bits).to(tl.float32, bitcast=True)
         top_val = tl.where(taken, value, float("-inf"))
     if SPLIT:
-        at = tile * s_cand_tile + tl.program_id(1) * s_cand_split + rows[:, None] * KP + slot[None, :]
+        at = tile * s_cand_tile + tl.program_id(1) * s_cand_split + tl.arange(0, ROWS)[:, None] * KP + slot[None, :]
         tl.store(cand_val_ptr + at, top_val)
         tl.store(cand_id_ptr + at, top_id)
     else:

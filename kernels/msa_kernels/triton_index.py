@@ -184,6 +184,17 @@ def _tile_rows(tile_tok0_ptr, tile_pos0_ptr, tile_ntok_ptr, tile, NUM_HEADS: tl.
 
 
 @triton.jit
+def split_share(nblk, SPLIT: tl.constexpr):
+    """``(start, end)``: the blocks of ``0 .. nblk - 1`` a prefill scan program takes: with ``SPLIT``
+    the contiguous share of its grid column (``program_id(1)`` of ``num_programs(1)``), else all."""
+    if SPLIT:
+        per_split = tl.cdiv(nblk, tl.num_programs(1))
+        start = tl.program_id(1) * per_split
+        return start, tl.minimum(start + per_split, nblk)
+    return 0, nblk
+
+
+@triton.jit
 def _scan_blocks(
     iq_ptr, ik_ptr, ik_desc, iks_ptr, page_row_ptr, tok0, pos0, t, h, row_ok, row_pos, last_pos, start, end,
     s_iq_t, s_iq_h, s_ik_slot,
@@ -265,14 +276,7 @@ def prefill_index_topk_kernel(
     tile = tl.program_id(0)
     req = tl.load(tile_req_ptr + tile)
     tok0, pos0, t, h, row_ok, row_pos, last_pos = _tile_rows(tile_tok0_ptr, tile_pos0_ptr, tile_ntok_ptr, tile, NUM_HEADS, ROWS)
-    nblk = last_pos // BLOCK + 1
-    if SPLIT:
-        per_split = tl.cdiv(nblk, tl.num_programs(1))
-        start = tl.program_id(1) * per_split
-        end = tl.minimum(start + per_split, nblk)
-    else:
-        start = 0
-        end = nblk
+    start, end = split_share(last_pos // BLOCK + 1, SPLIT)
     top_val, top_id = _scan_blocks(
         iq_ptr, ik_ptr, ik_desc, iks_ptr, page_ptr + req * s_pg_b, tok0, pos0, t, h, row_ok, row_pos, last_pos, start, end,
         s_iq_t, s_iq_h, s_ik_slot, ROWS, D, BLOCK, TOPK, KP, LOCAL, INIT, KEY_FP8, DESC,
