@@ -485,7 +485,7 @@ def prefill_select(
     cand_shape = (itiles.count, plan.index_splits, index_rows, kp) if split else (1, 1, 1, 1)
     cand_val = torch.empty(cand_shape, dtype=torch.float32, device=iq.device)
     cand_id = torch.empty(cand_shape, dtype=torch.int32, device=iq.device)
-    desc = _descriptor_loads_fit(ik2[:, None], ik2[:, None])
+    desc = _descriptor_loads_fit(ik2[:, None])
     ik_desc = TensorDescriptor.from_tensor(ik2, [p.block_size, di]) if desc else ik2
     warps, stages = _index_scan_launch(split, index_rows)
     prefill_index_topk_kernel[(itiles.count, plan.index_splits)](
@@ -592,16 +592,15 @@ def prefill_attention(
     return out
 
 
-def _descriptor_loads_fit(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
-    """Whether tensor descriptors can address these caches' blocks: rows of ``kv_heads * dim``
-    contiguous elements from a 16-byte aligned base, on a GPU with TMA (Hopper on) or under the
-    Triton interpreter (CPU), which emulates them. On a GPU only 16-bit caches, the ones measured
-    and tested there (fp8 caches are tested through it under the interpreter only)."""
-    if k_cache.is_cuda and (
-        not _hopper_or_later(k_cache.device) or k_cache.dtype not in _DESCRIPTOR_GPU_DTYPES or v_cache.dtype not in _DESCRIPTOR_GPU_DTYPES
-    ):
-        return False
-    for cache in (k_cache, v_cache):
+def _descriptor_loads_fit(*caches: torch.Tensor) -> bool:
+    """Whether tensor descriptors can address the blocks of these ``[slots, heads, dim]`` caches
+    (K and V, or the index keys): rows of ``heads * dim`` contiguous elements from a 16-byte
+    aligned base, on a GPU with TMA (Hopper on) or under the Triton interpreter (CPU), which
+    emulates them. On a GPU only 16-bit caches, the ones measured and tested there (fp8 caches are
+    tested through it under the interpreter only)."""
+    for cache in caches:
+        if cache.is_cuda and (not _hopper_or_later(cache.device) or cache.dtype not in _DESCRIPTOR_GPU_DTYPES):
+            return False
         heads, dim = cache.shape[1], cache.shape[2]
         if cache.stride() != (heads * dim, dim, 1) or cache.data_ptr() % 16:
             return False
