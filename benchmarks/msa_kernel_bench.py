@@ -482,6 +482,12 @@ def bench_prefill(pool: Pool, sgl: SGLang | None, n: int, prefix: int) -> dict:
     return row
 
 
+#: (index programs per SM, attention programs per SM) that ``--sweep`` times; the plan's defaults
+#: are (32, 2). The attention's count sets its splits per (token, kv head): at 2, a B8 step gives
+#: each program one or two of the 16 blocks, a B32 step five or six.
+DECODE_GRID_SWEEP = ((32, 1), (32, 2), (32, 3), (32, 4), (32, 6), (32, 8), (32, 16), (16, 2), (64, 2))
+
+
 def sweep_decode_grids(pool: Pool, shapes) -> list[dict]:
     """Decode step time for several grid sizings (results do not depend on them; speed does)."""
     out = []
@@ -491,7 +497,7 @@ def sweep_decode_grids(pool: Pool, shapes) -> list[dict]:
         seq = torch.full((batch,), L, device="cuda")
         q = torch.randn(batch * q_len, HQ, D, device="cuda", dtype=torch.bfloat16)
         iq = torch.randn(batch * q_len, HKV, DI, device="cuda", dtype=torch.bfloat16)
-        for ipsm, apsm in ((4, 2), (8, 2), (16, 2), (32, 2), (4, 1), (4, 4)):
+        for ipsm, apsm in DECODE_GRID_SWEEP:
             plan = plan_decode(PARAMS, table, seq, q_len=q_len, num_kv_heads=HKV, index_programs_per_sm=ipsm, attn_programs_per_sm=apsm)
             us = graph_replay_us(lambda i: run_decode(plan, q, pool.k, pool.v, iq, pool.ik), 1)
             out.append({"batch": batch, "L": L, "q_len": q_len, "index_programs_per_sm": ipsm, "attn_programs_per_sm": apsm, "ours_us": us})
@@ -730,7 +736,7 @@ def main() -> None:
     for n, prefix in [] if args.decode_only else QUICK_PREFILL if args.quick else PREFILL_SHAPES:
         rows.append(bench_prefill(pool, sgl, n, prefix))
         print(json.dumps(rows[-1]), flush=True)
-    sweep = sweep_decode_grids(pool, QUICK_DECODE[:4]) if args.sweep else []
+    sweep = sweep_decode_grids(pool, QUICK_DECODE) if args.sweep else []
     props = torch.cuda.get_device_properties(0)
     gpu = props.name
     try:
