@@ -53,8 +53,8 @@ _LOG2E = 1.4426950408889634
 
 def launch_grid(plan_splits: int) -> list[tuple[str, int, int, int]]:
     """(form, splits, stages, warps) that ``--launches`` times: the plan's splits and its neighbours."""
-    splits = sorted({max(1, plan_splits // 2), plan_splits, min(16, plan_splits * 2), 16})
-    return [(form, n, stages, 4) for form in ("replica", "tma") for n in splits for stages in (2, 3, 4)]
+    splits = sorted({2, max(1, plan_splits // 2), plan_splits, min(16, plan_splits * 2)})
+    return [(form, n, stages, 4) for form in ("replica", "tma", "pages") for n in splits for stages in (2, 3, 4)]
 
 
 @triton.jit
@@ -227,7 +227,7 @@ def measure(pool: bench.Pool, batch: int, context: int) -> dict:
 
 
 def measure_launches(pool: bench.Pool, batch: int, context: int) -> list[dict]:
-    """Kernel time of the replica and TMA forms over splits per (token, kv head), pipeline stages and warps."""
+    """Kernel time of the replica, TMA and pages forms over splits per (token, kv head) and pipeline stages."""
     plan, q, _, selected = decode_inputs(pool, batch, context, 1)[0]
     shipped_out = decode_attention(plan, q, pool.k, pool.v, selected)
     rows = []
@@ -245,7 +245,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="JSON file for the rows")
     parser.add_argument("--commit", default=os.environ.get("MSA_COMMIT", "unknown"), help="commit of the script's checkout")
-    parser.add_argument("--launches", action="store_true", help="time the replica over splits, stages and warps instead of the forms")
+    parser.add_argument("--launches", action="store_true", help="time three forms over splits and stages instead of every form at the plan's launch")
     args = parser.parse_args()
     torch.manual_seed(0)
     pool = bench.Pool(POOL_TOKENS)
