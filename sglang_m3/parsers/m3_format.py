@@ -15,9 +15,6 @@ ARRAY_ITEM_TAG = "item"
 THINK_OPEN = "<mm:think>"
 THINK_CLOSE = "</mm:think>"
 
-THINKING_MODES = ("enabled", "disabled", "adaptive")
-DEFAULT_THINKING_MODE = "adaptive"
-
 
 def partial_suffix_length(text: str, marker: str) -> int:
     """Length of the longest end of `text` that is a proper prefix of `marker`.
