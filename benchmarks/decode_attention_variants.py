@@ -13,6 +13,7 @@ dependent memory round trips, not by bytes. This script times the shipped kernel
   extend kernel ``prefill_attention_kernel`` loads them), the newest by pointer and masked;
 * ``pages``: the loop reads each chosen block's page id from a list written beforehand (as the
   top-k could write it) instead of the block id and then the page table: one load fewer per block;
+* ``pages_merge_unrolled``: both of the two above;
 * ``v_first``: a block's V load issued before its K load and score MMA;
 * ``replica``: none of these (the script's kernel as the shipped one runs), so its time against
   the shipped kernel's says how far the simplified copy is from it;
@@ -23,7 +24,13 @@ Each form is checked against the shipped kernel's output on the same inputs, the
 a graph replay of the launch (``msa_kernel_bench.graph_replay_us``) and the kernel's own duration
 after an L2 flush (``decode_graph_kernels.kernel_durations``).
 
-    PYTHONPATH=kernels python benchmarks/decode_attention_variants.py --out rows.json
+``--launches`` instead times three forms over splits per (token, KV head) and pipeline stages.
+
+Measured on an H200 (``results/decode_attention_variants_h200/``): only ``no_merge`` moved the
+kernel by more than 0.5 us (B1 L32K 6.8 against 11.6 us), and the plan's launch was within 1 us of
+the best everywhere.
+
+    PYTHONPATH=kernels python benchmarks/decode_attention_variants.py --out rows.json [--launches]
 """
 
 from __future__ import annotations
