@@ -219,13 +219,14 @@ def _group_sums(w, scales, x, A: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl
 @triton.jit
 def _stream(
     w_ptrs, s_ptrs, x_ptrs, K, w_mask, x_mask,
-    A: tl.constexpr, B: tl.constexpr, M: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, ASM: tl.constexpr,
+    A: tl.constexpr, M: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, ASM: tl.constexpr,
 ):
-    """``[M, BLOCK_N, GROUPS]`` (``M = max(A, B)``) fp32 group sums over all of K (:func:`_group_sums` per step)
+    """``[M, BLOCK_N, GROUPS]`` fp32 group sums over all of K (:func:`_group_sums` per step)
     from the pointers of the first step: ``w_ptrs`` int32 words ``[A, BLOCK_N, GROUPS, 8]``,
     ``s_ptrs`` scale words ``[A, BLOCK_N]`` (one per step and row, consecutive), ``x_ptrs``
-    activations ``[B, GROUPS, 32]``. ``w_mask`` (``[A, 1]`` or None) masks rows of the first two
-    (zeros), ``x_mask`` (``[B, 1, 1]`` or None) the third. The next step's loads are issued before
+    activations ``[M, GROUPS, 32]`` (``A`` is ``M``, or 1: one set of weight rows for every
+    activation row). ``w_mask`` (``[A, 1]`` or None) masks rows of the first two
+    (zeros), ``x_mask`` (``[M, 1, 1]`` or None) the third. The next step's loads are issued before
     this step's arithmetic (module docstring)."""
     STEP: tl.constexpr = 32 * GROUPS
     # (the loads are spelled out per mask case: each nested call costs the interpreter tests time)
@@ -300,7 +301,7 @@ def moe_gate_up_kernel(
         w_ptr + expert.to(tl.int64) * stride_we, s_ptr + expert.to(tl.int64) * stride_se, rows * stride_wn, rows * stride_sn, GROUPS,
     )
     x_ptrs = _x_pointers(x_ptr, tl.zeros([1], dtype=tl.int32) + pair // TOP_K, stride_xm, GROUPS)
-    sums = _stream(w_ptrs, s_ptrs, x_ptrs, K, None, None, 1, 1, 1, 2 * BLOCK_N, GROUPS, ASM)
+    sums = _stream(w_ptrs, s_ptrs, x_ptrs, K, None, None, 1, 1, 2 * BLOCK_N, GROUPS, ASM)
     sums = tl.sum(tl.reshape(sums, (2 * BLOCK_N, GROUPS)), axis=1)
     gate, up = tl.split(tl.permute(tl.reshape(sums, (2, BLOCK_N)), (1, 0)))
     out = expert_activation(gate, up, alpha, limit, SWIGLU_OAI)
@@ -330,7 +331,7 @@ def moe_down_kernel(
     rows = tl.minimum(cols, hidden - 1)[None, :].to(tl.int64)
     w_ptrs, s_ptrs = _tile_pointers(w_ptr, s_ptr, experts * stride_we + rows * stride_wn, experts * stride_se + rows * stride_sn, GROUPS)
     x_ptrs = _x_pointers(act_ptr, pairs, stride_am, GROUPS)
-    sums = _stream(w_ptrs, s_ptrs, x_ptrs, K, held[:, None], held[:, None, None], SLOTS, SLOTS, SLOTS, BLOCK_N, GROUPS, ASM)
+    sums = _stream(w_ptrs, s_ptrs, x_ptrs, K, held[:, None], held[:, None, None], SLOTS, SLOTS, BLOCK_N, GROUPS, ASM)
     out = tl.sum(tl.sum(sums, axis=2) * routed[:, None], axis=0)
     tl.store(out_ptr + token.to(tl.int64) * stride_om + cols, round_cast(out, out_ptr.dtype.element_ty), mask=cols < hidden)
 
@@ -407,7 +408,7 @@ def linear_kernel(
     w_ptrs, s_ptrs = _tile_pointers(w_ptr + k0 // 4, s_ptr + k0 // STEP, w_rows * stride_wn, w_rows * stride_sn, GROUPS)
     x_ptrs = _x_pointers(x_ptr + k0, tl.minimum(tokens, T - 1), stride_xm, GROUPS)
     k_split = tl.minimum(steps_per_split * STEP, K - k0)
-    sums = _stream(w_ptrs, s_ptrs, x_ptrs, k_split, None, None, 1, BLOCK_T, BLOCK_T, BLOCK_N, GROUPS, ASM)
+    sums = _stream(w_ptrs, s_ptrs, x_ptrs, k_split, None, None, 1, BLOCK_T, BLOCK_N, GROUPS, ASM)
     acc = tl.sum(sums, axis=2)  # [BLOCK_T, BLOCK_N]
     y_ptrs = y_ptr + tokens[:, None].to(tl.int64) * stride_ym + rows[None, :]
     y_mask = (tokens < T)[:, None] & (rows < N)[None, :]
