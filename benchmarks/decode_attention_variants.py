@@ -48,14 +48,13 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 sys.path.insert(0, os.path.dirname(__file__))
 import msa_kernel_bench as bench  # noqa: E402
 from decode_graph_kernels import decode_inputs, kernel_durations  # noqa: E402
-from msa_kernels.api import decode_attention  # noqa: E402
+from msa_kernels.api import _LOG2E, decode_attention  # noqa: E402
 from msa_kernels.triton_attention import _softmax_step, merge_splits  # noqa: E402
 from msa_kernels.triton_select import load_tile  # noqa: E402
 
 SHAPES = ((1, 32768), (8, 32768), (8, 131072), (32, 32768))  # (batch, context)
 POOL_TOKENS = 1 << 21
 FORMS = ("replica", "tma", "merge_unrolled", "pages", "pages_merge_unrolled", "v_first", "no_merge")
-_LOG2E = 1.4426950408889634
 
 
 def launch_grid(plan_splits: int) -> list[tuple[str, int, int, int]]:

@@ -318,7 +318,8 @@ def _tiles_for(
 # kernel loads a token's older blocks by descriptor (v12), on an H200 (whole extend step, random
 # inputs, one request, alternating rounds) it was faster up to 128K new tokens (75.8 against
 # 79.5 ms) and block-major from 192K (131.8 against 135.0 ms; 256K 193 against 212 ms):
-# benchmarks/results/prefill_attention_forms_h200/. The switch sits between the two.
+# benchmarks/results/prefill_attention_forms_h200/. A second run put the crossing between 160K
+# (even: 103.8 against 104.5 ms) and 176K (block-major 118.1 against 119.1 ms).
 BLOCK_MAJOR_MIN_TOKENS = 160 * 1024
 # Block-major passes of at most this many tokens: the partial outputs take
 # tokens x kv_heads x topk x group x head_dim elements (4 GiB in bf16 at M3 geometry and 16K).

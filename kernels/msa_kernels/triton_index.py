@@ -54,12 +54,17 @@ def decode_query_columns(iq_ptr, tok0, ntok, s_iq_t, s_iq_h, first, NUM_HEADS: t
 
 
 @triton.jit
+def block_share(nblk, part, parts):
+    """``(start, end)``: the contiguous share of blocks ``0 .. nblk - 1`` that part ``part`` of ``parts`` takes."""
+    per_part = tl.cdiv(nblk, parts)
+    start = part * per_part
+    return start, tl.minimum(start + per_part, nblk)
+
+
+@triton.jit
 def split_block_range(last_pos, split, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
     """``(first, end)``: the contiguous share of blocks ``0 .. last_pos // BLOCK`` that program ``split`` of ``SPLITS`` scans."""
-    nblk = tl.cdiv(last_pos + 1, BLOCK)
-    per_split = tl.cdiv(nblk, SPLITS)
-    start = split * per_split
-    return start, tl.minimum(start + per_split, nblk)
+    return block_share(tl.cdiv(last_pos + 1, BLOCK), split, SPLITS)
 
 
 @triton.jit
@@ -188,9 +193,7 @@ def split_share(nblk, SPLIT: tl.constexpr):
     """``(start, end)``: the blocks of ``0 .. nblk - 1`` a prefill scan program takes: with ``SPLIT``
     the contiguous share of its grid column (``program_id(1)`` of ``num_programs(1)``), else all."""
     if SPLIT:
-        per_split = tl.cdiv(nblk, tl.num_programs(1))
-        start = tl.program_id(1) * per_split
-        return start, tl.minimum(start + per_split, nblk)
+        return block_share(nblk, tl.program_id(1), tl.num_programs(1))
     return 0, nblk
 
 
