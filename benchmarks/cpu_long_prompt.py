@@ -23,7 +23,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-from e2e_gpu import commit  # noqa: E402
+from provenance import commit  # noqa: E402
 from serving_client import stream_generate  # noqa: E402
 from server_harness import launch_cpu_server  # noqa: E402
 from transformers_oracle import random_prompt  # noqa: E402

@@ -51,6 +51,7 @@ from decode_graph_kernels import decode_inputs, kernel_durations  # noqa: E402
 from msa_kernels.api import _LOG2E, decode_attention  # noqa: E402
 from msa_kernels.triton_attention import _softmax_step, merge_splits  # noqa: E402
 from msa_kernels.triton_select import load_tile  # noqa: E402
+from provenance import commit  # noqa: E402
 
 SHAPES = ((1, 32768), (8, 32768), (8, 131072), (32, 32768))  # (batch, context)
 POOL_TOKENS = 1 << 21
@@ -250,7 +251,7 @@ def measure_launches(pool: bench.Pool, batch: int, context: int) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="JSON file for the rows")
-    parser.add_argument("--commit", default=os.environ.get("MSA_COMMIT", "unknown"), help="commit of the script's checkout")
+    parser.add_argument("--commit", default=commit(), help="commit of the script's checkout")
     parser.add_argument("--launches", action="store_true", help="time three forms over splits and stages instead of every form at the plan's launch")
     args = parser.parse_args()
     torch.manual_seed(0)

@@ -37,6 +37,7 @@ import msa_kernel_bench as bench  # noqa: E402
 import msa_kernels  # noqa: E402
 from msa_kernels.api import decode_attention, decode_select, run_decode  # noqa: E402
 from msa_kernels.plan import page_table_from_req_to_token, plan_decode  # noqa: E402
+from provenance import commit  # noqa: E402
 
 SHAPES = ((8, 131072), (8, 32768), (1, 32768))  # (batch, context)
 POOL_TOKENS = 1 << 21  # the largest shape's 1M tokens, drawn at random from twice as many
@@ -105,7 +106,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--label", required=True, help="which revision of the kernels this is (recorded)")
     parser.add_argument("--out", required=True, help="JSON-lines file; one line per run is appended")
-    parser.add_argument("--commit", default=os.environ.get("MSA_COMMIT", "unknown"), help="commit of the script's checkout")
+    parser.add_argument("--commit", default=commit(), help="commit of the script's checkout")
     args = parser.parse_args()
     torch.manual_seed(0)
     pool = bench.Pool(POOL_TOKENS)

@@ -58,6 +58,7 @@ import msa_kernel_bench as bench  # noqa: E402
 from msa_kernels.plan import page_table_from_req_to_token, plan_decode  # noqa: E402
 from msa_kernels.triton_index import decode_query_columns, split_block_range  # noqa: E402
 from msa_kernels.triton_select import load_tile  # noqa: E402
+from provenance import commit  # noqa: E402
 
 WHOLE_FORMS = ("bf16_whole", "bf16_whole_tma", "fp8_dot_k64_whole", "fp8_dot_k64_whole_tma")
 FORMS = ("bf16", "fp8_widen", "fp8_noscale", "fp8_dot", "fp8_dot1", "fp8_dot_k64", "fp8_dot_k32", "bf16_pairs", "fp8_dot_k64_pairs",
@@ -297,7 +298,7 @@ def scan_bytes(batch: int, context: int, form: str) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="folder for decode_index_scan_variants.json")
-    parser.add_argument("--commit", default=os.environ.get("MSA_COMMIT", "unknown"), help="commit of the script's checkout")
+    parser.add_argument("--commit", default=commit(), help="commit of the script's checkout")
     parser.add_argument("--forms", nargs="+", choices=FORMS, default=FORMS, help="forms to check and time (default: all)")
     parser.add_argument("--warps", nargs="+", type=int, default=SWEEP["num_warps"],
                         help=f"warps per program the B8 L128K sweep tries (default: {' '.join(map(str, SWEEP['num_warps']))})")

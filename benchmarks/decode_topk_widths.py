@@ -24,7 +24,7 @@ import triton
 
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "kernels"))
-from e2e_gpu import commit  # noqa: E402
+from provenance import commit  # noqa: E402
 from msa_kernel_bench import graph_replay_us  # noqa: E402
 from msa_kernels import api  # noqa: E402
 from msa_kernels.plan import plan_decode  # noqa: E402

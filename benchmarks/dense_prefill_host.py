@@ -31,7 +31,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from e2e_gpu import commit  # noqa: E402
+from provenance import commit  # noqa: E402
 
 from sglang_m3.msa.dense_prefill import causal_sdpa, prebuild_chunk_plans, prepare_cudnn  # noqa: E402
 

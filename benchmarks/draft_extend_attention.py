@@ -33,6 +33,7 @@ from msa_kernels.paged_batch import make_paged_batch, reference_request  # noqa:
 from msa_kernels.reference import MSAParams  # noqa: E402
 
 from sglang_m3.speculative.draft_extend import DraftExtendPlans  # noqa: E402
+from provenance import commit  # noqa: E402
 
 HQ, HKV, D, BLOCK = 48, 8, 128, 128
 PARAMS = MSAParams(block_size=BLOCK, topk=16, local_blocks=1, init_blocks=0)
@@ -144,7 +145,7 @@ def main() -> None:
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "draft_extend_attention.json"), "w", encoding="utf-8") as handle:
-            json.dump({"gpu": torch.cuda.get_device_name(), "commit": os.environ.get("M3_COMMIT", "unknown"), "rows": rows}, handle, indent=1)
+            json.dump({"gpu": torch.cuda.get_device_name(), "commit": commit(), "rows": rows}, handle, indent=1)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ from trace_summary import idle_gaps, kernel_summary, load_events  # noqa: E402
 
 sys.path.append(os.path.join(os.path.dirname(__file__), "..", "tests"))
 from server_harness import free_port, process_start_ticks, stop_process_group  # noqa: E402  (the tests' port choice and group stop)
+from provenance import commit  # noqa: E402
 
 IMPLS = ("ours", "upstream")
 TTFT_PROMPTS = (8192, 32768, 131072)
@@ -338,17 +339,6 @@ def plugin_switches() -> dict[str, str]:
     e.g. ``M3_HARNESS_CUDA_CUSTOM_OPS``) this run's servers inherit: an A/B run names the side it
     measured, and a result names the harness paths its anchor ran on."""
     return {name: value for name, value in sorted(os.environ.items()) if name.startswith(("SGLANG_M3_", "M3_HARNESS_"))}
-
-
-def commit() -> str:
-    """``M3_COMMIT`` when the caller names it (a device run of an exported tree: any enclosing
-    checkout's HEAD would be the wrong commit), else this checkout's HEAD."""
-    if os.environ.get("M3_COMMIT"):
-        return os.environ["M3_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def main(argv=None) -> int:

@@ -52,7 +52,8 @@ from dataclasses import dataclass, field
 
 sys.path.insert(0, os.path.dirname(__file__))
 from host_probe import host_probe  # noqa: E402
-from e2e_gpu import THROUGHPUT_OUTPUT, THROUGHPUT_PROMPT, commit, gpu_name, plugin_switches, start_server, stop_server, warm_up  # noqa: E402
+from e2e_gpu import THROUGHPUT_OUTPUT, THROUGHPUT_PROMPT, gpu_name, plugin_switches, start_server, stop_server, warm_up  # noqa: E402
+from provenance import commit  # noqa: E402
 from midsize_m3 import midsize_text_config, write_midsize_checkpoint  # noqa: E402
 from serving_client import random_prompt, run_group, stream_generate  # noqa: E402
 from speculative_gpu import DRAFT_VOCAB, DRAFTS, IDENTITY_LENGTHS, IDENTITY_TOKENS, hot_prompt, speculative_args  # noqa: E402

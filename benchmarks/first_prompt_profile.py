@@ -22,7 +22,8 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
 from decode_host_profile import add_profiled_server_arguments, start_py_spy, summarize  # noqa: E402
-from e2e_gpu import LONG_CONTEXT_PROMPT, commit, gpu_name, start_server, stop_server, warm_up  # noqa: E402
+from e2e_gpu import LONG_CONTEXT_PROMPT, gpu_name, start_server, stop_server, warm_up  # noqa: E402
+from provenance import commit  # noqa: E402
 from midsize_m3 import write_midsize_checkpoint  # noqa: E402
 from serving_client import random_prompt, stream_generate  # noqa: E402
 

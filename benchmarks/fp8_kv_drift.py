@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 
@@ -26,6 +25,7 @@ from server_harness import TINY_PREFILL_CHUNK, launch_cpu_server  # noqa: E402
 from transformers_oracle import random_prompt  # noqa: E402
 
 from tests.e2e.served_vs_reference import generate, output_ids  # noqa: E402
+from provenance import commit  # noqa: E402
 
 PROMPT_LENGTHS = (20, 40, 150, 301, 470)
 NEW_TOKENS = 16
@@ -106,10 +106,7 @@ def main() -> int:
         base = serve_and_collect(model, work, prompts)
         fp8 = serve_and_collect(model, work, prompts, "--kv-cache-dtype", "fp8_e4m3")
         oracle = {label: e4m3_prompt_logprobs(model, prompt).tolist() for label, prompt in prompts.items()}
-    commit = os.environ.get("M3_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=os.path.dirname(__file__)
-    ).stdout.strip()
-    report = markdown(compare(base, fp8, oracle), commit)
+    report = markdown(compare(base, fp8, oracle), commit())
     with open(args.out, "w", encoding="utf-8") as handle:
         handle.write(report)
     print(report)

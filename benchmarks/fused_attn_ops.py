@@ -24,11 +24,12 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
 
 import torch
 
+# provenance lives in this folder, which the next lines drop from sys.path
+from provenance import commit  # noqa: E402
 # This file's folder is first on sys.path: drop it so that packages resolve to the project's.
 sys.path = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
 
@@ -188,13 +189,6 @@ def check(layer: Layer) -> dict:
     if max(errors) > 2 or not cache_equal:
         raise SystemExit(f"fused path disagrees with the torch path: errors {errors} (ulps), cache equal {cache_equal}")
     return {"max_error_bf16_ulps": max(errors), "identical_fraction": identical, "cache_equal": cache_equal}
-
-
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 @torch.no_grad()  # as in the server: SGLang's custom ops run their CUDA function directly only without autograd

@@ -17,7 +17,7 @@ import argparse
 import json
 
 import torch
-from e2e_gpu import commit
+from provenance import commit
 from fused_add_rmsnorm import time_variants, timers
 
 from msa_kernels.triton_swiglu_oai import swiglu_oai

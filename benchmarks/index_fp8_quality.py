@@ -34,6 +34,8 @@ import time
 
 import torch
 
+# provenance lives in this folder, which the next lines drop from sys.path
+from provenance import commit  # noqa: E402
 sys.path = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
 
 from msa_kernels.reference import MSAParams, block_scores, quantize_index_keys, select_blocks  # noqa: E402
@@ -192,7 +194,7 @@ def main() -> None:
     parser.add_argument("--out", required=True, help="folder for index_fp8_quality.json and .md")
     parser.add_argument("--queries", type=int, default=32, help="query positions per context and seed")
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--commit", default=os.environ.get("MSA_COMMIT", "unknown"))
+    parser.add_argument("--commit", default=commit(), help="commit of the benchmarked code (default: M3_COMMIT, else HEAD)")
     args = parser.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
     start = time.time()

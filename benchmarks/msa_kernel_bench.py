@@ -51,6 +51,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
 from verify_dense import CudnnPrefixSplitDense, FlexDense, MsaDenseDecode  # noqa: E402  (beside this script)
+from provenance import commit  # noqa: E402
 
 HQ, HKV, D, DI, BLOCK, TOPK = 64, 4, 128, 128, 128, 16
 PARAMS = MSAParams(block_size=BLOCK, topk=TOPK, local_blocks=1, init_blocks=0)
@@ -699,7 +700,7 @@ def main() -> None:
     parser.add_argument("--prefill-only", action="store_true", help="skip the decode shapes")
     parser.add_argument("--sweep", action="store_true", help="also time decode grid sizings at headline shapes")
     parser.add_argument("--breakdown", action="store_true", help="only the per-kernel ablation; writes msa_kernels_breakdown.json")
-    parser.add_argument("--commit", default=os.environ.get("MSA_COMMIT", "unknown"), help="commit of the benchmarked code")
+    parser.add_argument("--commit", default=commit(), help="commit of the benchmarked code")
     args = parser.parse_args()
     if args.decode_only and args.prefill_only:
         parser.error("--decode-only and --prefill-only exclude each other")

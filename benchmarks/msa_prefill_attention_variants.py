@@ -27,6 +27,7 @@ import torch
 
 from msa_kernels import api
 from msa_kernels.plan import page_table_from_req_to_token, plan_prefill
+from provenance import commit  # noqa: E402
 
 spec = importlib.util.spec_from_file_location("bench", os.path.join(os.path.dirname(__file__), "msa_kernel_bench.py"))
 bench = importlib.util.module_from_spec(spec)
@@ -76,7 +77,7 @@ def main() -> None:
         del q, iq, selected, reference
         torch.cuda.empty_cache()
     with open(os.path.join(os.environ.get("OUT", "."), f"prefill_attention_variants_hkv{bench.HKV}.json"), "w") as handle:
-        json.dump({"gpu": torch.cuda.get_device_name(), "commit": os.environ.get("M3_COMMIT", "unknown"), "rows": rows}, handle, indent=1)
+        json.dump({"gpu": torch.cuda.get_device_name(), "commit": commit(), "rows": rows}, handle, indent=1)
 
 
 if __name__ == "__main__":

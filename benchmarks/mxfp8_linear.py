@@ -42,6 +42,7 @@ from msa_kernels import mxfp8_gemv  # noqa: E402
 from msa_kernels import triton_mxfp8_linear as linear  # noqa: E402
 from msa_kernels.mxfp8_gemv import GemvTile  # noqa: E402
 from msa_kernels.mxfp8_moe_reference import dequantize  # noqa: E402
+from provenance import commit  # noqa: E402
 
 #: name -> (out features, in features)
 SHAPES = {
@@ -191,7 +192,7 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     gpu = torch.cuda.get_device_name()
     result = {
-        "gpu": gpu, "triton": triton.__version__, "torch": torch.__version__, "commit": os.environ.get("M3_COMMIT", "unknown"),
+        "gpu": gpu, "triton": triton.__version__, "torch": torch.__version__, "commit": commit(),
         "reps": args.reps, "gemm_max_tokens": linear.GEMM_MAX_TOKENS, "gemv_max_tokens": linear.GEMV_MAX_TOKENS, "rows": [],
     }
     for index, name in enumerate(args.shapes):

@@ -54,6 +54,7 @@ import torch  # noqa: E402
 from msa_kernels.mxfp8_moe_reference import dequantize, reference_fused_experts  # noqa: E402
 from msa_kernels.mxfp8_gemv import GemvTile, MoeGemvConfig  # noqa: E402
 from msa_kernels.triton_mxfp8_moe import PATHS, TileConfig, gemm_path, mxfp8_fused_experts, pick_config  # noqa: E402
+from provenance import commit  # noqa: E402
 
 EXPERTS, HIDDEN, INTER, TOP_K = 128, 6144, 3072, 4
 ALPHA, LIMIT = 1.702, 7.0
@@ -320,7 +321,7 @@ def main(argv=None) -> int:
     print(f"weights ready in {time.perf_counter() - started:.0f} s; BF16 tiles: {'measured table' if baseline.table else 'SGLang default'}", flush=True)
     gpu = torch.cuda.get_device_name()
     result = {
-        "gpu": gpu, "triton": triton.__version__, "torch": torch.__version__, "commit": os.environ.get("M3_COMMIT", "unknown"),
+        "gpu": gpu, "triton": triton.__version__, "torch": torch.__version__, "commit": commit(),
         "shape": {"experts": EXPERTS, "hidden": HIDDEN, "intermediate": INTER, "top_k": TOP_K}, "reps": args.reps, "rows": [],
     }
     tokens_list = list(dict.fromkeys(args.tokens + (args.sweep_gemv_tokens if args.sweep_gemv else [])))

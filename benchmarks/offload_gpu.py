@@ -413,7 +413,8 @@ def write(result: dict, out_dir: str) -> str:
 
 
 def run_parts(parts: list[str], out_dir: str, cache_blocks: int, quick: bool) -> int:
-    from e2e_gpu import commit, gpu_name
+    from e2e_gpu import gpu_name
+    from provenance import commit
 
     result = empty_result(gpu_name(), commit())
     result["details"].update(cache_blocks=cache_blocks, quick=quick, parts=parts, model=midsize_text_config(),

@@ -19,6 +19,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import msa_kernel_bench as bench  # noqa: E402
 from msa_kernels.api import run_prefill  # noqa: E402
 from msa_kernels.plan import page_table_from_req_to_token, plan_prefill  # noqa: E402
+from provenance import commit  # noqa: E402
 
 K = 1024
 NEW_TOKENS = [32 * K, 64 * K, 128 * K, 192 * K, 256 * K]
@@ -48,7 +49,7 @@ def main() -> None:
         del q, iq, outs
         torch.cuda.empty_cache()
     with open(os.path.join(os.environ.get("OUT", "."), "prefill_attention_forms.json"), "w") as handle:
-        json.dump({"gpu": torch.cuda.get_device_name(), "commit": os.environ.get("M3_COMMIT", "unknown"), "rows": rows}, handle, indent=1)
+        json.dump({"gpu": torch.cuda.get_device_name(), "commit": commit(), "rows": rows}, handle, indent=1)
 
 
 if __name__ == "__main__":

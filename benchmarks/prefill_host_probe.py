@@ -30,7 +30,8 @@ import time
 import requests
 
 sys.path.insert(0, os.path.dirname(__file__))
-from e2e_gpu import IMPLS, LONG_CONTEXT_PROMPT, commit, gpu_name, start_server, stop_server, warm_up  # noqa: E402
+from e2e_gpu import IMPLS, LONG_CONTEXT_PROMPT, gpu_name, start_server, stop_server, warm_up  # noqa: E402
+from provenance import commit  # noqa: E402
 from midsize_m3 import write_midsize_checkpoint  # noqa: E402
 from serving_client import random_prompt, stream_generate  # noqa: E402
 from trace_summary import gpu_gaps, idle_gaps, kernel_summary, load_events, timed_kernels  # noqa: E402

@@ -24,6 +24,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import msa_kernel_bench as bench  # noqa: E402
 from msa_kernels.api import prefill_select  # noqa: E402
 from msa_kernels.plan import page_table_from_req_to_token, plan_prefill  # noqa: E402
+from provenance import commit  # noqa: E402
 
 SHAPES = ((4096, 126976), (8192, 122880), (8192, 0), (16384, 16384))  # (new tokens, prefix)
 INDEX_ROWS = (64, 128, 256)
@@ -55,7 +56,7 @@ def sweep_shape(pool: bench.Pool, n: int, prefix: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="JSON file to write")
-    parser.add_argument("--commit", default=os.environ.get("MSA_COMMIT", "unknown"), help="commit of the benchmarked code")
+    parser.add_argument("--commit", default=commit(), help="commit of the benchmarked code")
     args = parser.parse_args()
     if os.environ.get("HKV"):
         bench.HKV = int(os.environ["HKV"])

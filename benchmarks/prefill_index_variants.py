@@ -40,6 +40,7 @@ from msa_kernels import api  # noqa: E402
 from msa_kernels.plan import page_table_from_req_to_token, plan_prefill  # noqa: E402
 from msa_kernels.triton_index import _store_selection, _tile_rows, prefill_index_merge_kernel, split_share  # noqa: E402
 from msa_kernels.triton_select import empty_top, forced_or_visible_scores, keep_top, order_bits  # noqa: E402
+from provenance import commit  # noqa: E402
 
 SHAPES = [(4 * 1024, 124 * 1024), (8 * 1024, 0), (32 * 1024, 0), (128 * 1024, 0)]  # (new tokens, prefix)
 
@@ -212,7 +213,7 @@ def main() -> None:
         del iq, reference
         torch.cuda.empty_cache()
     with open(os.path.join(os.environ.get("OUT", "."), "prefill_index_variants.json"), "w") as handle:
-        json.dump({"gpu": torch.cuda.get_device_name(), "commit": os.environ.get("M3_COMMIT", "unknown"), "rows": rows}, handle, indent=1)
+        json.dump({"gpu": torch.cuda.get_device_name(), "commit": commit(), "rows": rows}, handle, indent=1)
 
 
 if __name__ == "__main__":

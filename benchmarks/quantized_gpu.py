@@ -31,7 +31,8 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
-from e2e_gpu import PeakGpuMemory, commit, gpu_name, graphs_captured, start_server, stop_server, warm_up  # noqa: E402
+from e2e_gpu import PeakGpuMemory, gpu_name, graphs_captured, start_server, stop_server, warm_up  # noqa: E402
+from provenance import commit  # noqa: E402
 from e2e_gpu_report import gpu_key  # noqa: E402
 from midsize_m3 import add_mxfp8_quantization_config, midsize_text_config, write_midsize_checkpoint  # noqa: E402
 from serving_client import random_prompt, run_group, single_stream_tpot_ms, stream_generate  # noqa: E402

@@ -31,7 +31,7 @@ from types import SimpleNamespace
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from e2e_gpu import commit  # noqa: E402
+from provenance import commit  # noqa: E402
 from msa_kernel_bench import graph_replay_us  # noqa: E402
 
 from sglang_m3.models.moe_routing import add_router_parameters, prepare_half_router, router_logits  # noqa: E402

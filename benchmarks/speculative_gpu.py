@@ -26,7 +26,8 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
-from e2e_gpu import PeakGpuMemory, commit, gpu_name, graphs_captured, plugin_switches, profile_steps, start_server, stop_server  # noqa: E402
+from e2e_gpu import PeakGpuMemory, gpu_name, graphs_captured, plugin_switches, profile_steps, start_server, stop_server  # noqa: E402
+from provenance import commit  # noqa: E402
 from host_probe import host_probe, probed  # noqa: E402
 from e2e_gpu_report import gpu_key  # noqa: E402
 from midsize_draft import hot_ids, write_copy_draft  # noqa: E402

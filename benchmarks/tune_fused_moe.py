@@ -319,7 +319,7 @@ def main(argv=None) -> int:
         with open(path, "w", encoding="utf-8") as handle:
             json.dump(table, handle, indent=1)
     report_name = f"tune_fused_moe{'_upstream' if args.upstream else ''}{'_shared_slot' if args.shared_slot else ''}{f'_ep{args.ep}' if args.ep > 1 else ''}{f'_tp{args.tp}' if args.tp > 1 else ''}_report.json"
-    from e2e_gpu import commit
+    from provenance import commit
     with open(os.path.join(args.out, report_name), "w", encoding="utf-8") as handle:
         json.dump({"gpu": torch.cuda.get_device_name(), "commit": commit(), "triton": triton.__version__, "shape": [experts, intermediate, hidden],
                    "top_k": case.top_k, "shared_fused": shared_fused, "ep": args.ep, "tp": args.tp, "seconds": time.perf_counter() - started, "rows": report,
