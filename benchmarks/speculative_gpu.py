@@ -117,7 +117,7 @@ def bench_draft(draft: str, model_dir: str, draft_dir: str, out_dir: str, draft_
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="folder for the result JSON and the server logs")
-    parser.add_argument("--draft", choices=list(DRAFTS), action="append", help="servers to run (default: all, 'none' first)")
+    parser.add_argument("--draft", choices=list(DRAFTS), action="append", help="draft servers to run (default: all); the no-draft server always runs first, as the TPOT anchor and the greedy reference")
     parser.add_argument("--draft-vocab", type=int, default=DRAFT_VOCAB, help=f"the copy draft's vocabulary size (default {DRAFT_VOCAB})")
     parser.add_argument("--quick", action="store_true", help="64 output tokens per timed request")
     parser.add_argument("--profile", action="store_true", help="also profile 20 steps at concurrency 1 per server (GPU kernel time and span per step)")
