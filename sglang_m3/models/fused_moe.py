@@ -59,7 +59,8 @@ from sglang_m3.models.fused_activation import GatedActivation
 from sglang_m3.models.moe import GatedMLP, M3SparseMoeBlock
 from sglang_m3.models.moe_kernel_configs import nearest, tile_table
 from sglang_m3.models.moe_overlap import overlap_stream, shared_beside_routed
-from sglang_m3.models.moe_routing import add_router_parameters, sigmoid_topk_route
+from sglang_m3.models.moe_routing import add_router_parameters, router_logits, sigmoid_topk
+from sglang_m3.models.router_topk import fused_route_serves, route_topk
 from sglang_m3.models.mxfp8_moe import M3Mxfp8MoeBlock
 
 logger = logging.getLogger(__name__)
@@ -150,10 +151,18 @@ class M3FusedMoeBlock(nn.Module):
             gate_up = gate_up.unflatten(-1, (-1, 2)).transpose(-1, -2).flatten(-2)
         return F.linear(self.shared_act(gate_up), self.experts.w2_weight[self.shared_slot])
 
-    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(weights [T, k] fp32 times the routed scale, expert ids [T, k] int32, router logits)."""
-        weights, chosen, logits = sigmoid_topk_route(self.gate, self.e_score_correction_bias, x, self.top_k, self.gate_half)
-        return weights * self.scaling, chosen.to(torch.int32), logits
+    def route(self, x: torch.Tensor, with_shared: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(weights [T, k] fp32 times the routed scale, expert ids [T, k] int32, router logits); with
+        ``with_shared`` one more column per row: the shared slot at weight 1."""
+        logits = router_logits(self.gate, x, self.gate_half)
+        shared = self.shared_slot if with_shared else None
+        if fused_route_serves(logits):
+            return *route_topk(logits, self.e_score_correction_bias, self.top_k, self.scaling, shared), logits
+        weights, chosen = sigmoid_topk(logits, self.e_score_correction_bias, self.top_k)
+        weights, ids = weights * self.scaling, chosen.to(torch.int32)
+        if shared is not None:
+            weights, ids = F.pad(weights, (0, 1), value=1.0), F.pad(ids, (0, 1), value=shared)
+        return weights, ids, logits
 
     def routed(self, x: torch.Tensor, with_shared: bool = False) -> torch.Tensor:
         """The routed experts' sum for ``x``, already scaled (``x`` has at least one row); with
@@ -161,12 +170,8 @@ class M3FusedMoeBlock(nn.Module):
         from sglang.srt.layers.moe.fused_moe_triton import override_config
         from sglang.srt.layers.moe.topk import StandardTopKOutput
 
-        weights, ids, logits = self.route(x)
-        table = self.tile_table
-        if with_shared:
-            weights = F.pad(weights, (0, 1), value=1.0)
-            ids = F.pad(ids, (0, 1), value=self.shared_slot)
-            table = self.shared_tile_table
+        weights, ids, logits = self.route(x, with_shared)
+        table = self.shared_tile_table if with_shared else self.tile_table
         tiles = nearest(table, x.shape[0]) if table else None
         with override_config(tiles) if tiles else contextlib.nullcontext():
             return self.experts(x, StandardTopKOutput(topk_weights=weights, topk_ids=ids, router_logits=logits))

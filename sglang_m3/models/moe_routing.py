@@ -92,13 +92,19 @@ def router_logits(gate: nn.Linear, x: torch.Tensor, gate_half: torch.Tensor | No
     return gate(x.float())
 
 
+def sigmoid_topk(logits: torch.Tensor, bias: torch.Tensor | None, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights [T, k] fp32 summing to 1 per token, expert ids [T, k] int64) of router ``logits``
+    (:mod:`sglang_m3.models.router_topk` is the same in one launch on the GPU)."""
+    probs = torch.sigmoid(logits)
+    scores = probs if bias is None else probs + bias
+    _, chosen = torch.topk(scores, top_k, dim=-1, sorted=False)
+    weights = probs.gather(1, chosen)
+    return weights / weights.sum(dim=-1, keepdim=True), chosen
+
+
 def sigmoid_topk_route(
     gate: nn.Linear, bias: torch.Tensor | None, x: torch.Tensor, top_k: int, gate_half: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(weights [T, k] fp32 summing to 1 per token, expert ids [T, k] int64, router logits [T, E] fp32)."""
     logits = router_logits(gate, x, gate_half)
-    probs = torch.sigmoid(logits)
-    scores = probs if bias is None else probs + bias
-    _, chosen = torch.topk(scores, top_k, dim=-1, sorted=False)
-    weights = probs.gather(1, chosen)
-    return weights / weights.sum(dim=-1, keepdim=True), chosen, logits
+    return *sigmoid_topk(logits, bias, top_k), logits
