@@ -12,7 +12,7 @@ M3 on an H200 torch's top-k alone took 5.9 us per layer
 (``benchmarks/results/e2e_gpu_h200_servers/profiles_tp1_e5a8e53/``). Here one program per row does
 all of it (:func:`route_topk`).
 
-Same arithmetic as the torch path (:func:`sglang_m3.models.moe_routing.sigmoid_topk_route`): the
+Same arithmetic as the torch path (:func:`sglang_m3.models.moe_routing.sigmoid_topk`): the
 sigmoid is ``1 / (1 + exp(-x))`` in fp32, torch's CUDA form (libdevice ``exp``, IEEE division),
 the bias an fp32 add, the weight the IEEE quotient of a probability by the sum of the chosen ones,
 times the scale. Two things may differ, neither in which experts are chosen apart from exact ties:
