@@ -60,7 +60,7 @@ from sglang_m3.models.moe import GatedMLP, M3SparseMoeBlock
 from sglang_m3.models.moe_kernel_configs import nearest, tile_table
 from sglang_m3.models.moe_overlap import overlap_stream, shared_beside_routed
 from sglang_m3.models.moe_routing import add_router_parameters, router_logits, sigmoid_topk
-from sglang_m3.models.router_topk import fused_route_serves, route_topk
+from sglang_m3.models.router_topk import FUSED_ROUTE_ENV, fused_route_on, fused_route_serves, route_topk
 from sglang_m3.models.mxfp8_moe import M3Mxfp8MoeBlock
 
 logger = logging.getLogger(__name__)
@@ -229,4 +229,6 @@ def make_moe_block(spec: M3TextSpec, layer_id: int, quant_config=None, prefix: s
         if getattr(block, "shared_slot", None) is not None:
             logger.info("M3 MoE: shared expert held in the fused layer (expert %d), inside the fused kernel up to %d rows",
                         block.shared_slot, FUSED_SHARED_MAX_ROWS)
+        if impl == "fused" and fused_route_on():
+            logger.info("M3 MoE: routing after the router logits in one Triton launch (%s=1)", FUSED_ROUTE_ENV)
     return block

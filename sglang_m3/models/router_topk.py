@@ -39,10 +39,15 @@ from sglang_m3.env_switch import env_choice
 FUSED_ROUTE_ENV = "SGLANG_M3_FUSED_ROUTE"
 
 
+def fused_route_on() -> bool:
+    """``SGLANG_M3_FUSED_ROUTE=1``: off by default until it is timed and tested on a GPU (it has
+    run under the Triton interpreter only)."""
+    return env_choice(FUSED_ROUTE_ENV, ("0", "1"), "'1' (one Triton launch on CUDA) or '0' (torch ops)") == "1"
+
+
 def fused_route_serves(logits: torch.Tensor) -> bool:
-    """Whether :func:`route_topk` routes these logits: CUDA tensors, with ``SGLANG_M3_FUSED_ROUTE=1``
-    (off by default until it is timed and tested on a GPU: it has run under the Triton interpreter only)."""
-    return env_choice(FUSED_ROUTE_ENV, ("0", "1"), "'1' (one Triton launch on CUDA) or '0' (torch ops)") == "1" and logits.is_cuda
+    """Whether :func:`route_topk` routes these logits: CUDA tensors, with the switch on."""
+    return fused_route_on() and logits.is_cuda
 
 
 @triton.jit

@@ -9,8 +9,9 @@ backend (page size = MSA block = 16), a prefill chunk of 112 tokens (prompts end
 the radix cache: greedy tokens must be identical to transformers' and prompt logprobs within
 2e-3 (IEEE fp32 Triton dots).
 
-bf16: the fused MoE (SGLang's Triton FusedMoE) and the static torch MoE, both with decode graphs,
-against the fp32 reference. bf16 cannot be held to fp32's tokens or logprobs: the tiny model's
+bf16: the fused MoE (SGLang's Triton FusedMoE; with torch's routing ops and with the routing
+kernel of ``SGLANG_M3_FUSED_ROUTE=1``) and the static torch MoE, all with decode graphs, against
+the fp32 reference. bf16 cannot be held to fp32's tokens or logprobs: the tiny model's
 random weights give sharp logits, and bf16 (8-bit mantissa) moves single prompt logprobs by up to
 1.5 nats on the H100 (measured, both MoE paths alike; the greedy choice then flips where the
 reference's top two tokens are close). The criterion, per prompt, with ``delta`` = max
@@ -23,7 +24,7 @@ reference's top two tokens are close). The criterion, per prompt, with ``delta``
   shared expert moved into the fused layer (be67de2; H200, e3fcdc6: the fused path's p233 served a
   token 1.72 nats under the fp32 argmax at a prompt delta of 0.81, while with
   ``SGLANG_M3_FUSE_SHARED_EXPERT=0`` every gap of the test was within twice the prompt delta);
-- the fused MoE adds no error of its own: its ``delta`` is at most 1.25x the static torch MoE's
+- the fused MoE adds no error of its own (either routing): its ``delta`` is at most 1.25x the static torch MoE's
   plus 0.05 (measured ratios 0.99-1.01);
 - ``delta`` under 2 nats: only a gross error (wrong activation, routing or weights) exceeds it.
 
@@ -135,40 +136,49 @@ def test_sixteen_concurrent_requests_match_transformers(served):
     assert not failures, failures
 
 
+FUSED_ROUTE_LOG = "routing after the router logits in one Triton launch"
+#: (name, SGLANG_M3_MOE_IMPL, more environment): the fused MoE with torch's routing ops and with
+#: the routing kernel (``sglang_m3.models.router_topk``, ``SGLANG_M3_FUSED_ROUTE``), then the static torch MoE
+BF16_PATHS = [("fused", "fused", {}), ("fused-route", "fused", {"SGLANG_M3_FUSED_ROUTE": "1"}), ("static", "static", {})]
+
+
 def test_bf16_fused_and_static_moe_within_bf16_noise(tiny_checkpoint_factory, server_log_dir):
     model_dir = tiny_checkpoint_factory()
     prompts = {name: PROMPTS[name] for name in ("p61", "p233", "p457")}
     results = {}
-    for impl in ("fused", "static"):
+    for path, impl, env in BF16_PATHS:
         with launch_gpu_server(
-            model_dir, server_log_dir, "--chunked-prefill-size", str(CHUNK), env={"SGLANG_M3_MOE_IMPL": impl},
-            name=f"bf16-{impl}", dtype="bfloat16", prefill_graphs=False,
+            model_dir, server_log_dir, "--chunked-prefill-size", str(CHUNK), env={"SGLANG_M3_MOE_IMPL": impl, **env},
+            name=f"bf16-{path}", dtype="bfloat16", prefill_graphs=False,
         ) as server:
-            assert f"M3 MoE experts: {impl} path" in log_text(server)
-            results[impl] = {name: generate(server, p, logprob_start=0) for name, p in prompts.items()}
+            log = log_text(server)
+            assert f"M3 MoE experts: {impl} path" in log
+            assert (FUSED_ROUTE_LOG in log) == bool(env)
+            results[path] = {name: generate(server, p, logprob_start=0) for name, p in prompts.items()}
     failures = []
     for name, prompt in prompts.items():
         reference = prompt_logprobs(model_dir, prompt)
         want = greedy_tokens(model_dir, prompt, NEW_TOKENS)
         delta = {}
-        for impl in ("fused", "static"):
-            result = results[impl][name]
+        for path, *_ in BF16_PATHS:
+            result = results[path][name]
             got = output_ids(result)
             diffs = [abs(v - reference[p - 1].item()) for p, v in served_logprobs(result, prompt).items()]
-            delta[impl] = max(diffs)
+            delta[path] = max(diffs)
             gaps = reference_gaps(model_dir, prompt, got)
-            noise = sequence_noise(result, model_dir, prompt, delta[impl])
+            noise = sequence_noise(result, model_dir, prompt, delta[path])
             same = sum(a == b for a, b in zip(got, want))
             first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
-            print(f"[gpu bf16] {impl} {name}: prompt logprob delta max {delta[impl]:.3e} mean {sum(diffs) / len(diffs):.3e}, "
+            print(f"[gpu bf16] {path} {name}: prompt logprob delta max {delta[path]:.3e} mean {sum(diffs) / len(diffs):.3e}, "
                   f"sequence noise {noise:.3e}, served-token gaps max {max(gaps):.3e}, tokens equal to fp32 greedy {same}/{NEW_TOKENS}"
                   f"{'' if first is None else f' (first differ at {first})'}")
-            if delta[impl] > BF16_NOISE_CEILING:
-                failures.append(f"{impl} {name}: prompt logprob noise {delta[impl]} over {BF16_NOISE_CEILING}")
+            if delta[path] > BF16_NOISE_CEILING:
+                failures.append(f"{path} {name}: prompt logprob noise {delta[path]} over {BF16_NOISE_CEILING}")
             if max(gaps) > 2 * noise:
-                failures.append(f"{impl} {name}: a served token is {max(gaps)} below the fp32 argmax (noise {noise})")
-        if delta["fused"] > FUSED_NOISE_RATIO * delta["static"] + FUSED_NOISE_SLACK:
-            failures.append(f"fused {name}: noise {delta['fused']} vs static torch {delta['static']}")
+                failures.append(f"{path} {name}: a served token is {max(gaps)} below the fp32 argmax (noise {noise})")
+        for fused in ("fused", "fused-route"):
+            if delta[fused] > FUSED_NOISE_RATIO * delta["static"] + FUSED_NOISE_SLACK:
+                failures.append(f"{fused} {name}: noise {delta[fused]} vs static torch {delta['static']}")
         lf, ls = served_logprobs(results["fused"][name], prompt), served_logprobs(results["static"][name], prompt)
         print(f"[gpu bf16] fused vs static {name}: max |prompt logprob diff| {max(abs(lf[p] - ls[p]) for p in lf):.3e}")
     assert not failures, failures
