@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from host_probe import host_probe, probed  # noqa: E402
 from midsize_m3 import midsize_text_config, write_midsize_checkpoint  # noqa: E402
 from serving_client import random_prompt, run_group, stream_generate  # noqa: E402
-from trace_summary import idle_gaps, kernel_summary, load_events  # noqa: E402
+from trace_summary import idle_gaps, kernel_summary, launch_origins, load_events  # noqa: E402
 
 sys.path.append(os.path.join(os.path.dirname(__file__), "..", "tests"))
 from server_harness import free_port, process_start_ticks, stop_process_group  # noqa: E402  (the tests' port choice and group stop)
@@ -268,7 +268,8 @@ def profile_steps(base_url: str, out_dir: str, label: str, prompt_tokens: int, m
         if traces:
             time.sleep(2)  # let the writer finish
             events = load_events(traces[0])
-            return {"steps": steps, "trace": os.path.basename(traces[0]), **kernel_summary(events, steps), "idle": idle_gaps(events)}
+            return {"steps": steps, "trace": os.path.basename(traces[0]), **kernel_summary(events, steps), "idle": idle_gaps(events),
+                    "origins": launch_origins(events, steps)}
         time.sleep(1)
     raise TimeoutError(f"no profiler trace under {trace_dir} after 120 s")
 

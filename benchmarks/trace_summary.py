@@ -100,6 +100,43 @@ def idle_gaps(events: list[dict], min_us: float = 20.0, top: int = 25) -> dict:
     }
 
 
+#: trace categories of host-side launch calls (CUPTI's runtime and driver API records)
+API_CATEGORIES = ("cuda_runtime", "cuda_driver")
+#: GPU work that a step issues from the host one call at a time when it is not a kernel
+COPY_CATEGORIES = ("gpu_memcpy", "gpu_memset")
+
+
+def launch_origins(events: list[dict], steps: int = 1, top: int = 25) -> dict:
+    """Which GPU work came from CUDA-graph replays and which the host launched one call at a time.
+
+    CUPTI gives a kernel the correlation id of the host call that issued it: one
+    ``cudaGraphLaunch`` for every kernel of a replayed graph, a ``cudaLaunchKernel`` /
+    ``cuLaunchKernel...`` per eager kernel. Eager launches (and copies, memsets) cost the host
+    a call each at every step, which is where a graphed step's host time goes beyond the replay.
+    Kernels whose host call the trace does not hold count as ``unmatched``.
+    """
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    api = {event["args"]["correlation"]: event["name"] for event in events
+           if event.get("ph") == "X" and event.get("cat") in API_CATEGORIES and "correlation" in event.get("args", {})}
+    counts = {"graph": 0, "eager": 0, "unmatched": 0}
+    eager: dict[str, list[float]] = defaultdict(list)
+    for event in events:
+        if event.get("ph") != "X" or event.get("cat") not in ("kernel", *COPY_CATEGORIES):
+            continue
+        call = api.get(event.get("args", {}).get("correlation"))
+        origin = "unmatched" if call is None else "graph" if "GraphLaunch" in call else "eager"
+        counts[origin] += 1
+        if origin == "eager":
+            eager[event["name"]].append(float(event.get("dur", 0.0)))
+    ranked = sorted(eager, key=lambda name: -len(eager[name]))
+    return {
+        **{f"{origin}_per_step": count / steps for origin, count in counts.items()},
+        "eager": [{"name": name[:100], "calls_per_step": len(eager[name]) / steps, "us_per_step": sum(eager[name]) / steps}
+                  for name in ranked[:top]],
+    }
+
+
 def collective_waits(events: list[dict], step_kernel: str, collective: str = "nccl") -> dict:
     """Per step (from one ``step_kernel`` launch to the next): the first kernel whose name holds
     ``collective`` and the later ones, in microseconds, with their medians."""
@@ -132,7 +169,7 @@ def main(argv=None) -> int:
     parser.add_argument("--step-kernel", help="a kernel launched once at the start of each step: adds per-step collective times")
     args = parser.parse_args(argv)
     events = load_events(args.trace)
-    summary = {**kernel_summary(events, args.steps, args.top), "idle": idle_gaps(events)}
+    summary = {**kernel_summary(events, args.steps, args.top), "idle": idle_gaps(events), "origins": launch_origins(events, args.steps)}
     if args.step_kernel:
         summary["collectives"] = collective_waits(events, args.step_kernel)
     json.dump(summary, sys.stdout, indent=2)

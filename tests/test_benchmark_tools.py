@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 import e2e_gpu_report  # noqa: E402
 from prefill_host_probe import host_work_in_gaps  # noqa: E402
 from midsize_m3 import midsize_text_config, shipped_text_config, write_midsize_checkpoint  # noqa: E402
-from trace_summary import collective_waits, idle_gaps, kernel_summary, load_events  # noqa: E402
+from trace_summary import collective_waits, idle_gaps, kernel_summary, launch_origins, load_events  # noqa: E402
 
 from sglang_m3.config import M3TextSpec  # noqa: E402
 
@@ -92,6 +92,36 @@ def test_idle_gaps_group_gpu_idle_time_by_neighbouring_kernels():
     assert idle["gaps"] == [{"after": "gemm", "before": "attn", "count": 2, "us_total": 150.0, "us_max": 100.0}]
     # the gap is measured from the latest end among overlapping kernels (moe, not overlap)
     assert idle_gaps([kernel("moe", 0.0, 50.0), kernel("x", 10.0, 5.0), kernel("y", 80.0, 1.0)])["gaps"][0]["after"] == "moe"
+
+
+def test_launch_origins_split_graph_replays_from_eager_launches():
+    def api(name, correlation):
+        return {"ph": "X", "cat": "cuda_runtime" if name.startswith("cuda") else "cuda_driver", "name": name,
+                "args": {"correlation": correlation}}
+
+    def gpu(name, correlation, dur=2.0, cat="kernel"):
+        return {"ph": "X", "cat": cat, "name": name, "dur": dur, "args": {"correlation": correlation}}
+
+    events = []
+    for step in range(2):
+        base = 100 * step
+        events += [
+            api("cudaGraphLaunch", base + 1), gpu("gemm", base + 1), gpu("attn", base + 1), gpu("moe", base + 1),
+            api("cudaLaunchKernel", base + 2), gpu("_small_copy_kernel", base + 2, dur=3.0),
+            api("cuLaunchKernelEx", base + 3), gpu("triton_plan_kernel", base + 3),
+            api("cudaMemcpyAsync", base + 4), gpu("Memcpy HtoD (Pinned -> Device)", base + 4, cat="gpu_memcpy"),
+            api("cudaLaunchKernel", base + 5), gpu("_small_copy_kernel", base + 5, dur=1.0),
+        ]
+    events.append(gpu("orphan", 999))  # its host call fell outside the trace
+    events.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "dur": 5.0, "args": {"correlation": 1}})
+    origins = launch_origins(events, steps=2)
+    assert origins["graph_per_step"] == 3.0
+    assert origins["eager_per_step"] == 4.0
+    assert origins["unmatched_per_step"] == 0.5
+    assert origins["eager"][0] == {"name": "_small_copy_kernel", "calls_per_step": 2.0, "us_per_step": 4.0}
+    assert {row["name"] for row in origins["eager"]} == {"_small_copy_kernel", "triton_plan_kernel", "Memcpy HtoD (Pinned -> Device)"}
+    with pytest.raises(ValueError, match="steps"):
+        launch_origins(events, steps=0)
 
 
 def test_collective_waits_split_each_steps_first_collective_from_the_rest():
