@@ -34,12 +34,12 @@ import requests
 sys.path.insert(0, os.path.dirname(__file__))
 from host_probe import host_probe, probed  # noqa: E402
 from midsize_m3 import midsize_text_config, write_midsize_checkpoint  # noqa: E402
+from provenance import commit  # noqa: E402
 from serving_client import random_prompt, run_group, stream_generate  # noqa: E402
 from trace_summary import idle_gaps, kernel_summary, launch_origins, load_events  # noqa: E402
 
 sys.path.append(os.path.join(os.path.dirname(__file__), "..", "tests"))
 from server_harness import free_port, process_start_ticks, stop_process_group  # noqa: E402  (the tests' port choice and group stop)
-from provenance import commit  # noqa: E402
 
 IMPLS = ("ours", "upstream")
 TTFT_PROMPTS = (8192, 32768, 131072)
