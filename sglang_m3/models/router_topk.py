@@ -95,7 +95,7 @@ def route_topk(
     """(weights ``[T, k]`` fp32, ids ``[T, k]`` int32) of the fp32 router ``logits [T, E]``: the
     ``top_k`` experts by ``sigmoid(logits) + bias``, weighted by their renormalised probabilities
     times ``scale``; with ``shared_slot``, one more column per row: that id at weight 1."""
-    if logits.dim() != 2 or logits.dtype != torch.float32 or logits.stride(-1) != 1:
+    if logits.dim() != 2 or logits.dtype != torch.float32 or (logits.shape[1] > 1 and logits.stride(-1) != 1):
         raise ValueError(f"route_topk takes fp32 logits [T, E] with unit stride along E, got {logits.dtype} {tuple(logits.shape)}")
     rows, experts = logits.shape
     if not 1 <= top_k <= experts:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sglang_m3.models.moe_routing import sigmoid_topk
 from sglang_m3.models.router_topk import FUSED_ROUTE_ENV, fused_route_serves, route_topk
@@ -74,6 +76,24 @@ def test_same_experts_and_weights_as_the_torch_routing(rows, experts, top_k, bia
     if shared is not None:
         assert torch.equal(got_ids[:, top_k], torch.full_like(got_ids[:, top_k], shared))
         assert torch.equal(got_weights[:, top_k], torch.ones_like(got_weights[:, top_k]))
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    experts=st.integers(1, 300), rows=st.integers(0, 4), k_share=st.floats(0.0, 1.0), bias=st.booleans(),
+    shared=st.booleans(), seed=st.integers(0, 2**16),
+)
+def test_any_shape_routes_as_the_torch_ops(experts, rows, k_share, bias, shared, seed):
+    top_k = 1 + round(k_share * (min(experts, 8) - 1))
+    logits, correction = random_logits(rows, experts, seed, bias)
+    slot = experts if shared else None
+    got_weights, got_ids = route_topk(logits, correction, top_k, SCALE, slot)
+    want_weights, want_ids = torch_route(logits, correction, top_k, SCALE, slot)
+    assert got_ids.shape == want_ids.shape and got_weights.shape == want_weights.shape
+    got_w, got_i = by_expert(got_weights, got_ids)
+    want_w, want_i = by_expert(want_weights, want_ids)
+    assert torch.equal(got_i, want_i)
+    torch.testing.assert_close(got_w, want_w, rtol=WEIGHT_RTOL, atol=0.0)
 
 
 def test_ids_come_by_descending_biased_score_ties_to_the_lower_id():
