@@ -15,20 +15,17 @@ import argparse
 import json
 
 import torch
-import torch.nn.functional as F
 from fused_add_rmsnorm import time_variants, timers
 from provenance import commit
 
-from sglang_m3.models.moe_routing import sigmoid_topk
+from sglang_m3.models.moe_routing import fused_layer_routing
 from sglang_m3.models.router_topk import route_topk
 
 EXPERTS, TOP_K, SCALE = 128, 4, 2.0
 
 
 def torch_route(logits, bias):
-    weights, chosen = sigmoid_topk(logits, bias, TOP_K)
-    weights, ids = weights * SCALE, chosen.to(torch.int32)
-    return F.pad(weights, (0, 1), value=1.0), F.pad(ids, (0, 1), value=EXPERTS)
+    return fused_layer_routing(logits, bias, TOP_K, SCALE, shared_slot=EXPERTS)
 
 
 def fused_route(logits, bias):

@@ -59,7 +59,7 @@ from sglang_m3.models.fused_activation import GatedActivation
 from sglang_m3.models.moe import GatedMLP, M3SparseMoeBlock
 from sglang_m3.models.moe_kernel_configs import nearest, tile_table
 from sglang_m3.models.moe_overlap import overlap_stream, shared_beside_routed
-from sglang_m3.models.moe_routing import add_router_parameters, router_logits, sigmoid_topk
+from sglang_m3.models.moe_routing import add_router_parameters, fused_layer_routing, router_logits
 from sglang_m3.models.router_topk import FUSED_ROUTE_ENV, fused_route_on, fused_route_serves, route_topk
 from sglang_m3.models.mxfp8_moe import M3Mxfp8MoeBlock
 
@@ -156,13 +156,8 @@ class M3FusedMoeBlock(nn.Module):
         ``with_shared`` one more column per row: the shared slot at weight 1."""
         logits = router_logits(self.gate, x, self.gate_half)
         shared = self.shared_slot if with_shared else None
-        if fused_route_serves(logits):
-            return *route_topk(logits, self.e_score_correction_bias, self.top_k, self.scaling, shared), logits
-        weights, chosen = sigmoid_topk(logits, self.e_score_correction_bias, self.top_k)
-        weights, ids = weights * self.scaling, chosen.to(torch.int32)
-        if shared is not None:
-            weights, ids = F.pad(weights, (0, 1), value=1.0), F.pad(ids, (0, 1), value=shared)
-        return weights, ids, logits
+        route = route_topk if fused_route_serves(logits) else fused_layer_routing
+        return *route(logits, self.e_score_correction_bias, self.top_k, self.scaling, shared), logits
 
     def routed(self, x: torch.Tensor, with_shared: bool = False) -> torch.Tensor:
         """The routed experts' sum for ``x``, already scaled (``x`` has at least one row); with

@@ -30,6 +30,7 @@ The parameters are registered on the MoE block itself (``gate.weight``,
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from sglang_m3.config import M3TextSpec
@@ -100,6 +101,19 @@ def sigmoid_topk(logits: torch.Tensor, bias: torch.Tensor | None, top_k: int) ->
     _, chosen = torch.topk(scores, top_k, dim=-1, sorted=False)
     weights = probs.gather(1, chosen)
     return weights / weights.sum(dim=-1, keepdim=True), chosen
+
+
+def fused_layer_routing(
+    logits: torch.Tensor, bias: torch.Tensor | None, top_k: int, scale: float, shared_slot: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the fused MoE layer takes, on torch ops: :func:`sigmoid_topk`'s weights times ``scale``
+    (fp32 ``[T, k]``) and int32 ids, with ``shared_slot`` one more column per row, that id at
+    weight 1 (:func:`sglang_m3.models.router_topk.route_topk` is the same in one launch on the GPU)."""
+    weights, chosen = sigmoid_topk(logits, bias, top_k)
+    weights, ids = weights * scale, chosen.to(torch.int32)
+    if shared_slot is not None:
+        weights, ids = F.pad(weights, (0, 1), value=1.0), F.pad(ids, (0, 1), value=shared_slot)
+    return weights, ids
 
 
 def sigmoid_topk_route(

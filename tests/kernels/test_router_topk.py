@@ -1,6 +1,6 @@
 """The fused MoE routing kernel (``sglang_m3.models.router_topk``) against the torch routing it
-replaces: ``moe_routing.sigmoid_topk``, then the fused layer's scale, int32 ids and shared-slot
-column (``M3FusedMoeBlock.route`` without the switch).
+replaces, ``moe_routing.fused_layer_routing`` (``sigmoid_topk``, then the fused layer's scale,
+int32 ids and shared-slot column: ``M3FusedMoeBlock.route`` without the switch).
 
 On a CPU machine the kernel runs under the Triton interpreter (numpy's ``exp`` in the sigmoid, so
 probabilities may differ from torch's by a rounding); with CUDA the same tests run it compiled,
@@ -13,26 +13,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_m3.models.moe_routing import sigmoid_topk
+from sglang_m3.models.moe_routing import fused_layer_routing as torch_route
 from sglang_m3.models.router_topk import FUSED_ROUTE_ENV, fused_route_serves, route_topk
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SCALE = 2.0  # M3's routed_scaling_factor
 #: a weight is a quotient of sums of at most 8 probabilities, times the scale: a few fp32 roundings
 WEIGHT_RTOL = 8 * 2.0**-24
-
-
-def torch_route(logits, bias, top_k, scale, shared_slot=None):
-    """What ``M3FusedMoeBlock.route`` returns on the torch ops."""
-    weights, chosen = sigmoid_topk(logits, bias, top_k)
-    weights, ids = weights * scale, chosen.to(torch.int32)
-    if shared_slot is not None:
-        weights, ids = F.pad(weights, (0, 1), value=1.0), F.pad(ids, (0, 1), value=shared_slot)
-    return weights, ids
 
 
 def by_expert(weights, ids):
