@@ -225,5 +225,5 @@ def make_moe_block(spec: M3TextSpec, layer_id: int, quant_config=None, prefix: s
             logger.info("M3 MoE: shared expert held in the fused layer (expert %d), inside the fused kernel up to %d rows",
                         block.shared_slot, FUSED_SHARED_MAX_ROWS)
         if impl == "fused" and fused_route_on():
-            logger.info("M3 MoE: routing after the router logits in one Triton launch (%s=1)", FUSED_ROUTE_ENV)
+            logger.info("M3 MoE: routing after the router logits in one Triton launch (%s=0 keeps torch's ops)", FUSED_ROUTE_ENV)
     return block

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglang_m3.models.moe_routing import fused_layer_routing as torch_route
-from sglang_m3.models.router_topk import FUSED_ROUTE_ENV, fused_route_serves, route_topk
+from sglang_m3.models.router_topk import FUSED_ROUTE_ENV, fused_route_on, fused_route_serves, route_topk
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SCALE = 2.0  # M3's routed_scaling_factor
@@ -147,14 +147,17 @@ def test_refuses_inputs_it_cannot_route(logits, bias, top_k, message):
         route_topk(logits.to(DEVICE), None if bias is None else bias.to(DEVICE), top_k, SCALE)
 
 
-def test_the_switch_is_off_by_default_on_cuda_only_and_refuses_other_values(monkeypatch):
+def test_the_switch_is_on_by_default_on_cuda_only_and_refuses_other_values(monkeypatch):
     logits = torch.zeros(1, 8)
     monkeypatch.delenv(FUSED_ROUTE_ENV, raising=False)
-    assert not fused_route_serves(logits)
-    monkeypatch.setenv(FUSED_ROUTE_ENV, "1")
+    assert fused_route_on()
     assert not fused_route_serves(logits)  # CPU logits keep the torch ops
     if torch.cuda.is_available():
         assert fused_route_serves(logits.cuda())
+    monkeypatch.setenv(FUSED_ROUTE_ENV, "0")
+    assert not fused_route_on()
+    if torch.cuda.is_available():
+        assert not fused_route_serves(logits.cuda())
     monkeypatch.setenv(FUSED_ROUTE_ENV, "on")
     with pytest.raises(ValueError, match=FUSED_ROUTE_ENV):
         fused_route_serves(logits)
