@@ -153,17 +153,25 @@ def start_server(impl: str, model_dir: str, out_dir: str, tp: int, ep: int, extr
     )
     process.start_ticks = process_start_ticks(process.pid)  # so that a late stop cannot reach a reused pid
     base_url = f"http://127.0.0.1:{port}"
-    while time.perf_counter() - started < READY_TIMEOUT_S:
-        if process.poll() is not None:
-            raise RuntimeError(f"{impl} server exited with {process.returncode}; log: {log_path}\n{tail(log_path)}")
-        try:
-            if requests.get(f"{base_url}/health_generate", timeout=30).status_code == 200:
-                return process, base_url, time.perf_counter() - started, log_path
-        except requests.RequestException:
-            pass
-        time.sleep(2)
-    stop_server(process)
-    raise TimeoutError(f"{impl} server not ready in {READY_TIMEOUT_S} s; log: {log_path}\n{tail(log_path)}")
+    try:
+        while time.perf_counter() - started < READY_TIMEOUT_S:
+            if process.poll() is not None:
+                raise RuntimeError(f"{impl} server exited with {process.returncode}; log: {log_path}\n{tail(log_path)}")
+            try:
+                if requests.get(f"{base_url}/health_generate", timeout=30).status_code == 200:
+                    return process, base_url, time.perf_counter() - started, log_path
+            except requests.RequestException:
+                pass
+            time.sleep(2)
+        raise TimeoutError(f"{impl} server not ready in {READY_TIMEOUT_S} s; log: {log_path}\n{tail(log_path)}")
+    except BaseException:
+        # The server runs in a session of its own, out of reach of a signal to the benchmark's
+        # group, and the caller's ``finally`` only covers a server this function returned: a
+        # device call's ``timeout`` (SIGTERM, an exception here) during a start once left
+        # upstream's server holding 120 GB of the GPU into the next command, which then ran out
+        # of memory. So a start that does not return stops its server, whatever ended it.
+        stop_server(process)
+        raise
 
 
 def stop_server(process) -> None:

@@ -322,6 +322,44 @@ def test_each_workload_is_saved_as_soon_as_it_is_measured(monkeypatch):
     assert c1_tpot["runs"] == lone_tpots and c1_tpot["host_loop_ms"] == [70.0, 75.0, 150.0, 160.0, 155.0]
 
 
+@pytest.mark.parametrize("ending", [SystemExit("stopped by signal 15"), KeyboardInterrupt(), "exits"])
+def test_a_server_start_that_does_not_return_leaves_no_process(monkeypatch, tmp_path, ending):
+    """A signal (``timeout`` ending a device call: SIGTERM, SystemExit in the benchmarks), an
+    interrupt or the server's own exit while ``start_server`` waits for it: the server's session,
+    a child it forked included, is gone when the exception leaves the call."""
+    import subprocess
+
+    import e2e_gpu
+    from server_harness import live_group_members
+
+    real_popen = subprocess.Popen
+    started = []
+    # a stand-in server: a leader that forks a child (SGLang's schedulers) and sleeps, or exits at once
+    script = "import os, sys, time\nif os.fork() == 0:\n    time.sleep(600)\n" + (
+        "sys.exit(3)\n" if ending == "exits" else "time.sleep(600)\n"
+    )
+
+    def popen(argv, **kwargs):
+        assert kwargs.get("start_new_session"), "the server must run in a session of its own"
+        started.append(real_popen([sys.executable, "-c", script], **kwargs))
+        return started[-1]
+
+    def health(url, timeout):
+        if ending == "exits":
+            raise e2e_gpu.requests.ConnectionError("not up")
+        raise ending
+
+    monkeypatch.setattr(e2e_gpu.subprocess, "Popen", popen)
+    monkeypatch.setattr(e2e_gpu.requests, "get", health)
+    monkeypatch.setattr(e2e_gpu, "server_env", lambda impl, out_dir: dict(os.environ))
+    expected = RuntimeError if ending == "exits" else type(ending)
+    with pytest.raises(expected):
+        e2e_gpu.start_server("ours", str(tmp_path), str(tmp_path), 1, 1)
+    (server,) = started
+    assert server.poll() is not None
+    assert live_group_members(server.pid) == []
+
+
 def test_probed_times_the_host_before_the_measurement_it_wraps(monkeypatch):
     import host_probe
 
