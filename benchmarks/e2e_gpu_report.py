@@ -25,6 +25,8 @@ import os
 import re
 import sys
 
+from decode_bytes import c1_decode_step_bytes, c1_minimum_ms
+
 
 def gpu_key(name: str) -> str:
     match = re.search(r"(H100|H200|B200|A100)", name, re.IGNORECASE)
@@ -91,7 +93,27 @@ def merge(servers: list[dict], ops: dict[str, list[str]], note: str = "") -> dic
         ],
         "standin_ops": ops,
         "rows": sorted(rows.values(), key=lambda r: (r["tp"], r["ep"], r["metric"], r["prompt_tokens"], r["concurrency"])),
+        "byte_minimum": byte_minimum(first["model"], first["gpu"], rows.values()),
     }
+
+
+def byte_minimum(model: dict, gpu: str, rows) -> list[dict]:
+    """For each concurrency-1 TPOT row without expert parallelism: the step's byte minimum on
+    ``gpu`` (:mod:`decode_bytes`, at the prompt's length: the 256 output tokens add under 0.1% of
+    the bytes) and each server's TPOT over it. Empty for a GPU whose bandwidth is not known."""
+    entries = []
+    for row in rows:
+        if row["metric"] != "tpot_ms" or row["concurrency"] != 1 or row["ep"] != 1:
+            continue
+        minimum = c1_minimum_ms(model, gpu, row["tp"], row["prompt_tokens"])
+        if minimum is None:
+            continue
+        entries.append({
+            **{k: row[k] for k in ("tp", "ep", "prompt_tokens", "concurrency")},
+            "bytes_per_gpu": c1_decode_step_bytes(model, row["tp"], row["prompt_tokens"])["total"], "minimum_ms": minimum,
+            **{f"{impl}_over_minimum": row[impl] / minimum for impl in ("ours", "upstream") if row[impl]},
+        })
+    return sorted(entries, key=lambda e: e["tp"])
 
 
 def load_paired(paths: list[str]) -> list[dict]:
@@ -130,6 +152,20 @@ def paired_markdown(entries: list[dict]) -> list[str]:
         lines.append(
             f"| {e['commit']} | {e['tp']} | {e['ep']} | {e['metric']} | {e['prompt_tokens']} | {e['concurrency']} | {e['first']} | {e['second']} | "
             f"{e['first_ms']:.2f} | {e['second_ms']:.2f} | {e['speedup_of_medians']:.2f}x | {e['rounds_first_faster']} of {e['rounds']} | {cold} | {e['file']} |"
+        )
+    return lines
+
+
+def byte_minimum_markdown(entries: list[dict]) -> list[str]:
+    lines = [
+        "", "Byte minimum of a concurrency-1 decode step (`benchmarks/decode_bytes.py`: the weights and cache one GPU "
+        "must read per token, over its peak HBM bandwidth), against each server's TPOT:", "",
+        "| tp | prompt tokens | GB per GPU | minimum ms | ours / minimum | upstream / minimum |", "|---|---|---|---|---|---|",
+    ]
+    for e in entries:
+        lines.append(
+            f"| {e['tp']} | {e['prompt_tokens']} | {e['bytes_per_gpu'] / 1e9:.2f} | {e['minimum_ms']:.3f} | "
+            f"{fmt_optional(e.get('ours_over_minimum'), '{:.2f}x')} | {fmt_optional(e.get('upstream_over_minimum'), '{:.2f}x')} |"
         )
     return lines
 
@@ -198,6 +234,8 @@ def markdown(result: dict, notes: str = "") -> str:
     for heading, field, describe in sections:
         described = [f"- {s['impl']} tp{s['tp']} ep{s['ep']}: {describe(s[field])}" for s in result["servers"] if s.get(field)]
         lines += ["", *([heading, ""] if heading else []), *described] if described else []
+    if result.get("byte_minimum"):
+        lines += byte_minimum_markdown(result["byte_minimum"])
     lines += ["", "Ops that ran through the harness's `sgl_kernel` stand-ins (not SGLang's compiled kernels), in any of the merged runs:", ""]
     for impl, names in result["standin_ops"].items():
         lines.append(f"- {impl}: {', '.join(names) if names else 'none'}")
