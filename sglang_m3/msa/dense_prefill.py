@@ -9,7 +9,8 @@ request of an extend batch runs SDPA on its own tokens: a chunk that starts the 
 only itself (square causal, cuDNN), a later chunk attends its cached prefix gathered from the
 KV pool plus itself: the prefix unmasked and the chunk causally, two cuDNN calls merged by
 their log-sum-exp (:func:`prefix_split_sdpa`; FlashAttention's lower-right causal call with
-``SGLANG_M3_DENSE_PREFIX_SPLIT=0``).
+``SGLANG_M3_DENSE_PREFIX_SPLIT=0``; the merge in one Triton pass with
+``SGLANG_M3_FUSED_LSE_MERGE=1``, :mod:`msa_kernels.triton_lse_merge`).
 
 cuDNN builds an execution plan for every new shape it is given (torch keys its plan cache on the
 exact lengths): 50-80 ms of host time on the H100, and seconds when a kernel variant has to be
@@ -59,6 +60,8 @@ from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
+
+from msa_kernels.triton_lse_merge import merge_by_lse, merge_by_lse_reference
 
 from sglang_m3.env_switch import env_choice, env_non_negative_int
 from sglang_m3.msa.batch_shape import host_extend_lens
@@ -333,8 +336,16 @@ def prefix_split_sdpa(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     prefix = length - n
     out_prefix, lse_prefix = attention(q, keys[:prefix], values[:prefix], scale, causal=False)
     out_self, lse_self = attention(q, keys[prefix:], values[prefix:], scale, causal=True)
-    top = torch.maximum(lse_prefix, lse_self)
-    weight_prefix, weight_self = torch.exp(lse_prefix - top), torch.exp(lse_self - top)
-    wide = torch.promote_types(q.dtype, torch.float32)
-    merged = (out_prefix.to(wide) * weight_prefix + out_self.to(wide) * weight_self) / (weight_prefix + weight_self)
-    return merged.to(q.dtype)
+    merge = merge_by_lse if fused_merge_serves(out_prefix) else merge_by_lse_reference
+    return merge(out_prefix, lse_prefix, out_self, lse_self)
+
+
+#: Environment switch: ``1`` merges the prefix split's two outputs in one Triton pass on CUDA
+#: (:mod:`msa_kernels.triton_lse_merge`, the torch ops' result bit for bit) instead of seven torch
+#: passes; ``0``, the default until it is timed on a GPU, keeps the torch ops.
+FUSED_MERGE_ENV = "SGLANG_M3_FUSED_LSE_MERGE"
+
+
+def fused_merge_serves(out: torch.Tensor) -> bool:
+    """Whether the Triton merge takes these partial outputs: CUDA tensors, with the switch on."""
+    return env_choice(FUSED_MERGE_ENV, ("0", "1"), "'1' (one Triton pass on CUDA) or '0' (torch ops)") == "1" and out.is_cuda

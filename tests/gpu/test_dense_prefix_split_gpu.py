@@ -81,3 +81,22 @@ def test_prepared_cudnn_then_every_aligned_form():
         exact = _sdpa(q.float(), keys.float(), values.float(), 128**-0.5, SDPBackend.MATH, torch.float32)
         flash_error = (_sdpa(q, keys, values, 128**-0.5, SDPBackend.FLASH_ATTENTION, torch.bfloat16) - exact).abs().max()
         assert (causal_sdpa(q, keys, values, 128**-0.5).float() - exact).abs().max() <= flash_error + 2**-8 * values.float().abs().max()
+
+
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(64, 4, 128), (32, 2, 128), (4, 2, 32)])
+@pytest.mark.parametrize("prefix, n", [(128, 1), (1000, 333), (8192, 2048)])
+def test_fused_merge_gives_the_torch_merges_bits(monkeypatch, heads, kv_heads, head_dim, prefix, n):
+    """``SGLANG_M3_FUSED_LSE_MERGE=1``: the merge in one Triton pass (libdevice exp, no contraction,
+    IEEE division) must give the torch ops' bf16 output bit for bit, at M3's TP1 and TP2 widths."""
+    from sglang_m3.msa.dense_prefill import FUSED_MERGE_ENV
+
+    gen = torch.Generator(device="cuda").manual_seed(prefix * 7 + n)
+    keys, values = (torch.randn(prefix + n, kv_heads, head_dim, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(2))
+    q = (torch.randn(n, heads, head_dim, device="cuda", generator=gen) * 2).to(torch.bfloat16)
+    scale = head_dim**-0.5
+    monkeypatch.setenv(FUSED_MERGE_ENV, "0")
+    torch_merged = prefix_split_sdpa(q, keys, values, scale)
+    monkeypatch.setenv(FUSED_MERGE_ENV, "1")
+    fused = prefix_split_sdpa(q, keys, values, scale)
+    assert fused.is_contiguous()
+    torch.testing.assert_close(fused, torch_merged, rtol=0, atol=0)

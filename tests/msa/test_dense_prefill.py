@@ -204,6 +204,42 @@ def test_prefix_split_switch_is_checked(monkeypatch):
         prefix_split_applies(q)
 
 
+def test_fused_merge_switch_is_off_by_default_cuda_only_and_checked(monkeypatch):
+    from sglang_m3.msa.dense_prefill import FUSED_MERGE_ENV, fused_merge_serves
+
+    out = torch.zeros(2, HQ, D, dtype=torch.bfloat16)
+    monkeypatch.delenv(FUSED_MERGE_ENV, raising=False)
+    assert not fused_merge_serves(out)
+    monkeypatch.setenv(FUSED_MERGE_ENV, "1")
+    assert not fused_merge_serves(out)  # CPU outputs keep the torch ops
+    monkeypatch.setenv(FUSED_MERGE_ENV, "on")
+    with pytest.raises(ValueError, match=FUSED_MERGE_ENV):
+        fused_merge_serves(out)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="runs the merge kernel on CPU tensors under the Triton interpreter")
+def test_prefix_split_merges_through_the_kernel_where_it_serves(monkeypatch):
+    """With the fused merge taking the outputs (forced here on the CPU, where the interpreter runs
+    it), the split gives the torch merge's result: bf16 partials of the CPU's flash attention,
+    equal up to an exp's last bit (``tests/kernels/test_lse_merge.py`` bounds that)."""
+    from sglang_m3.msa import dense_prefill
+
+    gen = torch.Generator().manual_seed(11)
+    prefix, n = 40, 24
+    keys, values = (torch.randn(prefix + n, HKV, D, generator=gen).to(torch.bfloat16) for _ in range(2))
+    q = (torch.randn(n, HQ, D, generator=gen) * 3).to(torch.bfloat16)
+    attention = dense_prefill._cpu_flash_attention_with_lse
+    want = dense_prefill.prefix_split_sdpa(q, keys, values, 1 / math.sqrt(D), attention=attention)
+    merged = []
+    real_merge = dense_prefill.merge_by_lse
+    monkeypatch.setattr(dense_prefill, "fused_merge_serves", lambda out: True)
+    monkeypatch.setattr(dense_prefill, "merge_by_lse", lambda *parts: merged.append(1) or real_merge(*parts))
+    got = dense_prefill.prefix_split_sdpa(q, keys, values, 1 / math.sqrt(D), attention=attention)
+    assert merged == [1] and got.dtype == torch.bfloat16
+    assert (got == want).float().mean() >= 0.99
+    torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=2**-7 * want.float().abs().max().item())
+
+
 def _routing(monkeypatch, n, length, on_cuda=True):
     """Which path ``causal_sdpa`` takes for ``n`` new tokens over ``length`` keys: ``split`` or the
     first SDPA backend it asks for (the split checks answered as on CUDA in 16-bit, or the CPU)."""
