@@ -6,8 +6,8 @@ identical flags: once with the sglang-m3 plugin (its model classes, MSA Triton b
 MoE) and once with upstream SGLang 0.5.23's own M3 classes and MiniMax sparse backend (the plugin
 taken off the Python path). Measured per server: start-up time, KV tokens available, peak GPU
 memory, TTFT of 8K/32K/128K-token prompts, output tok/s and TPOT at concurrency 1/16/64 with 2K
-prompts and 256 output tokens (concurrency 1: the median of five lone requests), and TPOT at
-concurrency 16 with 32K-token contexts.
+prompts and 256 output tokens (concurrency 1: the median of five lone requests; 16 and 64: the
+median of three groups), and TPOT at concurrency 16 with 32K-token contexts.
 
 Run on the lent GPU through the harness (``scripts/gpu/run.sh bench [ARGS]``), which provides
 SGLang, the stand-ins and the platform; each server's partial result is written as soon as it is
@@ -201,14 +201,20 @@ def warm_up(base_url: str, seed) -> None:
 #: Concurrency 1 is the median of this many requests sent one after another: one request's TPOT
 #: varied by up to 40% between otherwise identical runs on the H100 (``serving_client``).
 SINGLE_STREAM_RUNS = 5
+#: The 2K rows at concurrency 16 and 64 are the median of this many groups: one group's TPOT moved
+#: by about 5% between calls (c16 0.99x in the H200 TP1 run at c30a6ac, where the paired run of
+#: the same servers gave 1.13x, ours faster in 6 of 6 rounds).
+GROUP_RUNS = 3
 
 
-def median_single_stream(base_url: str, seed, output: int) -> tuple:
-    """The median (by TPOT) of ``SINGLE_STREAM_RUNS`` lone requests of a 2K prompt, and every
-    request's TPOT and host probe in the order they ran (``{"runs": [...], "host_loop_ms": [...]}``)."""
-    runs = [probed(lambda: run_group(base_url, [random_prompt(THROUGHPUT_PROMPT, next(seed))], output))
-            for _ in range(SINGLE_STREAM_RUNS)]
-    print("  c1 2K single runs, tpot ms (host probe ms): "
+def median_group(base_url: str, seed, output: int, concurrency: int) -> tuple:
+    """The median (by TPOT) of ``SINGLE_STREAM_RUNS`` lone requests of a 2K prompt, or of
+    ``GROUP_RUNS`` groups of ``concurrency`` of them sent at once, and every run's TPOT and host
+    probe in the order they ran (``{"runs": [...], "host_loop_ms": [...]}``)."""
+    count = SINGLE_STREAM_RUNS if concurrency == 1 else GROUP_RUNS
+    runs = [probed(lambda: run_group(base_url, [random_prompt(THROUGHPUT_PROMPT, next(seed)) for _ in range(concurrency)], output))
+            for _ in range(count)]
+    print(f"  c{concurrency} 2K runs, tpot ms (host probe ms): "
           + ", ".join(f"{group.mean_tpot_ms:.2f} ({loop_ms:.0f})" for group, loop_ms in runs), flush=True)
     record = {"runs": [group.mean_tpot_ms for group, _ in runs], "host_loop_ms": [loop_ms for _, loop_ms in runs]}
     return sorted((group for group, _ in runs), key=lambda group: group.mean_tpot_ms)[len(runs) // 2], record
@@ -230,13 +236,9 @@ def measure(base_url: str, quick: bool, seed, rows: list[dict], saved, first_run
         saved()
     output = 64 if quick else THROUGHPUT_OUTPUT
     for concurrency in THROUGHPUT_CONCURRENCY[:2] if quick else THROUGHPUT_CONCURRENCY:
-        lone_runs = {}
-        if concurrency == 1:
-            group, lone_runs = median_single_stream(base_url, seed, output)
-        else:
-            group = run_group(base_url, [random_prompt(THROUGHPUT_PROMPT, next(seed)) for _ in range(concurrency)], output)
+        group, runs = median_group(base_url, seed, output, concurrency)
         common = {"prompt_tokens": THROUGHPUT_PROMPT, "concurrency": concurrency}
-        rows.append({"metric": "tpot_ms", **common, "value": group.mean_tpot_ms, **lone_runs})
+        rows.append({"metric": "tpot_ms", **common, "value": group.mean_tpot_ms, **runs})
         rows.append({"metric": "output_tok_s", **common, "value": group.output_tok_s})
         if concurrency > 1:
             rows.append({"metric": "ttft_ms", **common, "value": group.mean_ttft_ms})

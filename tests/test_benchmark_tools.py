@@ -316,17 +316,19 @@ def test_report_names_each_servers_host(tmp_path):
 
 def test_each_workload_is_saved_as_soon_as_it_is_measured(monkeypatch):
     """A device run cut by its time limit keeps every row measured before the cut; concurrency 1
-    is the median of its lone requests."""
+    is the median of its lone requests, a higher 2K concurrency the median of its groups."""
     import e2e_gpu
     from serving_client import RequestTiming
 
     class Group:
-        def __init__(self, tpot_ms):
-            self.mean_tpot_ms, self.output_tok_s, self.mean_ttft_ms = tpot_ms, 1e3 / tpot_ms, 40.0
+        def __init__(self, tpot_ms, ttft_ms=40.0):
+            self.mean_tpot_ms, self.output_tok_s, self.mean_ttft_ms = tpot_ms, 1e3 / tpot_ms, ttft_ms
 
     lone_tpots = [3.1, 2.4, 2.9, 2.5, 2.6]  # median 2.6
-    assert len(lone_tpots) == e2e_gpu.SINGLE_STREAM_RUNS
+    c16_groups = [Group(8.4, 90.0), Group(7.9, 80.0), Group(8.1, 85.0)]  # median by TPOT: 8.1, with its own TTFT
+    assert len(lone_tpots) == e2e_gpu.SINGLE_STREAM_RUNS and len(c16_groups) == e2e_gpu.GROUP_RUNS
     calls = {"single": 0, "group": 0}
+    sizes = []
 
     def single(*args, **kwargs):
         calls["single"] += 1
@@ -334,14 +336,14 @@ def test_each_workload_is_saved_as_soon_as_it_is_measured(monkeypatch):
 
     def group(base_url, prompts, output):
         calls["group"] += 1
+        sizes.append(len(prompts))
         if calls["group"] <= len(lone_tpots):
-            assert len(prompts) == 1
             return Group(lone_tpots[calls["group"] - 1])
-        if calls["group"] == len(lone_tpots) + 2:
-            raise SystemExit("stopped by signal 15")  # the c64 group is cut
-        return Group(8.0)
+        if calls["group"] <= len(lone_tpots) + len(c16_groups):
+            return c16_groups[calls["group"] - len(lone_tpots) - 1]
+        raise SystemExit("stopped by signal 15")  # the first c64 group is cut
 
-    probes = iter([70.0, 75.0, 150.0, 160.0, 155.0])  # the host slowed between the second and third lone request
+    probes = iter([70.0, 75.0, 150.0, 160.0, 155.0, 80.0, 81.0, 82.0, 83.0])  # the host slowed between the second and third lone request
 
     def probed(run):
         loop_ms = next(probes)
@@ -353,14 +355,15 @@ def test_each_workload_is_saved_as_soon_as_it_is_measured(monkeypatch):
     monkeypatch.setattr(e2e_gpu, "random_prompt", lambda length, seed: [seed] * 4)
     rows, snapshots, first_runs = [], [], {}
     with pytest.raises(SystemExit):
-        e2e_gpu.measure("http://unused", False, iter(range(100)), rows, lambda: snapshots.append(len(rows)), first_runs)
+        e2e_gpu.measure("http://unused", False, iter(range(1000)), rows, lambda: snapshots.append(len(rows)), first_runs)
+    assert sizes == [1] * 5 + [16] * 3 + [64]
     # each TTFT length's first (discarded) run is kept beside the rows
     assert first_runs == {str(length): 1e3 * 0.1 for length in e2e_gpu.TTFT_PROMPTS}
     # three TTFT lengths, then c1 (tpot + tok/s) and c16 (+ its ttft) before the cut at c64
     assert snapshots == [1, 2, 3, 5, 8]
-    assert [(r["metric"], r["prompt_tokens"], r["concurrency"]) for r in rows][-3:] == [
-        ("tpot_ms", 2048, 16), ("output_tok_s", 2048, 16), ("ttft_ms", 2048, 16)
-    ]
+    c16 = {r["metric"]: r for r in rows if r["concurrency"] == 16}
+    assert c16["tpot_ms"]["value"] == 8.1 and c16["output_tok_s"]["value"] == 1e3 / 8.1 and c16["ttft_ms"]["value"] == 85.0
+    assert c16["tpot_ms"]["runs"] == [8.4, 7.9, 8.1] and c16["tpot_ms"]["host_loop_ms"] == [80.0, 81.0, 82.0]
     c1 = {r["metric"]: r["value"] for r in rows if r["concurrency"] == 1 and r["prompt_tokens"] == 2048}
     assert c1 == {"tpot_ms": 2.6, "output_tok_s": 1e3 / 2.6}
     # every lone request is kept in the order it ran, beside the probe taken just before it
