@@ -11,8 +11,9 @@ Arithmetic and rounding are :func:`merge_by_lse_reference`'s op for op, in fp32:
 normaliser as the pivot, each weight ``exp(lse - pivot)``, the outputs widened and scaled, summed,
 divided by the sum of the weights (IEEE division; Triton's ``/`` on fp32 is approximate) and
 rounded to nearest-even into the outputs' dtype. On CUDA ``exp`` is libdevice's (what torch's CUDA
-kernel calls) and floating-point contraction is off, so the result is the torch form's bit for bit;
-under the interpreter ``exp`` is numpy's, which may move a weight by its last bit.
+kernel calls) and floating-point contraction is off, so that the result is the torch form's bit for
+bit (``tests/gpu/test_dense_prefix_split_gpu.py`` asserts it; not yet run on a GPU); under the
+interpreter ``exp`` is numpy's, which may move a weight by its last bit.
 
 Grid: one program per (token, block of heads). Graph-safe: nothing is read on the host.
 """

@@ -341,8 +341,9 @@ def prefix_split_sdpa(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
 
 
 #: Environment switch: ``1`` merges the prefix split's two outputs in one Triton pass on CUDA
-#: (:mod:`msa_kernels.triton_lse_merge`, the torch ops' result bit for bit) instead of seven torch
-#: passes; ``0``, the default until it is timed on a GPU, keeps the torch ops.
+#: (:mod:`msa_kernels.triton_lse_merge`, built to give the torch ops' bits, which its GPU test
+#: asserts) instead of seven torch passes; ``0``, the default until it has run and been timed on a
+#: GPU, keeps the torch ops.
 FUSED_MERGE_ENV = "SGLANG_M3_FUSED_LSE_MERGE"
 
 
