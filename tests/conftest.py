@@ -29,6 +29,13 @@ from server_harness import (  # noqa: E402
     server_environment,
     start_zygote,
 )
+from terminate_as_interrupt import install as terminate_as_interrupt  # noqa: E402
+
+
+def pytest_configure(config):
+    """SIGTERM unwinds the tests instead of ending pytest before their cleanup
+    (``terminate_as_interrupt``: servers in their own sessions would outlive the run)."""
+    terminate_as_interrupt()
 
 
 #: The ``xdist_group`` of every server test: one worker runs them all, one after another (a
