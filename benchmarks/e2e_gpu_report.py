@@ -25,7 +25,7 @@ import os
 import re
 import sys
 
-from decode_bytes import c1_decode_step_bytes, c1_minimum_ms
+from decode_bytes import c1_decode_step_bytes, peak_bandwidth
 
 
 def gpu_key(name: str) -> str:
@@ -101,16 +101,16 @@ def byte_minimum(model: dict, gpu: str, rows) -> list[dict]:
     """For each concurrency-1 TPOT row without expert parallelism: the step's byte minimum on
     ``gpu`` (:mod:`decode_bytes`, at the prompt's length: the 256 output tokens add under 0.1% of
     the bytes) and each server's TPOT over it. Empty for a GPU whose bandwidth is not known."""
+    rate = peak_bandwidth(gpu)
     entries = []
     for row in rows:
-        if row["metric"] != "tpot_ms" or row["concurrency"] != 1 or row["ep"] != 1:
+        if rate is None or row["metric"] != "tpot_ms" or row["concurrency"] != 1 or row["ep"] != 1:
             continue
-        minimum = c1_minimum_ms(model, gpu, row["tp"], row["prompt_tokens"])
-        if minimum is None:
-            continue
+        step_bytes = c1_decode_step_bytes(model, row["tp"], row["prompt_tokens"])["total"]
+        minimum = 1e3 * step_bytes / rate
         entries.append({
             **{k: row[k] for k in ("tp", "ep", "prompt_tokens", "concurrency")},
-            "bytes_per_gpu": c1_decode_step_bytes(model, row["tp"], row["prompt_tokens"])["total"], "minimum_ms": minimum,
+            "bytes_per_gpu": step_bytes, "minimum_ms": minimum,
             **{f"{impl}_over_minimum": row[impl] / minimum for impl in ("ours", "upstream") if row[impl]},
         })
     return sorted(entries, key=lambda e: e["tp"])
