@@ -86,7 +86,7 @@ def test_prepared_cudnn_then_every_aligned_form():
 @pytest.mark.parametrize("heads, kv_heads, head_dim", [(64, 4, 128), (32, 2, 128), (4, 2, 32)])
 @pytest.mark.parametrize("prefix, n", [(128, 1), (1000, 333), (8192, 2048)])
 def test_fused_merge_gives_the_torch_merges_bits(monkeypatch, heads, kv_heads, head_dim, prefix, n):
-    """``SGLANG_M3_FUSED_LSE_MERGE=1``: the merge in one Triton pass (libdevice exp, no contraction,
+    """``SGLANG_M3_FUSED_LSE_MERGE=1`` (the default): the merge in one Triton pass (libdevice exp, no contraction,
     IEEE division) must give the torch ops' bf16 output bit for bit, at M3's TP1 and TP2 widths."""
     from sglang_m3.msa.dense_prefill import FUSED_MERGE_ENV
 

@@ -204,14 +204,15 @@ def test_prefix_split_switch_is_checked(monkeypatch):
         prefix_split_applies(q)
 
 
-def test_fused_merge_switch_is_off_by_default_cuda_only_and_checked(monkeypatch):
-    from sglang_m3.msa.dense_prefill import FUSED_MERGE_ENV, fused_merge_serves
+def test_fused_merge_switch_is_on_by_default_cuda_only_and_checked(monkeypatch):
+    from sglang_m3.msa.dense_prefill import FUSED_MERGE_ENV, fused_merge_on, fused_merge_serves
 
     out = torch.zeros(2, HQ, D, dtype=torch.bfloat16)
     monkeypatch.delenv(FUSED_MERGE_ENV, raising=False)
-    assert not fused_merge_serves(out)
-    monkeypatch.setenv(FUSED_MERGE_ENV, "1")
+    assert fused_merge_on()
     assert not fused_merge_serves(out)  # CPU outputs keep the torch ops
+    monkeypatch.setenv(FUSED_MERGE_ENV, "0")
+    assert not fused_merge_on()
     monkeypatch.setenv(FUSED_MERGE_ENV, "on")
     with pytest.raises(ValueError, match=FUSED_MERGE_ENV):
         fused_merge_serves(out)
