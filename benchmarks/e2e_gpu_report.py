@@ -24,8 +24,10 @@ import json
 import os
 import re
 import sys
+import tempfile
+from functools import cache
 
-from decode_bytes import c1_decode_step_bytes, peak_bandwidth
+from sglang_m3.inspect.decode_floor import peak_bandwidth
 
 
 def gpu_key(name: str) -> str:
@@ -98,22 +100,35 @@ def merge(servers: list[dict], ops: dict[str, list[str]], note: str = "") -> dic
 
 
 def byte_minimum(model: dict, gpu: str, rows) -> list[dict]:
-    """For each concurrency-1 TPOT row without expert parallelism: the step's byte minimum on
-    ``gpu`` (:mod:`decode_bytes`, at the prompt's length: the 256 output tokens add under 0.1% of
-    the bytes) and each server's TPOT over it. Empty for a GPU whose bandwidth is not known."""
+    """For each concurrency-1 TPOT row: the step's byte minimum on ``gpu`` (the busiest rank's
+    bf16 decode floor of ``sglang-m3 inspect`` at the prompt's length: the 256 output tokens add
+    under 0.1% of the bytes) and each server's TPOT over it. Empty for a GPU whose bandwidth is not
+    known."""
     rate = peak_bandwidth(gpu)
     entries = []
     for row in rows:
-        if rate is None or row["metric"] != "tpot_ms" or row["concurrency"] != 1 or row["ep"] != 1:
+        if rate is None or row["metric"] != "tpot_ms" or row["concurrency"] != 1:
             continue
-        step_bytes = c1_decode_step_bytes(model, row["tp"], row["prompt_tokens"])["total"]
+        step_bytes = decode_floor_bytes(json.dumps(model, sort_keys=True), row["tp"], row["ep"], row["prompt_tokens"])
         minimum = 1e3 * step_bytes / rate
         entries.append({
             **{k: row[k] for k in ("tp", "ep", "prompt_tokens", "concurrency")},
             "bytes_per_gpu": step_bytes, "minimum_ms": minimum,
             **{f"{impl}_over_minimum": row[impl] / minimum for impl in ("ours", "upstream") if row[impl]},
         })
-    return sorted(entries, key=lambda e: e["tp"])
+    return sorted(entries, key=lambda e: (e["tp"], e["ep"]))
+
+
+@cache
+def decode_floor_bytes(model_json: str, tp: int, ep: int, context: int) -> int:
+    """The busiest rank's bf16 decode floor of the served config (``model_json``, its config.json
+    text), from the project's model classes built on the meta device for that layout."""
+    from sglang_m3.inspect.report import inspect_config
+
+    with tempfile.TemporaryDirectory(prefix="e2e-report-config-") as directory:
+        with open(os.path.join(directory, "config.json"), "w", encoding="utf-8") as handle:
+            handle.write(model_json)
+        return inspect_config(directory, tp, ep, context=context)["per_rank"]["decode_floor"]["bf16"]["total"]
 
 
 def load_paired(paths: list[str]) -> list[dict]:
@@ -158,13 +173,14 @@ def paired_markdown(entries: list[dict]) -> list[str]:
 
 def byte_minimum_markdown(entries: list[dict]) -> list[str]:
     lines = [
-        "", "Byte minimum of a concurrency-1 decode step (`benchmarks/decode_bytes.py`: the weights and cache one GPU "
-        "must read per token, over its peak HBM bandwidth), against each server's TPOT:", "",
-        "| tp | prompt tokens | GB per GPU | minimum ms | ours / minimum | upstream / minimum |", "|---|---|---|---|---|---|",
+        "", "Byte minimum of a concurrency-1 decode step (`sglang-m3 inspect`'s decode floor: the weights and cache "
+        "the busiest GPU must read per token, with the chosen experts under expert parallelism spread as evenly as "
+        "they can be, over its peak HBM bandwidth), against each server's TPOT:", "",
+        "| tp | ep | prompt tokens | GB per GPU | minimum ms | ours / minimum | upstream / minimum |", "|---|---|---|---|---|---|---|",
     ]
     for e in entries:
         lines.append(
-            f"| {e['tp']} | {e['prompt_tokens']} | {e['bytes_per_gpu'] / 1e9:.2f} | {e['minimum_ms']:.3f} | "
+            f"| {e['tp']} | {e['ep']} | {e['prompt_tokens']} | {e['bytes_per_gpu'] / 1e9:.2f} | {e['minimum_ms']:.3f} | "
             f"{fmt_optional(e.get('ours_over_minimum'), '{:.2f}x')} | {fmt_optional(e.get('upstream_over_minimum'), '{:.2f}x')} |"
         )
     return lines

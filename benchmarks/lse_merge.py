@@ -18,11 +18,11 @@ import argparse
 import json
 
 import torch
-from decode_bytes import peak_bandwidth
 from fused_add_rmsnorm import time_variants, timers
 from provenance import commit
 
 from msa_kernels.triton_lse_merge import merge_by_lse, merge_by_lse_reference
+from sglang_m3.inspect.decode_floor import peak_bandwidth
 
 HEAD_DIM = 128
 

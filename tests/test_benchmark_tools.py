@@ -20,7 +20,6 @@ import e2e_gpu_report  # noqa: E402
 from prefill_host_probe import host_work_in_gaps  # noqa: E402
 from midsize_m3 import midsize_text_config, shipped_text_config, write_midsize_checkpoint  # noqa: E402
 from trace_summary import collective_waits, idle_gaps, kernel_summary, launch_origins, load_events  # noqa: E402
-from decode_bytes import c1_decode_step_bytes, c1_minimum_ms  # noqa: E402
 
 from sglang_m3.config import M3TextSpec  # noqa: E402
 
@@ -73,51 +72,6 @@ def test_trace_summary_totals_gpu_kernels_per_step(tmp_path):
     assert summary["kernels"][0] == {"name": "gemm", "us_per_step": 20.0, "calls_per_step": 1.0, "us_per_call": 20.0, "share": 40 / 44}
     with pytest.raises(ValueError, match="steps"):
         kernel_summary([], steps=0)
-
-
-@pytest.mark.parametrize("tp", [1, 2, 4])
-def test_decode_byte_minimum_reads_the_built_models_weights_less_the_unchosen_experts(tmp_path, tp):
-    """Against the project's model classes built on the meta device for each rank (``sglang-m3
-    inspect``): a c1 step reads every parameter of a rank but the embedding table (one row of it)
-    and the routed experts not chosen; what is left over is the norms' weights (kilobytes). The
-    cache part is the inspect report's KV and index bytes per token wherever the context fits in
-    the selected blocks."""
-    from sglang_m3.inspect.report import inspect_config
-
-    write_midsize_checkpoint(str(tmp_path))
-    with open(tmp_path / "config.json", encoding="utf-8") as handle:
-        model = json.load(handle)
-    report = inspect_config(str(tmp_path), tp)["per_rank"]
-    hidden, experts, chosen = model["hidden_size"], model["num_local_experts"], model["num_experts_per_tok"]
-    expert_bytes = 3 * hidden * model["intermediate_size"] * 2 // tp
-    moe_layers = sum(model["moe_layer_freq"])
-    embedding = model["vocab_size"] * hidden * 2 // tp
-    expected_weights = report["bytes_by_rank"][0] - embedding + hidden * 2 - moe_layers * (experts - chosen) * expert_bytes
-    context = 2048  # the selected blocks (16 x 128 tokens) cover it: every layer reads the whole cache
-    parts = c1_decode_step_bytes(model, tp, context)
-    weights = parts["total"] - parts["kv_cache"] - parts["index_keys"]
-    assert 0 <= expected_weights - weights < 10**6  # the norms
-    assert parts["kv_cache"] + parts["index_keys"] == context * report["total_kv_bytes_per_token"]
-
-
-def test_decode_byte_minimum_reads_only_the_selected_blocks_of_sparse_layers(tmp_path):
-    write_midsize_checkpoint(str(tmp_path))
-    with open(tmp_path / "config.json", encoding="utf-8") as handle:
-        model = json.load(handle)
-    short, long = c1_decode_step_bytes(model, 1, 2048), c1_decode_step_bytes(model, 1, 32768)
-    dense_layers = model["moe_layer_freq"].count(0)
-    kv_per_token = 2 * model["num_key_value_heads"] * model["head_dim"] * 2
-    # 30K more tokens: the dense layer reads all of them, the sparse layers only their index keys
-    assert long["kv_cache"] - short["kv_cache"] == dense_layers * 30720 * kv_per_token
-    assert long["index_keys"] == 16 * short["index_keys"]
-    assert {k: v for k, v in long.items() if k not in ("kv_cache", "index_keys", "total")} == {
-        k: v for k, v in short.items() if k not in ("kv_cache", "index_keys", "total")
-    }
-    assert c1_minimum_ms(model, "NVIDIA H200", 1, 2048) == pytest.approx(1e3 * short["total"] / 4.8e12)
-    assert c1_minimum_ms(model, "NVIDIA H100 80GB HBM3", 1, 2048) == pytest.approx(1e3 * short["total"] / 3.35e12)
-    assert c1_minimum_ms(model, "NVIDIA B300", 1, 2048) is None
-    with pytest.raises(ValueError, match="tp"):
-        c1_decode_step_bytes(model, 0, 2048)
 
 
 def test_idle_gaps_group_gpu_idle_time_by_neighbouring_kernels():
@@ -431,8 +385,10 @@ def test_report_lists_each_lone_request_with_its_host_probe(tmp_path):
 
 
 def test_report_sets_each_c1_tpot_against_the_steps_byte_minimum(tmp_path):
-    """c1 TPOT rows without expert parallelism get the byte minimum on the run's GPU (H100 here);
-    other rows and EP rows do not."""
+    """c1 TPOT rows get the busiest rank's decode floor (``sglang-m3 inspect``) on the run's GPU
+    (H100 here), EP rows their own; other concurrencies do not."""
+    from sglang_m3.inspect.report import inspect_config
+
     rows = [{"metric": "tpot_ms", "prompt_tokens": 2048, "concurrency": 1, "value": 3.0},
             {"metric": "tpot_ms", "prompt_tokens": 2048, "concurrency": 16, "value": 6.0}]
     ep2 = {**_server("ours", rows), "tp": 2, "ep": 2}
@@ -441,12 +397,16 @@ def test_report_sets_each_c1_tpot_against_the_steps_byte_minimum(tmp_path):
     (tmp_path / "e2e_gpu_upstream_tp1_ep1.json").write_text(json.dumps(_server("upstream", [{**rows[0], "value": 4.0}])))
     (tmp_path / "e2e_gpu_ours_tp2_ep2.json").write_text(json.dumps(ep2))
     result = e2e_gpu_report.merge(e2e_gpu_report.load_servers([str(tmp_path)]), {}, "")
-    (entry,) = result["byte_minimum"]
-    minimum = c1_minimum_ms(midsize_text_config(), "NVIDIA H100 80GB HBM3", 1, 2048)
-    assert entry["tp"] == 1 and entry["minimum_ms"] == pytest.approx(minimum)
-    assert entry["ours_over_minimum"] == pytest.approx(3.0 / minimum) and entry["upstream_over_minimum"] == pytest.approx(4.0 / minimum)
+    tp1, ep2_entry = result["byte_minimum"]
+    config_dir = tmp_path / "model"
+    write_midsize_checkpoint(str(config_dir))
+    floors = {(tp, ep): inspect_config(str(config_dir), tp, ep)["per_rank"]["decode_floor"]["bf16"]["total"] for tp, ep in ((1, 1), (2, 2))}
+    minimum = 1e3 * floors[1, 1] / 3.35e12
+    assert (tp1["tp"], tp1["ep"], tp1["bytes_per_gpu"]) == (1, 1, floors[1, 1]) and tp1["minimum_ms"] == pytest.approx(minimum)
+    assert tp1["ours_over_minimum"] == pytest.approx(3.0 / minimum) and tp1["upstream_over_minimum"] == pytest.approx(4.0 / minimum)
+    assert (ep2_entry["tp"], ep2_entry["ep"], ep2_entry["bytes_per_gpu"]) == (2, 2, floors[2, 2]) and "upstream_over_minimum" not in ep2_entry
     text = e2e_gpu_report.markdown(result)
-    assert f"| 1 | 2048 | {entry['bytes_per_gpu'] / 1e9:.2f} | {minimum:.3f} | {3.0 / minimum:.2f}x | {4.0 / minimum:.2f}x |" in text
+    assert f"| 1 | 1 | 2048 | {floors[1, 1] / 1e9:.2f} | {minimum:.3f} | {3.0 / minimum:.2f}x | {4.0 / minimum:.2f}x |" in text
 
 
 def test_host_profile_gives_each_sample_to_its_innermost_process(tmp_path):

@@ -11,6 +11,7 @@ import json
 import sys
 
 from sglang_m3.commands.output_errors import describe_write_error
+from sglang_m3.inspect.decode_floor import DEFAULT_FLOOR_CONTEXT
 
 GB = 10**9
 
@@ -32,12 +33,19 @@ def register(subparsers) -> None:
             "Build the M3 model classes of a config on the meta device and report the total "
             "parameters (text, vision; MTP modules are not built and not counted), the bytes per "
             "rank under --tp/--ep with what is split and what is replicated, and the KV-cache "
-            "bytes per token (K/V plus MSA index keys). Sizes are bf16; GB are 10^9 bytes."
+            "bytes per token (K/V plus MSA index keys), and the decode floor: the bytes the busiest "
+            "rank must read for one token of a lone request at --context tokens, and the time that "
+            "takes at the H100's and H200's peak HBM bandwidth, which no server can beat. Sizes are "
+            "bf16; GB are 10^9 bytes."
         ),
     )
     parser.add_argument("config", help="a config.json file or a checkpoint directory")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
     parser.add_argument("--ep", type=int, default=1, help="expert-parallel size inside the TP group (default 1)")
+    parser.add_argument(
+        "--context", type=_positive_tokens, default=DEFAULT_FLOOR_CONTEXT, metavar="TOKENS",
+        help=f"tokens in the request's context for the decode floor (default {DEFAULT_FLOOR_CONTEXT})",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--tensors", action="store_true", help="also list every expected checkpoint tensor with its full shape")
     parser.add_argument(
@@ -47,13 +55,27 @@ def register(subparsers) -> None:
     parser.set_defaults(handler=run)
 
 
+def _positive_tokens(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number of tokens, got {text!r}")
+    return value
+
+
 def run(args: argparse.Namespace) -> int:
     from sglang_m3.config import M3ConfigError
+    from sglang_m3.inspect.decode_floor import FloorContextError
     from sglang_m3.inspect.parallel_sizes import ParallelSizeError
     from sglang_m3.inspect.report import geometry_record, inspect_config
 
     try:
-        report = inspect_config(args.config, args.tp, args.ep, tensors=args.tensors)
+        report = inspect_config(args.config, args.tp, args.ep, tensors=args.tensors, context=args.context)
+    except FloorContextError as error:
+        print(f"sglang-m3 inspect: --context: {error}", file=sys.stderr)
+        return 1
     except (M3ConfigError, ParallelSizeError) as error:
         print(f"sglang-m3 inspect: {error}", file=sys.stderr)
         return 1
@@ -112,6 +134,27 @@ def text_lines(report: dict) -> list[str]:
     )
     for problem in rank["uneven"]:
         lines.append(f"  UNEVEN     {problem}")
+    lines += floor_lines(rank["decode_floor"])
     for name, shape in report.get("tensors", {}).items():
         lines.append(f"{name} {shape}")
+    return lines
+
+
+def floor_lines(floor: dict) -> list[str]:
+    """The decode floor: the busiest rank's bytes per token by part, bf16 and MXFP8, then the time."""
+    bf16, mxfp8 = floor["bf16"], floor["mxfp8"]
+    lines = [
+        f"  decode floor, one lone request at {floor['context']:,} tokens of context (busiest rank; "
+        f"{floor['chosen_experts_per_moe_layer']} chosen expert(s) per MoE layer on it):",
+        f"    {'part':<15}{'bf16 GB':>9}{'MXFP8 GB':>10}",
+    ]
+    for part, count in bf16.items():
+        if part != "total":
+            lines.append(f"    {part:<15}{count / GB:>9.3f}{mxfp8[part] / GB:>10.3f}")
+    lines.append(f"    {'total':<15}{bf16['total'] / GB:>9.3f}{mxfp8['total'] / GB:>10.3f}")
+    for gpu, times in floor["ms_per_token"].items():
+        lines.append(
+            f"    on {gpu} (peak HBM bandwidth): >= {times['bf16']:.3f} ms per token at bf16, "
+            f">= {times['mxfp8']:.3f} ms with MXFP8 weights"
+        )
     return lines

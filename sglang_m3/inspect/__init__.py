@@ -4,5 +4,6 @@ The project's own model classes are built on the meta device (shapes, no memory)
 SGLang runtime context for each tensor-parallel rank, so the per-rank shapes are the ones
 SGLang's parallel layers choose, not a re-derivation. ``source`` reads the config,
 ``meta_build`` builds one rank, ``sharding`` sorts each built parameter under the rule that
-splits it, ``report`` adds it all up (and writes the geometry record the recipe layer reads).
+splits it, ``decode_floor`` counts what one decode step must read, ``report`` adds it all up
+(and writes the geometry record the recipe layer reads).
 """

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from sglang_m3.config import M3TextSpec
+from sglang_m3.inspect.decode_floor import DEFAULT_FLOOR_CONTEXT, check_context, decode_floor
 from sglang_m3.inspect.meta_build import BUILD_DTYPE_NAME, RankBuild, architecture_of, layout
 from sglang_m3.inspect.parallel_sizes import check_parallel_sizes
 from sglang_m3.inspect.sharding import GROUP_RULES, GROUPS, ShardedParam
@@ -21,9 +22,10 @@ VISION_PREFIX = "vision."
 GENERATED_BY = "sglang-m3 inspect CONFIG --write-geometry PATH (do not edit by hand; tests/test_inspect.py checks it)"
 
 
-def inspect_config(path: str, tp: int = 1, ep: int = 1, tensors: bool = False) -> dict:
+def inspect_config(path: str, tp: int = 1, ep: int = 1, tensors: bool = False, context: int = DEFAULT_FLOOR_CONTEXT) -> dict:
     top, spec = read_config(path)
     check_parallel_sizes(spec, tp, ep)
+    check_context(context, spec)
     with layout(top, 1, 1) as build:
         full = build(0)
     if (tp, ep) == (1, 1):
@@ -45,7 +47,7 @@ def inspect_config(path: str, tp: int = 1, ep: int = 1, tensors: bool = False) -
         "weights": _weights(full, spec),
         "weights_mxfp8": _weights(full, spec, mxfp8_bytes),
         "kv_cache": _kv_cache(full),
-        "per_rank": _per_rank(full, ranks, spec, tp, ep),
+        "per_rank": {**_per_rank(full, ranks, spec, tp, ep), "decode_floor": decode_floor(ranks, spec, ep, context, mxfp8_bytes)},
     }
     if tensors:
         report["tensors"] = checkpoint_tensors(full, spec, "text_config" in top)
