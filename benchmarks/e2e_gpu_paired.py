@@ -34,6 +34,10 @@ at a time: each server's first prompt of the length is kept apart (``first_ttft_
 server compiles or plans on first sight of the length, which a user's first such prompt pays),
 then ``--rounds`` ABBA pairs.
 
+A run cut short (a timeout's SIGTERM, a server that fails) still stops both servers and writes the
+rounds both completed, under ``"complete": false`` (the report marks its rows "cut short"): a
+device call's limit cut one such run after two of five rounds, and all of it was lost.
+
     scripts/gpu/run.sh exec python benchmarks/e2e_gpu_paired.py --out $OUT [--rounds 8] [--tp 2 --ep 2] [--concurrency 1 16] [--ttft-tokens 32768] [--against KEY=VALUE] [--draft chain3]
 """
 
@@ -146,16 +150,23 @@ def throughput_prompt(seed: int) -> list[int]:
     return random_prompt(THROUGHPUT_PROMPT, seed)
 
 
+def per_label(urls: dict[str, str]) -> dict[str, list[float]]:
+    return {label: [] for label in urls}
+
+
 def paired_rounds(
     urls: dict[str, str], rounds: int, seed, concurrency: int = 1, make_prompt=throughput_prompt,
+    tpot_ms: dict[str, list[float]] | None = None, ttft_ms: dict[str, list[float]] | None = None,
 ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """``rounds`` pairs of request groups in ABBA order over the two servers of ``urls`` (label ->
     URL, in pair order); each request gets its own prompt, ``make_prompt(seed)`` (by default a
     random one of the throughput length). Returns each group's mean TPOT and mean TTFT in ms per
-    label (a group's TTFT at concurrency 16 is the e2e benchmark's "TTFT c16" row, paired)."""
+    label (a group's TTFT at concurrency 16 is the e2e benchmark's "TTFT c16" row, paired),
+    appended group by group to ``tpot_ms`` and ``ttft_ms`` where given, so that a run cut short
+    keeps the groups it measured."""
     labels = list(urls)
-    tpot_ms: dict[str, list[float]] = {label: [] for label in labels}
-    ttft_ms: dict[str, list[float]] = {label: [] for label in labels}
+    tpot_ms = per_label(urls) if tpot_ms is None else tpot_ms
+    ttft_ms = per_label(urls) if ttft_ms is None else ttft_ms
     for round_index in range(rounds):
         order = labels if round_index % 2 == 0 else labels[::-1]
         for label in order:
@@ -168,17 +179,23 @@ def paired_rounds(
     return tpot_ms, ttft_ms
 
 
-def paired_ttft_rounds(urls: dict[str, str], rounds: int, seed, tokens: int) -> tuple[dict[str, float], dict[str, list[float]]]:
+def paired_ttft_rounds(
+    urls: dict[str, str], rounds: int, seed, tokens: int,
+    first: dict[str, float] | None = None, ttfts: dict[str, list[float]] | None = None,
+) -> tuple[dict[str, float], dict[str, list[float]]]:
     """Each server's first TTFT of a ``tokens``-token prompt (kept apart), then ``rounds`` pairs of
-    lone prompts in ABBA order; returns (first TTFT, every later TTFT) in ms per label."""
+    lone prompts in ABBA order; returns (first TTFT, every later TTFT) in ms per label, filled in
+    as measured into ``first`` and ``ttfts`` where given (see :func:`paired_rounds`)."""
     labels = list(urls)
+    first = {} if first is None else first
+    ttfts = per_label(urls) if ttfts is None else ttfts
 
     def ttft_ms(label: str) -> float:
         return 1e3 * stream_generate(urls[label], random_prompt(tokens, next(seed)), 1).ttft_s
 
-    first = {label: ttft_ms(label) for label in labels}
+    for label in labels:
+        first[label] = ttft_ms(label)
     print(f"  {tokens}-token first ttft: " + ", ".join(f"{label} {first[label]:.1f} ms" for label in labels), flush=True)
-    ttfts: dict[str, list[float]] = {label: [] for label in labels}
     for round_index in range(rounds):
         for label in labels if round_index % 2 == 0 else labels[::-1]:
             ttfts[label].append(ttft_ms(label))
@@ -203,8 +220,10 @@ def draft_checks(urls: dict[str, str], drafted: list[str]) -> dict:
 
 def summary(values: dict[str, list[float]], metric: str = "tpot_ms") -> dict:
     """Medians, their ratio (second over first, i.e. over ours: above 1 is ours faster) and the
-    rounds ours won, for a lower-is-better ``metric``."""
+    rounds ours won, for a lower-is-better ``metric``, over the rounds both servers completed."""
     (first, ours), (second, other) = values.items()
+    ours, other = ours[:len(other)], other[:len(ours)]
+    values = {first: ours, second: other}
     medians = {first: statistics.median(ours), second: statistics.median(other)}
     return {
         metric: values, f"median_{metric}": medians,
@@ -248,32 +267,55 @@ def main(argv=None) -> int:
         make_prompt = functools.partial(hot_prompt, THROUGHPUT_PROMPT, draft_vocab=DRAFT_VOCAB)
     host = host_probe()  # before the servers start: the host's own speed and load
     servers = start_both(model_dir, args.out, args.tp, args.ep, pair)
+    urls = {contender.label: servers[contender.label][1] for contender in pair}
+    groups = {c: (per_label(urls), per_label(urls)) for c in args.concurrency}  # TPOT, TTFT per group
+    lengths = {tokens: ({}, per_label(urls)) for tokens in args.ttft_tokens}  # first TTFT, later TTFTs
+    complete = False
     try:
-        urls = {contender.label: servers[contender.label][1] for contender in pair}
         seed = iter(range(10**6))
         for url in urls.values():
             warm_up(url, seed)
         if args.draft:
-            checks = draft_checks(urls, [contender.label for contender in pair if contender.server_args])
+            checks.update(draft_checks(urls, [contender.label for contender in pair if contender.server_args]))
             print(f"draft checks: {checks}", flush=True)
-        by_concurrency = {}
-        for c in args.concurrency:
-            tpot, ttft = paired_rounds(urls, args.rounds, seed, c, make_prompt)
-            by_concurrency[c] = {**summary(tpot), "group_ttft": summary(ttft, "ttft_ms")}
-        by_length = {}
-        for tokens in args.ttft_tokens:
-            first, ttfts = paired_ttft_rounds(urls, args.rounds, seed, tokens)
-            by_length[tokens] = {"first_ttft_ms": first, **summary(ttfts, "ttft_ms")}
+        for c, (tpot, ttft) in groups.items():
+            paired_rounds(urls, args.rounds, seed, c, make_prompt, tpot, ttft)
+        for tokens, (first, ttfts) in lengths.items():
+            paired_ttft_rounds(urls, args.rounds, seed, tokens, first, ttfts)
+        complete = True
     finally:
         for process, *_ in servers.values():
             stop_server(process)
+        # written whether the run ended or was cut (a timeout's SIGTERM, a server's failure): the
+        # rounds both servers completed are kept, under "complete": false when cut
+        path, by_concurrency, by_length = write_result(args, pair, host, checks, groups, lengths, complete)
+    for c, s in by_concurrency.items():
+        print_summary(f"c{c} median tpot", s, "tpot_ms", "{:.3f}", args.rounds)
+        print_summary(f"c{c} median group ttft", s["group_ttft"], "ttft_ms", "{:.1f}", args.rounds)
+    for tokens, s in by_length.items():
+        print_summary(f"{tokens}-token median ttft", s, "ttft_ms", "{:.1f}", args.rounds)
+    print(f"wrote {path}", flush=True)
+    return 0
+
+
+def measured(values: dict[str, list[float]]) -> bool:
+    """Whether both servers completed at least one round."""
+    return all(values.values())
+
+
+def write_result(args, pair, host: dict, checks: dict, groups: dict, lengths: dict, complete: bool) -> tuple[str, dict, dict]:
+    """The result file of what was measured: a concurrency or prompt length with no round that both
+    servers completed is left out. Returns its path and the summaries by concurrency and length."""
+    by_concurrency = {c: {**summary(tpot), "group_ttft": summary(ttft, "ttft_ms")} for c, (tpot, ttft) in groups.items() if measured(tpot)}
+    by_length = {tokens: {"first_ttft_ms": first, **summary(ttfts, "ttft_ms")} for tokens, (first, ttfts) in lengths.items() if measured(ttfts)}
     result = {
         "gpu": gpu_name(), "commit": commit(), "switches": plugin_switches(), "host": host, "model": midsize_text_config(1, 3),
-        "tp": args.tp, "ep": args.ep,
+        "tp": args.tp, "ep": args.ep, "complete": complete,
         "what": f"mean TPOT of groups of {THROUGHPUT_PROMPT}-token-prompt requests with {THROUGHPUT_OUTPUT} output tokens, "
                 f"both servers alive on the same GPUs, ABBA order, {args.rounds} rounds per concurrency"
                 + (f"; TTFT of lone prompts of each length in ttft_prompt_tokens, {args.rounds} ABBA rounds after each server's first"
-                   if by_length else ""),
+                   if by_length else "")
+                + ("" if complete else "; cut short: the rounds both servers completed"),
         "max_total_tokens": KV_TOKENS_PER_SERVER,
         "pair": [{"label": c.label, "impl": c.impl, "env": c.env, "server_args": list(c.server_args)} for c in pair],
         **({"draft": args.draft, "draft_vocab": DRAFT_VOCAB, **checks} if args.draft else {}),
@@ -284,13 +326,7 @@ def main(argv=None) -> int:
     path = os.path.join(args.out, f"e2e_gpu_paired_tp{args.tp}_ep{args.ep}{suffix}.json")
     with open(path, "w", encoding="utf-8") as handle:
         json.dump(result, handle, indent=2)
-    for c, s in by_concurrency.items():
-        print_summary(f"c{c} median tpot", s, "tpot_ms", "{:.3f}", args.rounds)
-        print_summary(f"c{c} median group ttft", s["group_ttft"], "ttft_ms", "{:.1f}", args.rounds)
-    for tokens, s in by_length.items():
-        print_summary(f"{tokens}-token median ttft", s, "ttft_ms", "{:.1f}", args.rounds)
-    print(f"wrote {path}", flush=True)
-    return 0
+    return path, by_concurrency, by_length
 
 
 if __name__ == "__main__":

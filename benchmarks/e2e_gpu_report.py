@@ -138,7 +138,8 @@ def load_paired(paths: list[str]) -> list[dict]:
     for path in paths:
         with open(path, encoding="utf-8") as handle:
             run = json.load(handle)
-        common = {"file": os.path.basename(path), "commit": run["commit"], "tp": run["tp"], "ep": run["ep"]}
+        common = {"file": os.path.basename(path), "commit": run["commit"], "tp": run["tp"], "ep": run["ep"],
+                  "complete": run.get("complete", True)}  # False: cut short, the rounds both servers completed
         measured = [("tpot_ms", 2048, int(c), summary) for c, summary in run["concurrency"].items()]
         # a group's mean TTFT (2K prompts sent together), paired since the twelfth session's runs
         measured += [("ttft_ms", 2048, int(c), summary["group_ttft"]) for c, summary in run["concurrency"].items() if "group_ttft" in summary]
@@ -166,7 +167,8 @@ def paired_markdown(entries: list[dict]) -> list[str]:
         cold = " / ".join(f"{ms:.0f}" for ms in e["first_prompt_ms"].values()) if "first_prompt_ms" in e else "-"
         lines.append(
             f"| {e['commit']} | {e['tp']} | {e['ep']} | {e['metric']} | {e['prompt_tokens']} | {e['concurrency']} | {e['first']} | {e['second']} | "
-            f"{e['first_ms']:.2f} | {e['second_ms']:.2f} | {e['speedup_of_medians']:.2f}x | {e['rounds_first_faster']} of {e['rounds']} | {cold} | {e['file']} |"
+            f"{e['first_ms']:.2f} | {e['second_ms']:.2f} | {e['speedup_of_medians']:.2f}x | {e['rounds_first_faster']} of {e['rounds']} | {cold} | "
+            f"{e['file']}{'' if e['complete'] else ' (cut short)'} |"
         )
     return lines
 

@@ -500,6 +500,50 @@ def test_paired_rounds_alternate_abba(monkeypatch, concurrency):
     assert result["speedup_of_medians"] == pytest.approx(1.5) and result["rounds_ours_faster"] == 4
 
 
+def test_a_paired_run_cut_short_keeps_the_rounds_both_servers_completed(monkeypatch, tmp_path):
+    """A timeout's SIGTERM (a SystemExit from the handler) in the second round: the servers are
+    stopped, the result file holds round 0 under "complete": false, and the exit goes on."""
+    import e2e_gpu_paired
+    from serving_client import GroupTiming, RequestTiming
+
+    calls, stopped = [], []
+
+    def fake_group(url, prompts, tokens):
+        calls.append(url)
+        if len(calls) == 4:  # round 1 runs upstream, then ours: cut in ours' group
+            raise SystemExit("stopped by signal 15")
+        tpot_s = {"u-ours": 0.002, "u-up": 0.003}[url] * (1 + len(calls) / 100)
+        return GroupTiming([RequestTiming(0.05, 0.05 + tpot_s * (tokens - 1), tokens) for _ in prompts], 1.0)
+
+    monkeypatch.setattr(e2e_gpu_paired, "run_group", fake_group)
+    monkeypatch.setattr(e2e_gpu_paired, "random_prompt", lambda length, seed: [seed])
+    monkeypatch.setattr(e2e_gpu_paired, "host_probe", lambda: {"probe_ms": 1.0})
+    monkeypatch.setattr(e2e_gpu_paired, "start_both", lambda *a, **k: {"ours": ("p-ours", "u-ours"), "upstream": ("p-up", "u-up")})
+    monkeypatch.setattr(e2e_gpu_paired, "warm_up", lambda url, seed: None)
+    monkeypatch.setattr(e2e_gpu_paired, "stop_server", stopped.append)
+    monkeypatch.setattr(e2e_gpu_paired, "gpu_name", lambda: "NVIDIA H200")
+    monkeypatch.setattr(e2e_gpu_paired.signal, "signal", lambda *a: None)
+    with pytest.raises(SystemExit, match="signal 15"):
+        e2e_gpu_paired.main(["--out", str(tmp_path), "--rounds", "3", "--concurrency", "1", "16", "--ttft-tokens", "32768"])
+    assert calls == ["u-ours", "u-up", "u-up", "u-ours"] and stopped == ["p-ours", "p-up"]
+    result = json.loads((tmp_path / "e2e_gpu_paired_tp1_ep1.json").read_text())
+    assert result["complete"] is False and "cut short" in result["what"]
+    assert list(result["concurrency"]) == ["1"] and result["ttft_prompt_tokens"] == {}
+    c1 = result["concurrency"]["1"]
+    assert c1["tpot_ms"] == {"ours": pytest.approx([2.0 * 1.01]), "upstream": pytest.approx([3.0 * 1.02])}
+    assert c1["rounds_ours_faster"] == 1
+    entries = e2e_gpu_report.load_paired([str(tmp_path / "e2e_gpu_paired_tp1_ep1.json")])
+    assert {e["complete"] for e in entries} == {False}
+    assert "e2e_gpu_paired_tp1_ep1.json (cut short) |" in "\n".join(e2e_gpu_report.paired_markdown(entries))
+
+
+def test_paired_summary_counts_only_rounds_both_servers_completed():
+    import e2e_gpu_paired
+
+    result = e2e_gpu_paired.summary({"ours": [2.0, 2.0, 9.0], "upstream": [3.0, 3.0]})
+    assert result["tpot_ms"] == {"ours": [2.0, 2.0], "upstream": [3.0, 3.0]} and result["rounds_ours_faster"] == 2
+
+
 def test_paired_ttft_keeps_each_servers_first_prompt_apart_then_alternates_abba(monkeypatch):
     import e2e_gpu_paired
     from serving_client import RequestTiming
