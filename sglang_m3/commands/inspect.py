@@ -32,11 +32,11 @@ def register(subparsers) -> None:
         description=(
             "Build the M3 model classes of a config on the meta device and report the total "
             "parameters (text, vision; MTP modules are not built and not counted), the bytes per "
-            "rank under --tp/--ep with what is split and what is replicated, and the KV-cache "
-            "bytes per token (K/V plus MSA index keys), and the decode floor: the bytes the busiest "
-            "rank must read for one token of a lone request at --context tokens, and the time that "
-            "takes at the H100's and H200's peak HBM bandwidth, which no server can beat. Sizes are "
-            "bf16; GB are 10^9 bytes."
+            "rank under --tp/--ep with what is split and what is replicated, the KV-cache bytes per "
+            "token (K/V plus MSA index keys), and the decode floor: the bytes the busiest rank must "
+            "read for one token of a lone request at --context tokens, and the time that takes at "
+            "the H100's and H200's peak HBM bandwidth, which no server can beat. Sizes are bf16 "
+            "unless marked MXFP8; GB are 10^9 bytes."
         ),
     )
     parser.add_argument("config", help="a config.json file or a checkpoint directory")
