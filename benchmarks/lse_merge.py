@@ -36,11 +36,11 @@ def partials(tokens: int, heads: int, gen: torch.Generator):
     return outs[0], lses[0], outs[1], lses[1]
 
 
-def measure(tokens: int, heads: int, time_eager, time_graph) -> dict:
+def measure(tokens: int, heads: int, rate: float | None, time_eager, time_graph) -> dict:
+    """One row; ``rate`` is the GPU's peak HBM bytes per second (None: no byte minimum)."""
     gen = torch.Generator(device="cuda").manual_seed(tokens + heads)
     parts = partials(tokens, heads, gen)
     row = {"tokens": tokens, "heads": heads, "bit_identical": torch.equal(merge_by_lse(*parts), merge_by_lse_reference(*parts))}
-    rate = peak_bandwidth(torch.cuda.get_device_name())
     if rate is not None:
         row["byte_minimum_us"] = 1e6 * 3 * tokens * heads * HEAD_DIM * 2 / rate
     return time_variants(row, {"torch": lambda: merge_by_lse_reference(*parts), "fused": lambda: merge_by_lse(*parts)},
@@ -54,10 +54,11 @@ def main() -> None:
     parser.add_argument("--heads", type=int, nargs="+", default=[64, 32], help="query heads per GPU (TP1, TP2)")
     args = parser.parse_args()
     time_eager, time_graph = timers()
+    rate = peak_bandwidth(torch.cuda.get_device_name())
     rows = []
     for heads in args.heads:
         for tokens in args.tokens:
-            rows.append(measure(tokens, heads, time_eager, time_graph))
+            rows.append(measure(tokens, heads, rate, time_eager, time_graph))
             print(json.dumps(rows[-1]), flush=True)
     with open(args.out, "w", encoding="utf-8") as handle:
         json.dump({"gpu": torch.cuda.get_device_name(), "commit": commit(), "head_dim": HEAD_DIM, "rows": rows}, handle, indent=1)

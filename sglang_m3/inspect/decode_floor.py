@@ -64,8 +64,7 @@ def nbytes(param) -> int:
 def rank_step_bytes(rank, spec: M3TextSpec, ep: int, context: int, size=nbytes) -> dict[str, int]:
     """Bytes ``rank`` (a ``RankBuild``) reads in one decode step at ``context`` tokens, by part
     (:data:`PARTS`, plus ``total``); ``size`` gives a parameter's bytes (as built, or as the MXFP8
-    checkpoint stores it)."""
-    check_context(context, spec)
+    checkpoint stores it); ``context`` as :func:`check_context` accepts."""
     parts = dict.fromkeys(PARTS, 0)
     text = [param for param in rank.params if not param.name.startswith("vision.")]
     embedding = [param for param in text if param.place == "first"]
