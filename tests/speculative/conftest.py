@@ -9,6 +9,12 @@ CHAIN_FLAGS = (
     "--speculative-algorithm", "EAGLE3",
     "--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
 )
+#: A chain of 7 drafts verified as 8 tokens: the shape a draft accepted as often as the
+#: lm-head-copy one would run with, and verify rows past a chain of 3's.
+LONG_CHAIN_FLAGS = (
+    "--speculative-algorithm", "EAGLE3",
+    "--speculative-num-steps", "7", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "8",
+)
 #: A tree: top-3 drafts per step over 3 steps, the best 8 tokens (root included) verified.
 TREE_FLAGS = (
     "--speculative-algorithm", "EAGLE3",

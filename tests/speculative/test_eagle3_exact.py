@@ -1,8 +1,8 @@
 """EAGLE3 chains and draft trees on the CPU platform give the same greedy tokens as the target alone.
 
 One target server and, in turn, a chain server (random tiny draft, 3 drafts verified as 4
-tokens) and a tree server (top-3 branches over 3 draft steps, 8 verify tokens), all with chunked
-prefill of ``TINY_PREFILL_CHUNK`` tokens. A random draft is mostly rejected, so every step
+tokens), a long-chain server (7 drafts verified as 8 tokens) and a tree server (top-3 branches
+over 3 draft steps, 8 verify tokens), all with chunked prefill of ``TINY_PREFILL_CHUNK`` tokens. A random draft is mostly rejected, so every step
 exercises the verify batch (through the dense torch-native layer and the MSA layers) and the
 bonus-token path; accepted drafts are rarer (see ``test_eagle3_acceptance`` for a draft that is
 accepted). The tiny M3 has MSA blocks of 16 tokens and top-4 blocks, so prompts past 64 tokens
@@ -30,7 +30,7 @@ import pytest
 from server_harness import TINY_PREFILL_CHUNK, launch_cpu_server
 from transformers_oracle import random_prompt
 
-from tests.speculative.conftest import CHAIN_FLAGS, TREE_FLAGS
+from tests.speculative.conftest import CHAIN_FLAGS, LONG_CHAIN_FLAGS, TREE_FLAGS
 from tests.speculative.no_interpreter import launch_without_interpreter
 from tests.speculative.spec_requests import accept_length, generate, generate_concurrently
 
@@ -41,7 +41,7 @@ CHUNKING = ("--chunked-prefill-size", str(TINY_PREFILL_CHUNK))
 #: 300 tokens: 19 MSA blocks of 16 (top-4 chosen per token), prefilled in 3 chunks of 100.
 LONG_PROMPT = random_prompt(31, 300)
 REPEATING_TOKENS = (139, 140)  # the tiny M3 repeats them (see test_eagle3_acceptance)
-DRAFT_SHAPES = {"chain": CHAIN_FLAGS, "tree": TREE_FLAGS}
+DRAFT_SHAPES = {"chain": CHAIN_FLAGS, "long_chain": LONG_CHAIN_FLAGS, "tree": TREE_FLAGS}
 
 
 @pytest.fixture(scope="module")
@@ -109,23 +109,26 @@ def test_sampled_request_is_refused_and_the_server_keeps_serving(servers):
     assert spec["output_ids"] == plain["output_ids"]
 
 
-def test_copy_draft_tree_is_exact_and_accepted(target, tiny_m3_checkpoint, tiny_draft_factory, server_log_dir):
-    """The lm-head-copy draft in a tree: deep paths accepted on repeating prompts, same tokens and
-    log-probabilities as the target alone (the accepted tokens' log-probabilities come from verify
-    rows below the root, which attend the drafts along their paths)."""
+@pytest.mark.parametrize(("shape", "least_accepted"), [("tree", 2.0), ("long_chain", 4.0)])
+def test_copy_draft_is_exact_and_accepted_deep(shape, least_accepted, target, tiny_m3_checkpoint, tiny_draft_factory, server_log_dir):
+    """The lm-head-copy draft in a tree and in a chain of 7: deep paths accepted on repeating
+    prompts, same tokens and log-probabilities as the target alone (the accepted tokens'
+    log-probabilities come from verify rows past the first, which attend the drafts along their
+    paths). The long chain must accept more than a chain of 3 can at all (4 tokens per step), so
+    its verify rows 5 to 8 decide tokens."""
     draft = tiny_draft_factory(copy_target_lm_head=True)
     prompts = [[REPEATING_TOKENS[0]] * 24, [REPEATING_TOKENS[1]] * 30, LONG_PROMPT[:200]]
     plain = [generate(target.base_url, prompt, NEW_TOKENS, logprobs=True) for prompt in prompts]
     with launch_without_interpreter(
-        tiny_m3_checkpoint, server_log_dir, *CHUNKING, *TREE_FLAGS, "--speculative-draft-model-path", draft
-    ) as copy_tree:
-        spec = [generate(copy_tree.base_url, prompt, NEW_TOKENS, logprobs=True) for prompt in prompts]
+        tiny_m3_checkpoint, server_log_dir, *CHUNKING, *DRAFT_SHAPES[shape], "--speculative-draft-model-path", draft
+    ) as copy_server:
+        spec = [generate(copy_server.base_url, prompt, NEW_TOKENS, logprobs=True) for prompt in prompts]
     assert [r["output_ids"] for r in spec] == [r["output_ids"] for r in plain]
-    for with_tree, alone in zip(spec, plain):
-        got = [entry[0] for entry in with_tree["meta_info"]["output_token_logprobs"]]
+    for with_draft, alone in zip(spec, plain):
+        got = [entry[0] for entry in with_draft["meta_info"]["output_token_logprobs"]]
         want = [entry[0] for entry in alone["meta_info"]["output_token_logprobs"]]
         # float32 servers summing the same terms in another grouping (measured <= 2.7e-6)
         assert max(abs(a - b) for a, b in zip(got, want)) < 1e-4
     repeating = accept_length(spec[:2])
-    print(f"lm-head-copy draft, tree of 8, repeating target: accept length {repeating:.3f} tokens/step")
-    assert repeating > 2.0
+    print(f"lm-head-copy draft, {shape}, repeating target: accept length {repeating:.3f} tokens/step")
+    assert repeating > least_accepted
