@@ -569,6 +569,23 @@ def test_paired_ttft_keeps_each_servers_first_prompt_apart_then_alternates_abba(
     assert result["speedup_of_medians"] == pytest.approx(1.5) and result["rounds_ours_faster"] == 2
 
 
+@pytest.mark.parametrize("name", ["chain3", "tree8", "chain7"])
+def test_speculative_benchmark_draft_shapes_are_what_their_names_say(name):
+    """A chain of N drafts verifies N + 1 tokens (SGLang serves a chain with any other count, but
+    not as a chain); a tree's verify tokens fit the MSA plans' ancestor mask. The recipe rules
+    refuse the same mistakes in a user's recipe."""
+    from speculative_gpu import DRAFTS
+
+    from sglang_m3.recipe.rules import MAX_DRAFT_TREE_TOKENS
+
+    flags = dict(zip(DRAFTS[name][::2], DRAFTS[name][1::2]))
+    steps, topk, tokens = (int(flags[f"--speculative-{key}"]) for key in ("num-steps", "eagle-topk", "num-draft-tokens"))
+    if name.startswith("chain"):
+        assert (topk, steps, tokens) == (1, int(name[len("chain"):]), steps + 1)
+    else:
+        assert topk > 1 and tokens == int(name[len("tree"):]) <= MAX_DRAFT_TREE_TOKENS
+
+
 def test_paired_draft_puts_the_drafted_server_first_with_the_speculative_benchmarks_flags(monkeypatch):
     """``--draft``: the speed-up (second over first) is TPOT without the draft over TPOT with it, and
     the drafted server starts with the speculative benchmark's flags beside the pair's KV cap."""
