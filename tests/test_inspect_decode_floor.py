@@ -112,7 +112,8 @@ def test_the_shipped_model_at_tp8_ep8(tmp_path):
     # the MXFP8 checkpoint stores experts as e4m3 plus one e8m0 scale per 32 elements
     assert floor["mxfp8"]["chosen_experts"] == 57 * (3 * 6144 * 3072) * 33 // 32
     assert floor["mxfp8"]["lm_head"] == floor["bf16"]["lm_head"] and floor["mxfp8"]["kv_cache"] == floor["bf16"]["kv_cache"]
-    assert floor["ms_per_token"]["H200"]["bf16"] == pytest.approx(1e3 * floor["bf16"]["total"] / 4.8e12)
+    assert floor["ms_per_token"]["h200"]["bf16"] == pytest.approx(1e3 * floor["bf16"]["total"] / 4.8e12)
+    assert floor["ms_per_token"]["mi300x"]["mxfp8"] == pytest.approx(1e3 * floor["mxfp8"]["total"] / 5.3e12)
 
 
 def test_the_vision_tower_is_not_read_while_decoding_text(tmp_path):
@@ -132,10 +133,25 @@ def test_a_tied_lm_head_reads_the_whole_embedding_table_and_no_row_besides(tmp_p
     assert tied["lm_head"] == untied["lm_head"] and tied["lm_head"] - table < NORMS_AT_MOST
 
 
-def test_peak_bandwidth_by_gpu_name():
+def test_peak_bandwidth_by_the_device_name_torch_reports():
     assert peak_bandwidth("NVIDIA H200") == 4.8e12
     assert peak_bandwidth("NVIDIA H100 80GB HBM3") == 3.35e12
-    assert peak_bandwidth("NVIDIA B300") is None
+    assert peak_bandwidth("NVIDIA B300 SXM6 AC") == 8.0e12
+    assert peak_bandwidth("AMD Instinct MI300X") == 5.3e12
+    # other parts of a family are not the catalog's: no borrowed rate
+    assert peak_bandwidth("NVIDIA H100 PCIe") is None
+    assert peak_bandwidth("NVIDIA H100 NVL") is None
+    assert peak_bandwidth("NVIDIA A100-SXM4-80GB") is None
+
+
+def test_every_gpu_profile_a_recipe_may_name_gets_a_floor_time(tmp_path):
+    from sglang_m3.recipe.catalog import CATALOG
+
+    floor = floor_of(write_config(tmp_path, midsize_text_config(1, 3)))
+    gpus = {name for name, profile in CATALOG.items() if profile.is_gpu}
+    assert set(floor["ms_per_token"]) == gpus
+    for name in gpus:
+        assert floor["ms_per_token"][name]["bf16"] == pytest.approx(1e3 * floor["bf16"]["total"] / (CATALOG[name].hbm_tbps * 1e12))
 
 
 @pytest.mark.parametrize("context", [0, 1_048_577])
@@ -154,7 +170,7 @@ def test_cli_prints_the_floor_and_refuses_a_bad_context(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "decode floor, one lone request at 4,096 tokens of context" in out
     assert f"{floor['bf16']['total'] / 1e9:.3f}" in out
-    assert f">= {floor['ms_per_token']['H200']['bf16']:.3f} ms per token at bf16" in out
+    assert f"h200    4.80 TB/s  >= {floor['ms_per_token']['h200']['bf16']:.3f} ms per token at bf16" in out
     assert main(["inspect", directory, "--context", "2000000"]) == 1
     assert "--context" in capsys.readouterr().err
     with pytest.raises(SystemExit) as refused:

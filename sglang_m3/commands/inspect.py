@@ -12,6 +12,7 @@ import sys
 
 from sglang_m3.commands.output_errors import describe_write_error
 from sglang_m3.inspect.decode_floor import DEFAULT_FLOOR_CONTEXT
+from sglang_m3.recipe.catalog import CATALOG
 
 GB = 10**9
 
@@ -35,7 +36,8 @@ def register(subparsers) -> None:
             "rank under --tp/--ep with what is split and what is replicated, the KV-cache bytes per "
             "token (K/V plus MSA index keys), and the decode floor: the bytes the busiest rank must "
             "read for one token of a lone request at --context tokens, and the time that takes at "
-            "the H100's and H200's peak HBM bandwidth, which no server can beat. Sizes are bf16 "
+            "the peak memory bandwidth of each GPU profile a recipe may name (h100 ... mi355x, from "
+            "the vendors' data sheets), which no server can beat. Sizes are bf16 "
             "unless marked MXFP8; GB are 10^9 bytes."
         ),
     )
@@ -152,9 +154,10 @@ def floor_lines(floor: dict) -> list[str]:
         if part != "total":
             lines.append(f"    {part:<15}{count / GB:>9.3f}{mxfp8[part] / GB:>10.3f}")
     lines.append(f"    {'total':<15}{bf16['total'] / GB:>9.3f}{mxfp8['total'] / GB:>10.3f}")
-    for gpu, times in floor["ms_per_token"].items():
+    lines.append("    time per token at each hardware profile's peak memory bandwidth (data sheet):")
+    for name, times in floor["ms_per_token"].items():
         lines.append(
-            f"    on {gpu} (peak HBM bandwidth): >= {times['bf16']:.3f} ms per token at bf16, "
+            f"    {name:<7}{CATALOG[name].hbm_tbps:>5.2f} TB/s  >= {times['bf16']:.3f} ms per token at bf16, "
             f">= {times['mxfp8']:.3f} ms with MXFP8 weights"
         )
     return lines

@@ -252,9 +252,9 @@ def run_catalog(args: argparse.Namespace) -> int:
     if args.output == "json":
         print(json.dumps({name: p.model_dump() for name, p in CATALOG.items()}, indent=2))
         return 0
-    header = ("profile", "memory", "per node", "arch", "variants", "attention", "node label")
+    header = ("profile", "memory", "bandwidth", "per node", "arch", "variants", "attention", "node label")
     rows = [header] + [
-        (p.name, f"{p.memory_gb:g} GB", str(p.gpus_per_node), p.architecture,
+        (p.name, f"{p.memory_gb:g} GB", f"{p.hbm_tbps:g} TB/s" if p.hbm_tbps else "-", str(p.gpus_per_node), p.architecture,
          ",".join(p.variants), p.attention_backend, "=".join(p.node_label))
         for p in CATALOG.values()
     ]

@@ -27,10 +27,11 @@ from __future__ import annotations
 import math
 
 from sglang_m3.config import M3TextSpec
+from sglang_m3.recipe.catalog import CATALOG
 
-#: peak HBM bandwidth per GPU in bytes per second, from NVIDIA's data sheets (H100 SXM5 3.35 TB/s,
-#: H200 4.8 TB/s); a GPU name containing the key gets its rate
-HBM_PEAK_BYTES_PER_S = {"H100": 3.35e12, "H200": 4.8e12}
+#: peak memory bytes per second of every accelerator profile a recipe may name (the catalog's
+#: data-sheet bandwidth), by profile name
+PEAK_BYTES_PER_S = {name: profile.hbm_tbps * 1e12 for name, profile in CATALOG.items() if profile.hbm_tbps}
 
 #: the context the floor is counted at unless told: the e2e benchmark's 2K-token prompts
 DEFAULT_FLOOR_CONTEXT = 2048
@@ -51,10 +52,18 @@ def check_context(context: int, spec: M3TextSpec) -> None:
         )
 
 
+def _product_key(name: str) -> str:
+    return name.upper().replace(" ", "-").replace("_", "-")
+
+
 def peak_bandwidth(gpu: str) -> float | None:
-    """Peak HBM bytes per second of ``gpu`` (a name such as "NVIDIA H200"), None when unknown."""
-    upper = gpu.upper()
-    return next((rate for key, rate in HBM_PEAK_BYTES_PER_S.items() if key in upper), None)
+    """Peak memory bytes per second of ``gpu``, a device name as torch reports it ("NVIDIA H100 80GB
+    HBM3"), or None for a device the catalog does not hold. Names are matched whole against the
+    product string each profile's node label carries (the device name with dashes or underscores
+    for spaces), so an H100 PCIe (2.0 TB/s) or NVL (3.9 TB/s) does not take the SXM part's rate."""
+    key = _product_key(gpu)
+    return next((PEAK_BYTES_PER_S[name] for name, profile in CATALOG.items()
+                 if name in PEAK_BYTES_PER_S and _product_key(profile.node_label[1]) == key), None)
 
 
 def nbytes(param) -> int:
@@ -93,7 +102,7 @@ def rank_step_bytes(rank, spec: M3TextSpec, ep: int, context: int, size=nbytes) 
 def decode_floor(ranks: list, spec: M3TextSpec, ep: int, context: int, mxfp8_size) -> dict:
     """The busiest rank's step at ``context`` tokens, as built (bf16, fp32 routers) and with the
     MXFP8 checkpoint's weights (``mxfp8_size`` per parameter; the cache stays bf16), with the time
-    per token each known GPU needs to read it."""
+    per token each accelerator profile of the catalog needs to read it."""
     steps = {}
     for name, size in (("bf16", nbytes), ("mxfp8", mxfp8_size)):
         steps[name] = max((rank_step_bytes(rank, spec, ep, context, size) for rank in ranks), key=lambda step: step["total"])
@@ -102,7 +111,7 @@ def decode_floor(ranks: list, spec: M3TextSpec, ep: int, context: int, mxfp8_siz
         "chosen_experts_per_moe_layer": min(math.ceil(spec.experts_per_token / ep), spec.num_experts // ep),
         **steps,
         "ms_per_token": {
-            gpu: {name: 1e3 * step["total"] / rate for name, step in steps.items()}
-            for gpu, rate in HBM_PEAK_BYTES_PER_S.items()
+            profile: {name: 1e3 * step["total"] / rate for name, step in steps.items()}
+            for profile, rate in PEAK_BYTES_PER_S.items()
         },
     }

@@ -46,6 +46,10 @@ class HardwareProfile(BaseModel):
     node_label: tuple[str, str]
     #: extended resource the pods request, or None where no device plugin is involved
     resource_name: str | None
+    #: peak memory bandwidth of one accelerator in TB/s (10^12 bytes/s), from the vendor's data
+    #: sheet: the rate behind the decode floor's time per token (``sglang-m3 inspect``); None for
+    #: the CPU profile, whose rate depends on the machine
+    hbm_tbps: float | None = None
 
     @property
     def memory_bytes(self) -> int:
@@ -60,7 +64,7 @@ class HardwareProfile(BaseModel):
         return self.vendor == "amd"
 
 
-def _nvidia(name, description, architecture, memory_gb, variants, backend, product,
+def _nvidia(name, description, architecture, memory_gb, hbm_tbps, variants, backend, product,
             per_node=8, scale_up=8):
     # The SGLang cookbook adds the cuDNN vision-tower backend for image serving on Blackwell.
     mm_backend = "flashinfer_cudnn" if architecture == "blackwell" else None
@@ -70,6 +74,7 @@ def _nvidia(name, description, architecture, memory_gb, variants, backend, produ
         vendor="nvidia",
         architecture=architecture,
         memory_gb=memory_gb,
+        hbm_tbps=hbm_tbps,
         gpus_per_node=per_node,
         scale_up_gpus=scale_up,
         variants=variants,
@@ -81,7 +86,7 @@ def _nvidia(name, description, architecture, memory_gb, variants, backend, produ
     )
 
 
-def _amd(name, description, architecture, memory_gb, product):
+def _amd(name, description, architecture, memory_gb, hbm_tbps, product):
     # MXFP8 runs natively on CDNA4; on CDNA3 SGLang converts it to block FP8 at load time.
     return HardwareProfile(
         name=name,
@@ -89,6 +94,7 @@ def _amd(name, description, architecture, memory_gb, product):
         vendor="amd",
         architecture=architecture,
         memory_gb=memory_gb,
+        hbm_tbps=hbm_tbps,
         gpus_per_node=8,
         scale_up_gpus=8,
         variants=("bf16", "mxfp8"),
@@ -105,20 +111,20 @@ def _amd(name, description, architecture, memory_gb, product):
 # through W8A16 Triton kernels, so the fit counts the checkpoint's bytes as on Blackwell (443.96 GB
 # in all, 57.61 GB per GPU at TP8). Blackwell uses fa4 (trtllm_mha for fp8 KV).
 _PROFILES = (
-    _nvidia("h100", "NVIDIA H100 SXM 80 GB", "hopper", 80, ("bf16", "mxfp8"), "fa3",
+    _nvidia("h100", "NVIDIA H100 SXM 80 GB", "hopper", 80, 3.35, ("bf16", "mxfp8"), "fa3",
             "NVIDIA-H100-80GB-HBM3"),
-    _nvidia("h200", "NVIDIA H200 SXM 141 GB", "hopper", 141, ("bf16", "mxfp8"), "fa3",
+    _nvidia("h200", "NVIDIA H200 SXM 141 GB", "hopper", 141, 4.8, ("bf16", "mxfp8"), "fa3",
             "NVIDIA-H200"),
-    _nvidia("b200", "NVIDIA B200 180 GB", "blackwell", 180, ("bf16", "mxfp8"), "fa4",
+    _nvidia("b200", "NVIDIA B200 180 GB", "blackwell", 180, 8.0, ("bf16", "mxfp8"), "fa4",
             "NVIDIA-B200"),
-    _nvidia("b300", "NVIDIA B300 288 GB", "blackwell", 288, ("bf16", "mxfp8"), "fa4",
+    _nvidia("b300", "NVIDIA B300 288 GB", "blackwell", 288, 8.0, ("bf16", "mxfp8"), "fa4",
             "NVIDIA-B300-SXM6-AC"),
     _nvidia("gb200", "NVIDIA GB200 NVL72, 4 Blackwell GPUs of 186 GB per compute tray",
-            "blackwell", 186, ("bf16", "mxfp8"), "fa4", "NVIDIA-GB200", per_node=4, scale_up=72),
-    _amd("mi300x", "AMD Instinct MI300X 192 GB", "cdna3", 192, "AMD_Instinct_MI300X"),
-    _amd("mi325x", "AMD Instinct MI325X 256 GB", "cdna3", 256, "AMD_Instinct_MI325X"),
-    _amd("mi350x", "AMD Instinct MI350X 288 GB", "cdna4", 288, "AMD_Instinct_MI350X"),
-    _amd("mi355x", "AMD Instinct MI355X 288 GB", "cdna4", 288, "AMD_Instinct_MI355X"),
+            "blackwell", 186, 8.0, ("bf16", "mxfp8"), "fa4", "NVIDIA-GB200", per_node=4, scale_up=72),
+    _amd("mi300x", "AMD Instinct MI300X 192 GB", "cdna3", 192, 5.3, "AMD_Instinct_MI300X"),
+    _amd("mi325x", "AMD Instinct MI325X 256 GB", "cdna3", 256, 6.0, "AMD_Instinct_MI325X"),
+    _amd("mi350x", "AMD Instinct MI350X 288 GB", "cdna4", 288, 8.0, "AMD_Instinct_MI350X"),
+    _amd("mi355x", "AMD Instinct MI355X 288 GB", "cdna4", 288, 8.0, "AMD_Instinct_MI355X"),
     HardwareProfile(
         name="cpu",
         description="CPU only (SGLang torch-native platform); for the tiny test model",

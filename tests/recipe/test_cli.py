@@ -104,6 +104,7 @@ def test_catalog_lists_every_profile(capsys):
     assert code == 0
     assert catalog["mi300x"]["attention_backend"] == "triton"
     assert catalog["h100"]["variants"] == ["bf16", "mxfp8"]
+    assert (catalog["h200"]["hbm_tbps"], catalog["cpu"]["hbm_tbps"]) == (4.8, None)
     code, out, _ = run_cli(capsys, "catalog")
     assert len(out.splitlines()) == 1 + len(catalog)
 
