@@ -1,18 +1,19 @@
 """EAGLE3 chains served on a CUDA GPU by real SGLang: same greedy tokens as the target alone.
 
-The tiny M3 (fp32, IEEE Triton dots) is served three times with decode CUDA graphs, the MSA
-Triton backend (page = MSA block = 16 tokens) and prefill chunks of 112 tokens: alone, with the
-random tiny draft (mostly rejected: every step takes the verify batch and the bonus-token path
-through the MSA kernels and SGLang's target-verify graphs) and with the lm-head-copy draft
-(accepted where the target repeats a token, so verify rows below the first decide tokens). A
-chain of 3 drafts is verified as 4 tokens, the issue's configuration; the copy draft is also
-served as a chain of 7 verified as 8 tokens (``copy7``), which must accept more than 4 tokens per
-step where the target repeats. The tiny M3 selects the top 4 blocks of 16, so prompts past 64
-tokens attend sparsely and each verify token selects its own blocks; the 300-token prompt is prefilled in 3 chunks and then served again from the radix
-cache. The drafts' extends over the verify window run on the MSA decode kernels (the default;
-``SGLANG_M3_DRAFT_EXTEND=sglang`` in the environment keeps SGLang's backend;
-``sglang_m3.speculative.draft_extend``; their kernels at
-the draft's shapes are checked against the torch reference in ``tests/kernels/test_msa_gpu.py``).
+The tiny M3 (fp32, IEEE Triton dots) is served with decode CUDA graphs, the MSA Triton backend
+(page = MSA block = 16 tokens) and prefill chunks of 112 tokens: alone, with the random tiny draft
+(mostly rejected: every step takes the verify batch and the bonus-token path through the MSA
+kernels and SGLang's target-verify graphs) and with the lm-head-copy draft (accepted where the
+target repeats a token, so verify rows below the first decide tokens). A chain of 3 drafts is
+verified as 4 tokens, the issue's configuration; the copy draft is also served as a chain of 7
+verified as 8 tokens (``copy7``), which must accept more than 4 tokens per step where the target
+repeats, and under SGLang's adaptive chain length (``adaptive``; not yet run on a GPU). The tiny
+M3 selects the top 4 blocks of 16, so prompts past 64 tokens attend sparsely and each verify token
+selects its own blocks; the 300-token prompt is prefilled in 3 chunks and then served again from
+the radix cache. The drafts' extends over the verify window run on the MSA decode kernels (the
+default; ``SGLANG_M3_DRAFT_EXTEND=sglang`` in the environment keeps SGLang's backend;
+``sglang_m3.speculative.draft_extend``; their kernels at the draft's shapes are checked against the
+torch reference in ``tests/kernels/test_msa_gpu.py``).
 
 Skipped without CUDA. Run on the lent GPU with ``scripts/gpu/run.sh tests -k eagle3``.
 """
@@ -58,7 +59,15 @@ DRAFT_EXTEND_ON = draft_extend.enabled()  # the servers inherit this process's e
 
 
 #: chain lanes: (copy the target's lm head, chain flags, accept length the repeating prompts must pass)
-CHAINS = {"random": (False, CHAIN_FLAGS, None), "copy": (True, CHAIN_FLAGS, 2.0), "copy7": (True, LONG_CHAIN_FLAGS, 4.0)}
+CHAINS = {
+    "random": (False, CHAIN_FLAGS, None),
+    "copy": (True, CHAIN_FLAGS, 2.0),
+    "copy7": (True, LONG_CHAIN_FLAGS, 4.0),
+    # SGLang's adaptive chain (1/3/5/7 drafts, graphs captured per length): 24-token requests end
+    # before its warm-up lets the length move, so this lane checks exactness at start-up's length
+    # under the adaptive worker; the CPU test (tests/speculative) sees the length move
+    "adaptive": (True, (*CHAIN_FLAGS, "--speculative-adaptive"), None),
+}
 
 
 @pytest.fixture(scope="module", params=list(CHAINS))

@@ -2,7 +2,8 @@
 
 One target server and, in turn, a chain server (random tiny draft, 3 drafts verified as 4
 tokens), a long-chain server (7 drafts verified as 8 tokens) and a tree server (top-3 branches
-over 3 draft steps, 8 verify tokens), all with chunked prefill of ``TINY_PREFILL_CHUNK`` tokens. A random draft is mostly rejected, so every step
+over 3 draft steps, 8 verify tokens), all with chunked prefill of ``TINY_PREFILL_CHUNK`` tokens;
+then a chain under SGLang's ``--speculative-adaptive``, whose length changes between verify steps. A random draft is mostly rejected, so every step
 exercises the verify batch (through the dense torch-native layer and the MSA layers) and the
 bonus-token path; accepted drafts are rarer (see ``test_eagle3_acceptance`` for a draft that is
 accepted). The tiny M3 has MSA blocks of 16 tokens and top-4 blocks, so prompts past 64 tokens
@@ -26,6 +27,8 @@ torch kernels, none through SGLang's Triton ones.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from server_harness import TINY_PREFILL_CHUNK, launch_cpu_server
 from transformers_oracle import random_prompt
@@ -41,6 +44,9 @@ CHUNKING = ("--chunked-prefill-size", str(TINY_PREFILL_CHUNK))
 #: 300 tokens: 19 MSA blocks of 16 (top-4 chosen per token), prefilled in 3 chunks of 100.
 LONG_PROMPT = random_prompt(31, 300)
 REPEATING_TOKENS = (139, 140)  # the tiny M3 repeats them (see test_eagle3_acceptance)
+#: tokens per request in the adaptive test: the first repeating prompt's 10 verify steps pass
+#: SGLang's adaptive warm-up (10 batches), so the chain can grow during the second
+ADAPTIVE_TOKENS = 40
 DRAFT_SHAPES = {"chain": CHAIN_FLAGS, "long_chain": LONG_CHAIN_FLAGS, "tree": TREE_FLAGS}
 
 
@@ -132,3 +138,31 @@ def test_copy_draft_is_exact_and_accepted_deep(shape, least_accepted, target, ti
     repeating = accept_length(spec[:2])
     print(f"lm-head-copy draft, {shape}, repeating target: accept length {repeating:.3f} tokens/step")
     assert repeating > least_accepted
+
+
+def test_adaptive_chain_follows_acceptance_and_stays_exact(target, tiny_m3_checkpoint, tiny_draft_factory, server_log_dir):
+    """SGLang's ``--speculative-adaptive`` re-picks the chain's length between verify steps (1, 3, 5
+    or 7 drafts at batch size 1) from the acceptance it sees, so verify batches change width
+    mid-request and the MSA plans must follow. The copy draft on repeating prompts grows the chain
+    past 3 drafts (an accept length above 4 is out of a chain of 3's reach); ordinary prompts, where
+    it is rejected, shrink it. Every token and log-probability equals the target's alone."""
+    draft = tiny_draft_factory(copy_target_lm_head=True)
+    repeating = [[REPEATING_TOKENS[0]] * 24, [REPEATING_TOKENS[1]] * 30]
+    ordinary = [random_prompt(500 + i, n) for i, n in enumerate((12, 90, 200))]
+    plain = [generate(target.base_url, prompt, ADAPTIVE_TOKENS, logprobs=True) for prompt in repeating + ordinary]
+    with launch_without_interpreter(
+        tiny_m3_checkpoint, server_log_dir, *CHUNKING, *CHAIN_FLAGS, "--speculative-adaptive",
+        "--speculative-draft-model-path", draft,
+    ) as adaptive:
+        spec = [generate(adaptive.base_url, prompt, ADAPTIVE_TOKENS, logprobs=True) for prompt in repeating + ordinary]
+        with open(adaptive.log_path, encoding="utf-8", errors="replace") as handle:
+            changes = [(int(a), int(b)) for a, b in re.findall(r"Adaptive spec params updated: steps (\d+) -> (\d+)", handle.read())]
+    assert [r["output_ids"] for r in spec] == [r["output_ids"] for r in plain]
+    for with_draft, alone in zip(spec, plain):
+        got = [entry[0] for entry in with_draft["meta_info"]["output_token_logprobs"]]
+        want = [entry[0] for entry in alone["meta_info"]["output_token_logprobs"]]
+        assert max(abs(a - b) for a, b in zip(got, want)) < 1e-4
+    grown = accept_length(spec[1:2])
+    print(f"adaptive chain: steps {changes}; second repeating prompt accept length {grown:.3f} tokens/step")
+    assert any(b > a for a, b in changes) and any(b < a for a, b in changes), changes
+    assert grown > 4.0
