@@ -16,7 +16,7 @@ GPU each, so the pair fits two H100s; at TP1 the pair needs an H200). ``--agains
 pairs ours with ours under that environment variable instead of upstream (an A/B of one of the
 plugin's switches, e.g. ``SGLANG_M3_MOE_OVERLAP=0``).
 
-``--draft chain3`` (or ``tree8``, ``chain7``) pairs ours with an EAGLE3 draft against ours without
+``--draft chain3`` (or ``tree8``, ``chain7``, ``adaptive``) pairs ours with an EAGLE3 draft against ours without
 one: the speculative benchmark's lm-head-copy draft and settings (``speculative_gpu``), prompts
 from the draft's vocabulary for both servers, each server's greedy output of the speculative benchmark's
 identity prompts compared, and each drafted server's acceptance length measured (``accept_len``

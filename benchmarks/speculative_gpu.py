@@ -4,7 +4,8 @@ The mid-size M3 of ``e2e_gpu.py`` (real widths, 1 dense + 3 MoE/MSA layers, dumm
 served by the plugin with the same flags as there, once without a draft and once per draft shape
 (``chain3``: 3 drafts verified as 4 tokens, the recipes' shape; ``tree8``: top-3 branches over
 3 steps, 8 verify tokens; ``chain7``: 7 drafts verified as 8 tokens, what a draft accepted as
-often as the copy draft would be run with), with the lm-head-copy draft of ``midsize_draft.py`` (high acceptance, reduced draft
+often as the copy draft would be run with; ``adaptive``: chain3 under SGLang's
+``--speculative-adaptive``, which re-picks the chain's length from the acceptance it sees), with the lm-head-copy draft of ``midsize_draft.py`` (high acceptance, reduced draft
 vocabulary) loaded from real files (``--speculative-draft-load-format auto``). Per server: TPOT
 at concurrency 1 (median of 5 requests one at a time) and 16 (2K-token prompts, 256 output
 tokens, streamed), the acceptance length (tokens per verify step over a concurrent group) and
@@ -43,6 +44,8 @@ DRAFTS = {
     "chain3": ("--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"),
     "tree8": ("--speculative-num-steps", "3", "--speculative-eagle-topk", "3", "--speculative-num-draft-tokens", "8"),
     "chain7": ("--speculative-num-steps", "7", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "8"),
+    "adaptive": ("--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
+                 "--speculative-adaptive"),
 }
 PROMPT_TOKENS, OUTPUT_TOKENS, CONCURRENCY = 2048, 256, (1, 16)
 #: the copy draft's vocabulary, as published EAGLE3 drafts reduce theirs (the prompts come from it)

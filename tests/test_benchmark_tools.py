@@ -569,16 +569,22 @@ def test_paired_ttft_keeps_each_servers_first_prompt_apart_then_alternates_abba(
     assert result["speedup_of_medians"] == pytest.approx(1.5) and result["rounds_ours_faster"] == 2
 
 
-@pytest.mark.parametrize("name", ["chain3", "tree8", "chain7"])
+@pytest.mark.parametrize("name", ["chain3", "tree8", "chain7", "adaptive"])
 def test_speculative_benchmark_draft_shapes_are_what_their_names_say(name):
     """A chain of N drafts verifies N + 1 tokens (SGLang serves a chain with any other count, but
-    not as a chain); a tree's verify tokens fit the MSA plans' ancestor mask. The recipe rules
-    refuse the same mistakes in a user's recipe."""
+    not as a chain); a tree's verify tokens fit the MSA plans' ancestor mask; the adaptive shape
+    starts as chain3 (SGLang adapts chains only). The recipe rules refuse the same mistakes in a
+    user's recipe."""
     from speculative_gpu import DRAFTS
 
     from sglang_m3.recipe.rules import MAX_DRAFT_TREE_TOKENS
 
-    flags = dict(zip(DRAFTS[name][::2], DRAFTS[name][1::2]))
+    args = list(DRAFTS[name])
+    if name == "adaptive":
+        args.remove("--speculative-adaptive")
+        assert tuple(args) == DRAFTS["chain3"]
+        return
+    flags = dict(zip(args[::2], args[1::2]))
     steps, topk, tokens = (int(flags[f"--speculative-{key}"]) for key in ("num-steps", "eagle-topk", "num-draft-tokens"))
     if name.startswith("chain"):
         assert (topk, steps, tokens) == (1, int(name[len("chain"):]), steps + 1)
