@@ -16,10 +16,10 @@ GPU each, so the pair fits two H100s; at TP1 the pair needs an H200). ``--agains
 pairs ours with ours under that environment variable instead of upstream (an A/B of one of the
 plugin's switches, e.g. ``SGLANG_M3_MOE_OVERLAP=0``).
 
-``--draft chain3`` (or ``tree8``, ``chain7``, ``adaptive``) pairs ours with an EAGLE3 draft against ours without
-one: the speculative benchmark's lm-head-copy draft and settings (``speculative_gpu``), prompts
-from the draft's vocabulary for both servers, each server's greedy output of the speculative benchmark's
-identity prompts compared, and each drafted server's acceptance length measured (``accept_len``
+``--draft chain3`` (or ``tree8``, ``chain7``, ``adaptive``) pairs ours with an EAGLE3 draft
+against ours without one: the speculative benchmark's lm-head-copy draft and settings
+(``speculative_gpu``), prompts from the draft's vocabulary for both servers, each server's greedy
+output of the speculative benchmark's identity prompts compared, and each drafted server's acceptance length measured (``accept_len``
 by label; files written before 2026-11-29's seventh session hold the first server's alone, a
 number). Its speed-up is the
 TPOT without the draft over the TPOT with it, taken in the same minutes: the speculative
