@@ -3,8 +3,8 @@
 One target server and, in turn, a chain server (random tiny draft, 3 drafts verified as 4
 tokens), a long-chain server (7 drafts verified as 8 tokens) and a tree server (top-3 branches
 over 3 draft steps, 8 verify tokens), all with chunked prefill of ``TINY_PREFILL_CHUNK`` tokens;
-then a chain under SGLang's ``--speculative-adaptive``, whose length changes between verify steps. A random draft is mostly rejected, so every step
-exercises the verify batch (through the dense torch-native layer and the MSA layers) and the
+then a chain under SGLang's ``--speculative-adaptive``, whose length changes between verify
+steps. A random draft is mostly rejected, so every step exercises the verify batch (through the dense torch-native layer and the MSA layers) and the
 bonus-token path; accepted drafts are rarer (see ``test_eagle3_acceptance`` for a draft that is
 accepted). The tiny M3 has MSA blocks of 16 tokens and top-4 blocks, so prompts past 64 tokens
 attend sparsely and a long prompt's verify windows cross block boundaries while each verify
@@ -115,6 +115,15 @@ def test_sampled_request_is_refused_and_the_server_keeps_serving(servers):
     assert spec["output_ids"] == plain["output_ids"]
 
 
+def _assert_same_tokens_and_logprobs(spec: list[dict], plain: list[dict]) -> None:
+    assert [r["output_ids"] for r in spec] == [r["output_ids"] for r in plain]
+    for with_draft, alone in zip(spec, plain):
+        got = [entry[0] for entry in with_draft["meta_info"]["output_token_logprobs"]]
+        want = [entry[0] for entry in alone["meta_info"]["output_token_logprobs"]]
+        # float32 servers summing the same terms in another grouping (measured <= 2.7e-6)
+        assert max(abs(a - b) for a, b in zip(got, want)) < 1e-4
+
+
 @pytest.mark.parametrize(("shape", "least_accepted"), [("tree", 2.0), ("long_chain", 4.0)])
 def test_copy_draft_is_exact_and_accepted_deep(shape, least_accepted, target, tiny_m3_checkpoint, tiny_draft_factory, server_log_dir):
     """The lm-head-copy draft in a tree and in a chain of 7: deep paths accepted on repeating
@@ -129,12 +138,7 @@ def test_copy_draft_is_exact_and_accepted_deep(shape, least_accepted, target, ti
         tiny_m3_checkpoint, server_log_dir, *CHUNKING, *DRAFT_SHAPES[shape], "--speculative-draft-model-path", draft
     ) as copy_server:
         spec = [generate(copy_server.base_url, prompt, NEW_TOKENS, logprobs=True) for prompt in prompts]
-    assert [r["output_ids"] for r in spec] == [r["output_ids"] for r in plain]
-    for with_draft, alone in zip(spec, plain):
-        got = [entry[0] for entry in with_draft["meta_info"]["output_token_logprobs"]]
-        want = [entry[0] for entry in alone["meta_info"]["output_token_logprobs"]]
-        # float32 servers summing the same terms in another grouping (measured <= 2.7e-6)
-        assert max(abs(a - b) for a, b in zip(got, want)) < 1e-4
+    _assert_same_tokens_and_logprobs(spec, plain)
     repeating = accept_length(spec[:2])
     print(f"lm-head-copy draft, {shape}, repeating target: accept length {repeating:.3f} tokens/step")
     assert repeating > least_accepted
@@ -157,11 +161,7 @@ def test_adaptive_chain_follows_acceptance_and_stays_exact(target, tiny_m3_check
         spec = [generate(adaptive.base_url, prompt, ADAPTIVE_TOKENS, logprobs=True) for prompt in repeating + ordinary]
         with open(adaptive.log_path, encoding="utf-8", errors="replace") as handle:
             changes = [(int(a), int(b)) for a, b in re.findall(r"Adaptive spec params updated: steps (\d+) -> (\d+)", handle.read())]
-    assert [r["output_ids"] for r in spec] == [r["output_ids"] for r in plain]
-    for with_draft, alone in zip(spec, plain):
-        got = [entry[0] for entry in with_draft["meta_info"]["output_token_logprobs"]]
-        want = [entry[0] for entry in alone["meta_info"]["output_token_logprobs"]]
-        assert max(abs(a - b) for a, b in zip(got, want)) < 1e-4
+    _assert_same_tokens_and_logprobs(spec, plain)
     grown = accept_length(spec[1:2])
     print(f"adaptive chain: steps {changes}; second repeating prompt accept length {grown:.3f} tokens/step")
     assert any(b > a for a, b in changes) and any(b < a for a, b in changes), changes
