@@ -19,9 +19,9 @@ plugin's switches, e.g. ``SGLANG_M3_MOE_OVERLAP=0``).
 ``--draft chain3`` (or ``tree8``, ``chain7``, ``adaptive``) pairs ours with an EAGLE3 draft
 against ours without one: the speculative benchmark's lm-head-copy draft and settings
 (``speculative_gpu``), prompts from the draft's vocabulary for both servers, each server's greedy
-output of the speculative benchmark's identity prompts compared, and each drafted server's acceptance length measured (``accept_len``
-by label; files written before 2026-11-29's seventh session hold the first server's alone, a
-number). Its speed-up is the
+output of the speculative benchmark's identity prompts compared, and each drafted server's
+acceptance length measured (``accept_len`` by label; files written before 2026-11-29's seventh
+session hold the first server's alone, a number). Its speed-up is the
 TPOT without the draft over the TPOT with it, taken in the same minutes: the speculative
 benchmark's servers run one after another, and its concurrency-1 ratio moved from 1.53x to 1.87x
 between three device calls of one session on the H200 (``results/speculative_gpu_h200.md``).

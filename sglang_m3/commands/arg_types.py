@@ -33,3 +33,11 @@ def module_count(text: str) -> int:
     if count < 0:
         raise argparse.ArgumentTypeError(f"takes 0 or more modules, got {count}")
     return count
+
+
+def token_count(text: str) -> int:
+    """A number of tokens, 1 or more (a context length)."""
+    count = _whole_number(text, "a whole number of tokens, 1 or more")
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"takes a whole number of tokens, 1 or more, got {count}")
+    return count

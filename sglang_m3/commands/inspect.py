@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 
+from sglang_m3.commands.arg_types import token_count
 from sglang_m3.commands.output_errors import describe_write_error
 from sglang_m3.inspect.decode_floor import DEFAULT_FLOOR_CONTEXT
 from sglang_m3.recipe.catalog import CATALOG
@@ -45,7 +46,7 @@ def register(subparsers) -> None:
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
     parser.add_argument("--ep", type=int, default=1, help="expert-parallel size inside the TP group (default 1)")
     parser.add_argument(
-        "--context", type=_positive_tokens, default=DEFAULT_FLOOR_CONTEXT, metavar="TOKENS",
+        "--context", type=token_count, default=DEFAULT_FLOOR_CONTEXT, metavar="TOKENS",
         help=f"tokens in the request's context for the decode floor (default {DEFAULT_FLOOR_CONTEXT})",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -55,16 +56,6 @@ def register(subparsers) -> None:
         help="also write the --tp/--ep independent part of the report to PATH (the recipe layer's m3_geometry.json)",
     )
     parser.set_defaults(handler=run)
-
-
-def _positive_tokens(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive number of tokens, got {text!r}")
-    return value
 
 
 def run(args: argparse.Namespace) -> int:

@@ -29,10 +29,6 @@ import math
 from sglang_m3.config import M3TextSpec
 from sglang_m3.recipe.catalog import CATALOG
 
-#: peak memory bytes per second of every accelerator profile a recipe may name (the catalog's
-#: data-sheet bandwidth), by profile name
-PEAK_BYTES_PER_S = {name: profile.hbm_tbps * 1e12 for name, profile in CATALOG.items() if profile.hbm_tbps}
-
 #: the context the floor is counted at unless told: the e2e benchmark's 2K-token prompts
 DEFAULT_FLOOR_CONTEXT = 2048
 
@@ -62,8 +58,8 @@ def peak_bandwidth(gpu: str) -> float | None:
     product string each profile's node label carries (the device name with dashes or underscores
     for spaces), so an H100 PCIe (2.0 TB/s) or NVL (3.9 TB/s) does not take the SXM part's rate."""
     key = _product_key(gpu)
-    return next((PEAK_BYTES_PER_S[name] for name, profile in CATALOG.items()
-                 if name in PEAK_BYTES_PER_S and _product_key(profile.node_label[1]) == key), None)
+    return next((profile.hbm_tbps * 1e12 for profile in CATALOG.values()
+                 if profile.hbm_tbps and _product_key(profile.node_label[1]) == key), None)
 
 
 def nbytes(param) -> int:
@@ -111,7 +107,7 @@ def decode_floor(ranks: list, spec: M3TextSpec, ep: int, context: int, mxfp8_siz
         "chosen_experts_per_moe_layer": min(math.ceil(spec.experts_per_token / ep), spec.num_experts // ep),
         **steps,
         "ms_per_token": {
-            profile: {name: 1e3 * step["total"] / rate for name, step in steps.items()}
-            for profile, rate in PEAK_BYTES_PER_S.items()
+            profile.name: {name: 1e3 * step["total"] / (profile.hbm_tbps * 1e12) for name, step in steps.items()}
+            for profile in CATALOG.values() if profile.hbm_tbps
         },
     }
