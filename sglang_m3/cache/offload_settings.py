@@ -95,6 +95,10 @@ def check_sparse_offload(shape: OffloadShape, server_args, device: str, page_siz
     if (getattr(server_args, "speculative_eagle_topk", None) or 1) > 1:
         raise ValueError(f"{blocks} serves speculative chains only (a draft tree's attention reads each draft "
                          "from its pool slot, which lives in the host store): run with --speculative-eagle-topk 1")
+    if getattr(server_args, "speculative_adaptive", False):
+        raise ValueError(f"{blocks} cannot run with --speculative-adaptive: the block cache's rounds are sized here "
+                         f"for {shape.max_query_tokens} query tokens per request, and the adaptive worker lengthens "
+                         "the chain past that while serving; drop --speculative-adaptive")
     if shape.requests_per_round < 1:
         raise ValueError(
             f"{blocks} is smaller than one request's selection: {shape.max_query_tokens} query token(s) x "

@@ -87,6 +87,7 @@ TYPED_FLAGS: dict[str, str] = {
     "--speculative-num-steps": "spec.speculative.numSteps",
     "--speculative-eagle-topk": "spec.speculative.eagleTopk",
     "--speculative-num-draft-tokens": "spec.speculative.numDraftTokens",
+    "--speculative-adaptive": "spec.speculative.adaptive",
     "--reasoning-parser": "spec.parsers.reasoning",
     "--tool-call-parser": "spec.parsers.toolCall",
     "--default-chat-template-kwargs": "spec.parsers.defaultThinkingMode",
@@ -224,6 +225,8 @@ def _add_speculative(add, recipe: Recipe) -> None:
     add("--speculative-num-steps", speculative.num_steps)
     add("--speculative-eagle-topk", speculative.eagle_topk)
     add("--speculative-num-draft-tokens", speculative.num_draft_tokens)
+    if speculative.adaptive:
+        add("--speculative-adaptive")
 
 
 def _add_parsers(add, recipe: Recipe) -> None:

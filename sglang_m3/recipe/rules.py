@@ -388,6 +388,8 @@ def check_speculative(recipe: Recipe, profile: HardwareProfile) -> Iterator[Find
             f"a chain of {speculative.num_steps} steps verifies {speculative.num_steps + 1} "
             f"tokens; set numDraftTokens: {speculative.num_steps + 1}",
             "speculative.draft-tokens")
+    if speculative.adaptive:
+        yield from _check_adaptive(recipe)
     yield from _check_pipeline_speculative(recipe)
     if profile.is_gpu and profile.vendor != "nvidia":
         yield _warning(
@@ -396,6 +398,46 @@ def check_speculative(recipe: Recipe, profile: HardwareProfile) -> Iterator[Find
             f"too), served token-exact on NVIDIA GPUs (H100 and H200, in the project's GPU harness) "
             f"but never on ROCm; verify it on {profile.name} before relying on it",
             "speculative.unverified-gpu")
+
+
+#: Chain lengths SGLang 0.5.23's adaptive speculation starts from: the draft steps of its default
+#: candidates (``DEFAULT_ADAPTIVE_CONFIG``) that numSteps may take (0, no draft, is below its minimum).
+#: It refuses any other --speculative-num-steps at start-up.
+ADAPTIVE_START_STEPS = (1, 3, 5, 7)
+
+
+def _check_adaptive(recipe: Recipe) -> Iterator[Finding]:
+    """Where SGLang would drop adaptive with only a log warning, or fail with it at start-up."""
+    spec = recipe.spec
+    speculative = spec.speculative
+    if speculative.algorithm not in ("EAGLE", "EAGLE3"):
+        yield _error("spec.speculative.adaptive",
+                     f"SGLang adapts EAGLE and EAGLE3 chains only; with {speculative.algorithm} it ignores "
+                     "adaptive (a warning in its log); remove adaptive",
+                     "speculative.adaptive-algorithm")
+    if speculative.eagle_topk > 1:
+        yield _error("spec.speculative.adaptive",
+                     f"SGLang adapts chains only; with eagleTopk {speculative.eagle_topk} it ignores adaptive (a "
+                     "warning in its log) and serves the fixed tree; set eagleTopk: 1 or remove adaptive",
+                     "speculative.adaptive-tree")
+    if speculative.num_steps not in ADAPTIVE_START_STEPS:
+        yield _error("spec.speculative.numSteps",
+                     f"adaptive starts from one of the chain lengths it switches between, "
+                     f"{', '.join(map(str, ADAPTIVE_START_STEPS))} (where it adapts, SGLang refuses "
+                     f"--speculative-num-steps {speculative.num_steps} at start-up); set numSteps: 3 (and "
+                     "numDraftTokens: 4)",
+                     "speculative.adaptive-steps")
+    if spec.parallelism.attention_dp > 1:
+        yield _error("spec.speculative.adaptive",
+                     "SGLang ignores adaptive under attention data parallelism (its chain length would differ "
+                     "between DP ranks; a warning in its log); remove adaptive or set attentionDp: 1",
+                     "speculative.adaptive-attention-dp")
+    if spec.parallelism.pp > 1:
+        yield _error("spec.speculative.adaptive",
+                     f"pp {spec.parallelism.pp}: SGLang relays drafts between pipeline stages at a fixed "
+                     f"numDraftTokens and refuses adaptive with {PP_SPEC_ENV} at start-up; remove adaptive "
+                     "or set pp: 1",
+                     "speculative.adaptive-pipeline")
 
 
 #: SGLang 0.5.23 verifies EAGLE over pipeline stages only when this is set (PP_SPEC relay).
@@ -597,6 +639,12 @@ def _check_sparse_offload(recipe: Recipe, profile: HardwareProfile) -> Iterator[
                      "sparse-offload serves speculative chains only (a draft tree's attention reads each draft from "
                      "its pool slot, which lives in the host store; the server refuses trees); set eagleTopk: 1",
                      "offload.sparse-tree")
+    if speculative is not None and speculative.adaptive:
+        yield _error("spec.speculative.adaptive",
+                     "sparse-offload sizes its block cache's rounds at start-up for numDraftTokens query tokens "
+                     "per request, and adaptive lengthens the chain past that while serving (the server refuses "
+                     "the pair at start-up); remove adaptive",
+                     "offload.sparse-adaptive")
     # M3's geometry counts the selection; the cpu profile serves the tiny model, whose heads and
     # top-k are its own (the server checks that one at start-up)
     needed = sparse_offload_blocks_needed(recipe)

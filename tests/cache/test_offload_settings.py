@@ -45,6 +45,18 @@ def test_rounds_follow_one_requests_worst_case_selection():
     assert max_query_tokens(args(speculative_algorithm="EAGLE3", speculative_num_draft_tokens=4)) == 4
 
 
+def test_an_adaptive_chain_is_refused_by_name():
+    """The adaptive worker would verify more tokens per request than the rounds were sized for."""
+    verify_shape = OffloadShape(cache_blocks=256, block_size=128, topk=16, kv_heads=4, max_query_tokens=4)
+    adaptive = args(speculative_algorithm="EAGLE3", speculative_num_draft_tokens=4, speculative_eagle_topk=1,
+                    speculative_adaptive=True)
+    with pytest.raises(ValueError, match=f"^{SPARSE_OFFLOAD_BLOCKS_ENV}=256 cannot run with --speculative-adaptive: .* "
+                                         "sized here for 4 query tokens per request"):
+        check_sparse_offload(verify_shape, adaptive, "cpu", 128)
+    check_sparse_offload(verify_shape, args(speculative_algorithm="EAGLE3", speculative_num_draft_tokens=4,
+                                               speculative_eagle_topk=1, speculative_adaptive=False), "cpu", 128)
+
+
 @pytest.mark.parametrize("device", ["cpu", "cuda", "cuda:0"])
 def test_m3_geometry_on_the_cpu_platform_and_cuda_is_accepted(device, monkeypatch):
     monkeypatch.setattr(torch.version, "hip", None)

@@ -134,6 +134,64 @@ def test_speculative_rules():
     assert "speculative.unverified-gpu" in rules_fired(amd)
 
 
+ADAPTIVE_CHAIN = {"algorithm": "EAGLE3", "draftModel": {"path": "Inferact/MiniMax-M3-EAGLE3"}, "numSteps": 3,
+                  "numDraftTokens": 4, "adaptive": True}
+
+
+@settings(max_examples=100, deadline=None)
+@given(algorithm=st.sampled_from(["EAGLE3", "EAGLE", "NGRAM"]), topk=st.integers(1, 4), steps=st.integers(1, 8),
+       attention_dp=st.sampled_from([1, 2]), adaptive=st.booleans())
+def test_adaptive_rules_fire_exactly_where_sglang_drops_or_refuses_adaptive(algorithm, topk, steps, attention_dp,
+                                                                          adaptive):
+    """SGLang 0.5.23 adapts EAGLE / EAGLE3 chains (top-k 1) without attention DP, starting from 1, 3, 5 or 7
+    steps: it drops the flag with a log warning otherwise, and refuses another start at start-up."""
+    draft = None if algorithm == "NGRAM" else {"path": "/drafts/m3-draft"}
+    recipe = make_recipe(spec__parallelism={"tp": 8, "ep": 8, "attentionDp": attention_dp},
+                         spec__speculative={"algorithm": algorithm, "draftModel": draft, "eagleTopk": topk,
+                                            "numSteps": steps, "numDraftTokens": steps + 1, "adaptive": adaptive})
+    fired = rules_fired(recipe)
+    expected = {rule for rule, applies in (
+        ("speculative.adaptive-algorithm", algorithm == "NGRAM"),
+        ("speculative.adaptive-tree", topk > 1),
+        ("speculative.adaptive-steps", steps not in (1, 3, 5, 7)),
+        ("speculative.adaptive-attention-dp", attention_dp > 1),
+    ) if adaptive and applies}
+    assert {rule for rule in fired if "adaptive" in rule} == expected
+    assert ("speculative.ngram-tree" in fired) == (algorithm == "NGRAM")  # NGRAM stays refused on its own
+
+
+def test_adaptive_chain_of_three_passes_and_each_refusal_names_its_field():
+    assert validate_recipe(make_recipe(spec__speculative=ADAPTIVE_CHAIN)) == []
+    pipeline = {"spec__hardware": {"profile": "h100", "nodes": 2},
+                "spec__model": {"path": "MiniMaxAI/MiniMax-M3-MXFP8", "variant": "mxfp8"},
+                "spec__parallelism": {"tp": 8, "pp": 2}, "spec__env": {"SGLANG_ENABLE_PP_SPEC": "1"}}
+    offload = {"spec__hardware": {"profile": "h100"},
+               "spec__model": {"path": "MiniMaxAI/MiniMax-M3-MXFP8", "variant": "mxfp8"},
+               "spec__parallelism": {"tp": 8, "ep": 1},
+               "spec__hostOffload": {"mode": "sparse-offload", "sizeGbPerRank": 64, "cacheBlocks": 400}}
+    cases = {
+        "speculative.adaptive-tree": ("spec.speculative.adaptive", {"spec__speculative__eagleTopk": 2}),
+        "speculative.adaptive-steps": ("spec.speculative.numSteps",
+                                       {"spec__speculative__numSteps": 4, "spec__speculative__numDraftTokens": 5}),
+        "speculative.adaptive-attention-dp": ("spec.speculative.adaptive",
+                                              {"spec__parallelism": {"tp": 8, "ep": 8, "attentionDp": 2}}),
+        "speculative.adaptive-algorithm": ("spec.speculative.adaptive", {"spec__speculative__algorithm": "NGRAM",
+                                                                         "spec__speculative__draftModel": None}),
+        "speculative.adaptive-pipeline": ("spec.speculative.adaptive",
+                                          {**pipeline, "spec__speculative__algorithm": "EAGLE",
+                                           "spec__speculative__draftModel": {"path": "Inferact/MiniMax-M3-EAGLE"}}),
+        "offload.sparse-adaptive": ("spec.speculative.adaptive", offload),
+    }
+    for rule, (field, changes) in cases.items():
+        recipe = make_recipe(spec__speculative={**ADAPTIVE_CHAIN}, **changes)  # a copy: changes edit it
+        refusals = [(f.severity, f.field) for f in validate_recipe(recipe) if f.rule == rule]
+        assert refusals == [("error", field)], rule
+        without = make_recipe(spec__speculative={**ADAPTIVE_CHAIN, "adaptive": False}, **changes)
+        assert rule not in rules_fired(without), rule
+    steps = make_recipe(spec__speculative={**ADAPTIVE_CHAIN, "numSteps": 2, "numDraftTokens": 3})
+    assert any("1, 3, 5, 7" in f.message for f in validate_recipe(steps) if f.rule == "speculative.adaptive-steps")
+
+
 def test_draft_trees_follow_the_dense_attention_backend():
     """M3's sparse layers verify EAGLE trees everywhere (the CPU platform's torch path:
     tests/speculative/test_eagle3_exact.py; the Triton kernels: tests/kernels/test_msa_tree_verify.py);
@@ -223,11 +281,15 @@ def test_recipe_limits_are_the_servers():
     """The recipe layer keeps its own copies (it must import without torch); they must agree."""
     from msa_kernels.plan import DraftTree
 
+    from sglang.srt.speculative.adaptive_spec_params import resolve_candidate_steps_from_config
+
     from sglang_m3.quant.mxfp8 import BLOCK
-    from sglang_m3.recipe.rules import MAX_DRAFT_TREE_TOKENS, MXFP8_SCALE_GROUP
+    from sglang_m3.recipe.rules import ADAPTIVE_START_STEPS, MAX_DRAFT_TREE_TOKENS, MXFP8_SCALE_GROUP
 
     assert MAX_DRAFT_TREE_TOKENS == DraftTree.MAX_TOKENS
     assert MXFP8_SCALE_GROUP == BLOCK
+    # SGLang's default adaptive candidates, less 0 (no draft), which numSteps' minimum of 1 excludes
+    assert ADAPTIVE_START_STEPS == tuple(steps for steps in resolve_candidate_steps_from_config() if steps >= 1)
 
 
 @settings(max_examples=100, deadline=None)

@@ -20,9 +20,10 @@ from sglang_m3.recipe import (
     load_recipe_text,
     parse_recipe,
     recipe_json_schema,
+    render_launch,
 )
 from sglang_m3.recipe.schema import HardwareSpec
-from tests.recipe.recipe_factory import BROKEN, library_files, recipe_document
+from tests.recipe.recipe_factory import BROKEN, flag_pairs, library_files, recipe_document
 
 
 def test_profile_names_in_the_schema_match_the_catalog():
@@ -43,6 +44,18 @@ def test_live_kubernetes_object_loads():
                                 managedFields=[{"manager": "kubectl"}])
     document["status"] = {"conditions": []}
     assert parse_recipe(document).metadata.name == "test-recipe"
+
+
+def test_speculative_adaptive_is_a_boolean_rendered_as_a_bare_flag_when_true():
+    """SGLang's --speculative-adaptive is store-true: it takes no value, and false is its absence."""
+    chain = {"algorithm": "EAGLE3", "draftModel": {"path": "Inferact/MiniMax-M3-EAGLE3"}}
+    fixed = parse_recipe(recipe_document(spec__speculative=chain))
+    adaptive = parse_recipe(recipe_document(spec__speculative={**chain, "adaptive": True}))
+    assert fixed.spec.speculative.adaptive is False and adaptive.spec.speculative.adaptive is True
+    assert "--speculative-adaptive" not in render_launch(fixed).argv
+    assert ("--speculative-adaptive", None) in flag_pairs(render_launch(adaptive).argv)
+    speculative = crd_openapi_schema()["properties"]["spec"]["properties"]["speculative"]
+    assert speculative["properties"]["adaptive"]["type"] == "boolean"
 
 
 def test_error_names_file_and_every_field(tmp_path):

@@ -80,6 +80,7 @@ def expected_fields(recipe) -> dict:
             speculative_num_draft_tokens=speculative.num_draft_tokens,
             speculative_draft_model_path=(speculative.draft_model.path
                                           if speculative.draft_model else None),
+            speculative_adaptive=speculative.adaptive,
         )
     return expected
 
@@ -130,10 +131,10 @@ def recipes(draw):
     attention_dp = draw(st.sampled_from([a for a in (1, 2, 4, 8) if tp % a == 0]))
     speculative = draw(st.one_of(
         st.none(),
-        st.builds(lambda steps: {"algorithm": "EAGLE3", "numSteps": steps,
-                                 "numDraftTokens": steps + 1,
-                                 "draftModel": {"path": "Inferact/MiniMax-M3-EAGLE3"}},
-                  st.integers(1, 6)),
+        st.builds(lambda steps, adaptive: {"algorithm": "EAGLE3", "numSteps": steps,
+                                           "numDraftTokens": steps + 1, "adaptive": adaptive,
+                                           "draftModel": {"path": "Inferact/MiniMax-M3-EAGLE3"}},
+                  st.integers(1, 6), st.booleans()),
         st.just({"algorithm": "NGRAM", "numSteps": 2, "numDraftTokens": 3}),
     ))
     document = recipe_document(
