@@ -114,6 +114,13 @@ HOOKS: tuple[Hook, ...] = (
         "trees of more than 64 verify tokens (the MSA plans' ancestor mask), are refused at start-up naming the field.",
     ),
     Hook(
+        "sglang.srt.arg_groups.speculative_hook._handle_ngram",
+        "AFTER",
+        speculative_hooks.refuse_ngram_for_m3,
+        "NGRAM's irregular draft trees are not attended by MSA: an M3 server with NGRAM is refused "
+        "at start-up, naming the flag, instead of failing at its first verify batch.",
+    ),
+    Hook(
         "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend.forward_extend",
         "AROUND",
         speculative_hooks.torch_native_extend_with_verify,

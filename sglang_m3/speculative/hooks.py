@@ -30,6 +30,28 @@ def check_m3_eagle_args(result, server_args):
     return result
 
 
+def refuse_ngram_for_m3(result, server_args):
+    """AFTER SGLang resolves NGRAM arguments: an M3 target refuses NGRAM at start-up.
+
+    NGRAM verifies irregular draft trees (``tree_topk`` -1), which every MSA path refuses
+    (``msa.batch_shape.verify_q_len``). SGLang itself refuses NGRAM's default breadth at page size
+    128, but ``--speculative-ngram-max-bfs-breadth 1`` passes its checks: on CUDA the server would
+    load and fail at its first verify batch (read from the code, not run), and on the CPU platform
+    its scheduler died importing NGRAM's worker (no ``sgl_kernel``). This names the flag before any
+    model loads.
+    """
+    from sglang.srt.arg_groups.model_override_base import model_config_of
+
+    from sglang_m3.integration.hooks import is_m3
+
+    if is_m3(model_config_of(server_args).hf_config):
+        raise ValueError(
+            "--speculative-algorithm NGRAM: NGRAM verifies irregular draft trees (SGLang's tree_topk -1), which "
+            "M3's sparse attention does not attend; use --speculative-algorithm EAGLE3 with an M3 draft"
+        )
+    return result
+
+
 def torch_native_extend_with_verify(original, backend, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
     """AROUND ``TorchNativeAttnBackend.forward_extend``: TARGET_VERIFY batches attend their drafts."""
     if not forward_batch.forward_mode.is_target_verify():

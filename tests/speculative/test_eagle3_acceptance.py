@@ -104,3 +104,15 @@ def test_server_refuses_aux_layers_past_the_target(tiny_m3_checkpoint, tiny_draf
     assert refused.returncode != 0
     assert "eagle_config.eagle_aux_hidden_state_layer_ids = [0, 1, 7]" in refused.log
     assert "outside the target's layers 0 .. 3" in refused.log
+
+
+@pytest.mark.server
+def test_server_refuses_ngram_at_start_up(tiny_m3_checkpoint, server_log_dir):
+    """Breadth 1 passes SGLang's own NGRAM checks at page size > 1; M3 names the algorithm before
+    any model loads (without the hook this server died in its scheduler importing NGRAM's worker,
+    which needs sgl_kernel: a log that names neither the flag nor the reason)."""
+    refused = expect_start_refused(tiny_m3_checkpoint, server_log_dir, "--speculative-algorithm", "NGRAM",
+                                   "--speculative-ngram-max-bfs-breadth", "1", "--speculative-num-draft-tokens", "4")
+    assert refused.returncode != 0
+    assert "--speculative-algorithm NGRAM: NGRAM verifies irregular draft trees" in refused.log
+    assert "use --speculative-algorithm EAGLE3" in refused.log
