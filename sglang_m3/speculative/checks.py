@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from msa_kernels.plan import DraftTree
 
 from sglang_m3.speculative.aux_layers import AUX_LAYER_FIELD, resolve_aux_layer_ids
+from sglang_m3.speculative.draft_tensors import DraftTensorError, check_draft_tensors
 
 
 class SpeculativeConfigError(ValueError):
@@ -33,7 +34,7 @@ def check_eagle_settings(
     algorithm: str, topk: int | None, draft_path: str | None, target: TargetShape, num_draft_tokens: int | None = None
 ) -> None:
     """Refuse draft trees of more verify tokens than the MSA plans hold, and an EAGLE3 draft
-    whose widths or aux layers do not fit the target."""
+    whose widths, aux layers or weight tensors do not fit the target."""
     if topk is not None and topk > 1 and num_draft_tokens is not None and num_draft_tokens > DraftTree.MAX_TOKENS:
         raise SpeculativeConfigError(
             f"--speculative-num-draft-tokens {num_draft_tokens} with --speculative-eagle-topk {topk}: M3's "
@@ -60,17 +61,20 @@ def check_eagle_settings(
         raise SpeculativeConfigError(
             f"{where}: draft_vocab_size = {draft_vocab} is outside 1 .. {target.vocab_size} (the target's vocab_size)"
         )
-    eagle_config = draft.get("eagle_config") or {}
+    ids = (draft.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     try:
-        resolve_aux_layer_ids(eagle_config.get("eagle_aux_hidden_state_layer_ids"), target.num_layers)
+        layers = resolve_aux_layer_ids(ids, target.num_layers)
     except ValueError as error:
         raise SpeculativeConfigError(f"{where}: {error}") from None
     num_aux = draft.get("num_aux_hidden_states")
-    ids = eagle_config.get("eagle_aux_hidden_state_layer_ids")
     if num_aux is not None and ids is not None and num_aux != len(ids):
         raise SpeculativeConfigError(
             f"{where}: num_aux_hidden_states = {num_aux} disagrees with {AUX_LAYER_FIELD} ({len(ids)} ids)"
         )
+    try:
+        check_draft_tensors(draft_path, draft_vocab or draft["vocab_size"], target.vocab_size, len(layers) * target.hidden_size)
+    except DraftTensorError as error:
+        raise SpeculativeConfigError(f"draft weights: {error}") from None
 
 
 def _local_config(path: str | None) -> dict | None:

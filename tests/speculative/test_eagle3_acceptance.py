@@ -12,6 +12,8 @@ Its server runs without ``TRITON_INTERPRET``, so accepted drafts also take the t
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 
 import pytest
@@ -116,3 +118,37 @@ def test_server_refuses_ngram_at_start_up(tiny_m3_checkpoint, server_log_dir):
     assert refused.returncode != 0
     assert "--speculative-algorithm NGRAM: NGRAM verifies irregular draft trees" in refused.log
     assert "use --speculative-algorithm EAGLE3" in refused.log
+
+
+def _draft_with(source: str, destination, **changes) -> str:
+    """A copy of the tiny draft whose tensors in ``changes`` are replaced (None drops one)."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(source, destination)
+    tensors = load_file(os.path.join(destination, "model.safetensors"))
+    for name, value in changes.items():
+        if value is None:
+            del tensors[name]
+        else:
+            tensors[name] = value.contiguous()
+    save_file(tensors, os.path.join(destination, "model.safetensors"))
+    return str(destination)
+
+
+@pytest.mark.parametrize(("draft_vocab", "changes", "named"), [
+    (None, lambda t: {"lm_head.weight": t["lm_head.weight"][:500]}, "lm_head.weight has 500 rows, but the draft's config gives a draft vocabulary of 512"),
+    (300, lambda t: {"d2t": t["d2t"][:299]}, "d2t has shape [299], but the draft vocabulary is 300"),
+    (300, lambda t: {"d2t": t["d2t"] + 250}, "d2t maps 38 draft id(s) outside the target's vocabulary 0 .. 511 (draft id 262 -> target id 512)"),
+    (300, lambda t: {"d2t": None}, "draft_vocab_size = 300 below the target's 512, but no d2t tensor"),
+    (None, lambda t: {"t2d": t["t2d"][:511]}, "t2d has shape [511], but the target's vocabulary is 512"),
+    (None, lambda t: {"fc.weight": t["fc.weight"][:, :256]}, "fc.weight has shape [128, 256], but the draft reads 384 inputs per token"),
+])
+def test_draft_tensors_that_disagree_with_the_config_are_refused(tiny_draft_factory, tmp_path, draft_vocab, changes, named):
+    """config.json fits the target; a tensor does not: refused before SGLang loads it, naming the tensor."""
+    from safetensors.torch import load_file
+
+    source = tiny_draft_factory(draft_vocab_size=draft_vocab)
+    draft = _draft_with(source, tmp_path / "draft", **changes(load_file(os.path.join(source, "model.safetensors"))))
+    with pytest.raises(SpeculativeConfigError, match=re.escape(named)):
+        check_eagle_settings("EAGLE3", 1, draft, TINY, num_draft_tokens=4)
+    check_eagle_settings("EAGLE3", 1, source, TINY, num_draft_tokens=4)  # the unchanged draft passes
