@@ -4,8 +4,9 @@
 draft vocabulary, an ``lm_head`` of another size, ids mapped past the target's vocabulary, an
 ``fc`` trained on another number of aux layers. Read from SGLang 0.5.23's draft loader (not
 run): it then fails inside weight loading with a bare shape assertion in the scheduler, or (an
-out-of-range ``d2t``) proposes token ids the target's embedding cannot index. The shapes come from the safetensors headers (nothing is
-loaded); only ``d2t``, one integer per draft token, is read to check its range.
+out-of-range ``d2t``) proposes token ids the target's embedding cannot index. The shapes come
+from the safetensors headers (nothing is loaded); only ``d2t``, one integer per draft token, is
+read to check its range.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def check_draft_tensors(draft_dir: str, draft_vocab: int, target_vocab: int, fc_
         return
 
     def shape_of(name: str) -> tuple[int, ...] | None:
-        return shapes[name][0] if name in shapes else None
+        return shapes.get(name, (None,))[0]
 
     def where(name: str) -> str:
         return f"{os.path.basename(shapes[name][1])}: {name}"
