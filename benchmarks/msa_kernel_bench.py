@@ -27,7 +27,9 @@ the few SGLang helpers it imports; its decode top-k runs the Triton 2-stage path
 (the JIT radix top-k needs SGLang's JIT stack).
 
 Usage: PYTHONPATH=kernels python benchmarks/msa_kernel_bench.py --out DIR [--sglang-path DIR] [--quick]
-Writes DIR/msa_kernels_<gpu>.json, .md and .png.
+Writes DIR/msa_kernels_<gpu>.json, .md and .png. A full run split over two device calls
+(``--decode-only`` then ``--prefill-only``, same GPU and commit) becomes one file with
+``--merge DIR1 DIR2 --out DIR`` (no GPU needed; each part's ceilings and checks are kept).
 """
 
 from __future__ import annotations
@@ -585,14 +587,58 @@ def _fmt(x, digits=1):
     return "-" if x is None else f"{x:.{digits}f}"
 
 
+def merge_runs(run_files: list[str]) -> tuple[dict, list[dict]]:
+    """One results file from runs of the same GPU and commit (say ``--decode-only`` and
+    ``--prefill-only`` in two device calls, whose limit one full run can exceed).
+
+    The first run's meta heads the file; every run's ceilings and correctness checks stay under
+    ``meta["parts"]``, since each part measured its own; rows keep the values their run computed."""
+    runs = []
+    for path in run_files:
+        with open(path) as f:
+            runs.append(json.load(f))
+    first = runs[0]["meta"]
+    for path, run in zip(run_files, runs):
+        for key in ("gpu", "commit", "torch", "triton"):
+            if run["meta"][key] != first[key]:
+                raise SystemExit(f"--merge: {path} has {key}={run['meta'][key]!r}, the first run {first[key]!r}")
+    meta = dict(first)
+    meta["parts"] = [
+        {"file": os.path.basename(os.path.dirname(os.path.abspath(path))) + "/" + os.path.basename(path),
+         "phases": sorted({r["phase"] for r in run["rows"]}), "ceilings": run["meta"]["ceilings"],
+         "checks": run["meta"]["checks"]}
+        for path, run in zip(run_files, runs)
+    ]
+    return meta, [row for run in runs for row in run["rows"]]
+
+
+def results_base(out: str, gpu: str) -> str:
+    """``OUT/msa_kernels_<gpu tag>``: the path stem of a run's JSON, markdown and PNG."""
+    tag = "h100" if "H100" in gpu else "h200" if "H200" in gpu else gpu.replace(" ", "_").lower()
+    return os.path.join(out, f"msa_kernels_{tag}")
+
+
+def write_results(out: str, meta: dict, rows: list[dict]) -> str:
+    """The JSON, markdown and PNG of one run under ``out``; returns the markdown's path."""
+    base = results_base(out, meta["gpu"])
+    with open(base + ".json", "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    write_markdown(base + ".md", meta, rows)
+    write_plot(base + ".png", rows)
+    return base + ".md"
+
+
 def write_markdown(path: str, meta: dict, rows: list[dict]) -> None:
     c = meta["ceilings"]
     lines = [
         f"# MSA kernels on {meta['gpu']}",
         "",
         f"torch {meta['torch']}, triton {meta['triton']}, driver {meta['driver']}, commit {meta['commit']}.",
-        f"Ceilings measured in the same run: copy {c['copy_bytes_per_s'] / 1e12:.2f} TB/s, "
+        f"Ceilings measured in {'the first part' if meta.get('parts') else 'the same run'}: copy {c['copy_bytes_per_s'] / 1e12:.2f} TB/s, "
         f"bf16 matmul {c['bf16_matmul_flops_per_s'] / 1e12:.0f} TFLOP/s. SGLang top-k: {meta['sglang_topk']}.",
+        *[f"Part {p['file']} ({', '.join(p['phases'])}): copy {p['ceilings']['copy_bytes_per_s'] / 1e12:.2f} TB/s, "
+          f"bf16 matmul {p['ceilings']['bf16_matmul_flops_per_s'] / 1e12:.0f} TFLOP/s, its own correctness checks below."
+          for p in meta.get("parts", [])],
         "",
         "## Decode (CUDA-graph replay of indexer + top-k + attention, per layer, us)",
         "",
@@ -640,8 +686,12 @@ def write_markdown(path: str, meta: dict, rows: list[dict]) -> None:
         times = [_fmt(r["dense_backends"].get(name)) for name in names]
         lines.append(f"| {r['phase']} | {r.get('batch', 1)} | {r['L'] // K}K | {r['q_len']} | " + " | ".join(times) + " |")
     lines += ["", "## Correctness checks run before timing", ""]
-    for name, a in meta["checks"].items():
-        lines.append(f"- {name}: ok={a['ok']} rows={a['rows']} tie_swaps={a['tie_swaps']} max_rel_err={a['max_rel_err']:.2e}")
+    parts = meta.get("parts") or [{"file": None, "checks": meta["checks"]}]
+    for part in parts:
+        prefix = f"{part['file']}: " if part["file"] else ""
+        for name, a in part["checks"].items():
+            lines.append(f"- {prefix}{name}: ok={a['ok']} rows={a['rows']} tie_swaps={a['tie_swaps']} "
+                         f"max_rel_err={a['max_rel_err']:.2e}")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
 
@@ -701,7 +751,19 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="also time decode grid sizings at headline shapes")
     parser.add_argument("--breakdown", action="store_true", help="only the per-kernel ablation; writes msa_kernels_breakdown.json")
     parser.add_argument("--commit", default=commit(), help="commit of the benchmarked code")
+    parser.add_argument("--merge", nargs="+", metavar="DIR",
+                        help="write one results file from these runs' folders (same GPU and commit) and time nothing")
     args = parser.parse_args()
+    if args.merge:
+        os.makedirs(args.out, exist_ok=True)
+        files = []
+        for folder in args.merge:
+            found = sorted(f for f in os.listdir(folder) if f.startswith("msa_kernels_") and f.endswith(".json"))
+            if len(found) != 1:
+                parser.error(f"--merge: {folder} holds {len(found)} msa_kernels_<gpu>.json files, not one")
+            files.append(os.path.join(folder, found[0]))
+        print(open(write_results(args.out, *merge_runs(files))).read())
+        return
     if args.decode_only and args.prefill_only:
         parser.error("--decode-only and --prefill-only exclude each other")
     if not torch.cuda.is_available():
@@ -753,13 +815,7 @@ def main() -> None:
         "sglang_topk": "SGLang's Triton 2-stage top-k (its JIT radix top-k needs SGLang's JIT stack)" if sgl else "not run",
         "timing": "decode: CUDA-graph replay, median, input sets rotated; prefill: CUDA events, median",
     }
-    tag = "h100" if "H100" in gpu else "h200" if "H200" in gpu else gpu.replace(" ", "_").lower()
-    base = os.path.join(args.out, f"msa_kernels_{tag}")
-    with open(base + ".json", "w") as f:
-        json.dump({"meta": meta, "rows": rows}, f, indent=1)
-    write_markdown(base + ".md", meta, rows)
-    write_plot(base + ".png", rows)
-    print(open(base + ".md").read())
+    print(open(write_results(args.out, meta, rows)).read())
 
 
 if __name__ == "__main__":

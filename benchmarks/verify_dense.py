@@ -1,6 +1,6 @@
 """Dense anchors for speculative verify rows: a few queries over many keys, lower-right causal.
 
-SDPA has no fast path for that mask. On the H200 (bca5572 run, ``results/msa_kernels_h200.json``)
+SDPA has no fast path for that mask. On the H200 (bca5572 run, ``results/msa_kernels_h200_bca5572.json``)
 B=8 L=32K q_len 4 took 2.56 ms with cuDNN and 3.15 ms with FlashAttention, 20-25x their one-query
 decode time over the same K/V, so a verify row's ``dense/ours`` said 38x. Three dense forms that
 read the K/V once:

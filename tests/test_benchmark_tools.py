@@ -922,3 +922,27 @@ def test_paired_servers_under_tensor_parallelism_start_one_after_the_other(monke
     with pytest.raises(RuntimeError, match="server start failed"):
         e2e_gpu_paired.start_both("model", "out", tp=2, pair=failing)
     assert events == [("begin", "paired-fails"), ("end", "paired-fails")]
+
+
+def test_kernel_bench_merge_joins_a_split_run_and_keeps_each_parts_checks(tmp_path):
+    """The committed H200 run at a19960a came in two device calls; merged, it holds every row of
+    both, in order, and each part's ceilings and correctness checks; parts of another commit are
+    refused by name."""
+    import msa_kernel_bench
+
+    parts = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "results", "msa_kernels_h200_parts_a19960a")
+    files = [os.path.join(parts, "decode.json"), os.path.join(parts, "prefill.json")]
+    runs = [json.load(open(f)) for f in files]
+    meta, rows = msa_kernel_bench.merge_runs(files)
+    assert rows == runs[0]["rows"] + runs[1]["rows"]
+    assert [p["phases"] for p in meta["parts"]] == [["decode"], ["prefill"]]
+    assert [p["checks"] for p in meta["parts"]] == [r["meta"]["checks"] for r in runs]
+    markdown = msa_kernel_bench.write_results(str(tmp_path), meta, rows)
+    text = open(markdown).read()
+    assert "| 8K | 0K | 3.23 |" in text and "| 8 | 128K | 1 | fp8 | 80.2 |" in text
+    assert text.count("ours_prefill: ok=True") == 2
+    other = dict(runs[1], meta=dict(runs[1]["meta"], commit="0000000"))
+    other_file = tmp_path / "other.json"
+    other_file.write_text(json.dumps(other))
+    with pytest.raises(SystemExit, match="commit='0000000'"):
+        msa_kernel_bench.merge_runs([files[0], str(other_file)])
