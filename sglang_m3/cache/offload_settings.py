@@ -57,10 +57,21 @@ class OffloadShape:
 
 
 def max_query_tokens(server_args) -> int:
-    """Query tokens per request of a decode or verify step under these server arguments."""
+    """Query tokens per request of a decode or verify step under these server arguments.
+
+    Under ``--speculative-adaptive`` the worker switches between chains of each candidate length
+    while serving (SGLang's candidates, from ``--speculative-adaptive-config`` or its defaults),
+    verifying steps + 1 tokens per request; the block cache's rounds are sized once at start-up,
+    so they are sized for the longest candidate, and a shorter chain fills a round partly."""
     if getattr(server_args, "speculative_algorithm", None) is None:
         return 1
-    return max(1, int(getattr(server_args, "speculative_num_draft_tokens", None) or 1))
+    tokens = max(1, int(getattr(server_args, "speculative_num_draft_tokens", None) or 1))
+    if getattr(server_args, "speculative_adaptive", False):
+        from sglang.srt.speculative.adaptive_spec_params import resolve_candidate_steps_from_config
+
+        candidates = resolve_candidate_steps_from_config(getattr(server_args, "speculative_adaptive_config", None))
+        tokens = max(tokens, max(candidates) + 1)
+    return tokens
 
 
 #: Devices sparse offload serves on: the CPU platform's torch path, CUDA's Triton path.
@@ -95,12 +106,9 @@ def check_sparse_offload(shape: OffloadShape, server_args, device: str, page_siz
     if (getattr(server_args, "speculative_eagle_topk", None) or 1) > 1:
         raise ValueError(f"{blocks} serves speculative chains only (a draft tree's attention reads each draft "
                          "from its pool slot, which lives in the host store): run with --speculative-eagle-topk 1")
-    if getattr(server_args, "speculative_adaptive", False):
-        raise ValueError(f"{blocks} cannot run with --speculative-adaptive: the block cache's rounds are sized here "
-                         f"for {shape.max_query_tokens} query tokens per request, and the adaptive worker lengthens "
-                         "the chain past that while serving; drop --speculative-adaptive")
     if shape.requests_per_round < 1:
         raise ValueError(
-            f"{blocks} is smaller than one request's selection: {shape.max_query_tokens} query token(s) x "
+            f"{blocks} is smaller than one request's selection: {shape.max_query_tokens} query token(s)"
+            f"{' (the longest adaptive chain verifies that many)' if getattr(server_args, 'speculative_adaptive', False) else ''} x "
             f"{shape.kv_heads} KV heads x top-{shape.topk} = {shape.pages_per_request} blocks per step; "
             f"set {SPARSE_OFFLOAD_BLOCKS_ENV} to at least {shape.pages_per_request}")

@@ -639,19 +639,14 @@ def _check_sparse_offload(recipe: Recipe, profile: HardwareProfile) -> Iterator[
                      "sparse-offload serves speculative chains only (a draft tree's attention reads each draft from "
                      "its pool slot, which lives in the host store; the server refuses trees); set eagleTopk: 1",
                      "offload.sparse-tree")
-    if speculative is not None and speculative.adaptive:
-        yield _error("spec.speculative.adaptive",
-                     "sparse-offload sizes its block cache's rounds at start-up for numDraftTokens query tokens "
-                     "per request, and adaptive lengthens the chain past that while serving (the server refuses "
-                     "the pair at start-up); remove adaptive",
-                     "offload.sparse-adaptive")
     # M3's geometry counts the selection; the cpu profile serves the tiny model, whose heads and
     # top-k are its own (the server checks that one at start-up)
     needed = sparse_offload_blocks_needed(recipe)
     blocks = recipe.spec.host_offload.cache_blocks
     if profile.is_gpu and blocks is not None and blocks < needed:
         yield _error("spec.hostOffload.cacheBlocks",
-                     f"cacheBlocks {blocks} is smaller than one request's selection: query tokens per step x KV "
+                     f"cacheBlocks {blocks} is smaller than one request's selection: query tokens per step"
+                     f"{' (the longest adaptive chain, ' + str(max(ADAPTIVE_START_STEPS)) + ' drafts + 1)' if speculative is not None and speculative.adaptive else ''} x KV "
                      f"heads per rank x top-{M3.sparse_topk_blocks} = {needed} blocks (the server refuses it); "
                      f"set cacheBlocks to at least {needed}",
                      "offload.cache-blocks-min")
@@ -659,11 +654,14 @@ def _check_sparse_offload(recipe: Recipe, profile: HardwareProfile) -> Iterator[
 
 def sparse_offload_blocks_needed(recipe: Recipe) -> int:
     """Blocks one request can select in one step on one rank, as the server counts them: every
-    query token's top-k for each KV head the rank holds (a verify step has numDraftTokens)."""
+    query token's top-k for each KV head the rank holds (a verify step has numDraftTokens; under
+    adaptive, the longest chain SGLang may switch to: the server sizes its rounds for that one)."""
     parallel, speculative = recipe.spec.parallelism, recipe.spec.speculative
     attention_tp = parallel.tp // parallel.attention_dp
     kv_heads = max(1, M3.num_kv_heads // attention_tp)
     query_tokens = speculative.num_draft_tokens if speculative is not None else 1
+    if speculative is not None and speculative.adaptive:
+        query_tokens = max(query_tokens, max(ADAPTIVE_START_STEPS) + 1)
     return sparse_offload_selection_blocks(query_tokens, kv_heads, M3.sparse_topk_blocks)
 
 

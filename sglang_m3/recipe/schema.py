@@ -160,7 +160,9 @@ class Speculative(RecipeModel):
     longer (about 1.5 min more on an H200) and a few GB more GPU memory. It pays off at low
     concurrency with a draft the target often accepts, whose chains it lengthens (one request on
     an H200, a mid-size M3 with a well-accepted draft: decode 2.3x as fast as without a draft,
-    against 1.5-1.9x for a fixed chain of 3), and where acceptance varies with the prompts."""
+    against 1.5-1.9x for a fixed chain of 3), and where acceptance varies with the prompts. With
+    sparse offload, hostOffload.cacheBlocks must hold the longest chain's selection (8 verify
+    tokens per request)."""
 
 
 class Parsers(RecipeModel):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from types import SimpleNamespace
 
 import pytest
@@ -45,16 +47,25 @@ def test_rounds_follow_one_requests_worst_case_selection():
     assert max_query_tokens(args(speculative_algorithm="EAGLE3", speculative_num_draft_tokens=4)) == 4
 
 
-def test_an_adaptive_chain_is_refused_by_name():
-    """The adaptive worker would verify more tokens per request than the rounds were sized for."""
-    verify_shape = OffloadShape(cache_blocks=256, block_size=128, topk=16, kv_heads=4, max_query_tokens=4)
-    adaptive = args(speculative_algorithm="EAGLE3", speculative_num_draft_tokens=4, speculative_eagle_topk=1,
-                    speculative_adaptive=True)
-    with pytest.raises(ValueError, match=f"^{SPARSE_OFFLOAD_BLOCKS_ENV}=256 cannot run with --speculative-adaptive: .* "
-                                         "sized here for 4 query tokens per request"):
-        check_sparse_offload(verify_shape, adaptive, "cpu", 128)
-    check_sparse_offload(verify_shape, args(speculative_algorithm="EAGLE3", speculative_num_draft_tokens=4,
-                                               speculative_eagle_topk=1, speculative_adaptive=False), "cpu", 128)
+def test_an_adaptive_chain_sizes_the_rounds_for_its_longest_candidate(tmp_path):
+    """The adaptive worker switches between chains of 1, 3, 5 and 7 drafts (SGLang's defaults) or
+    the candidates of ``--speculative-adaptive-config``, whatever the starting length: the rounds
+    are sized for the longest one's verify tokens, and a cache too small for it is refused saying so."""
+    chain = dict(speculative_algorithm="EAGLE3", speculative_num_draft_tokens=4, speculative_eagle_topk=1)
+    assert max_query_tokens(args(**chain, speculative_adaptive=True)) == 8
+    assert max_query_tokens(args(**chain, speculative_adaptive=False)) == 4
+    config = tmp_path / "adaptive.json"
+    config.write_text(json.dumps({"1": {"candidate_steps": [1, 3]}, "16": {"candidate_steps": [0, 2]}}))
+    assert max_query_tokens(args(**chain, speculative_adaptive=True, speculative_adaptive_config=str(config))) == 4
+    config.write_text(json.dumps({"1": {"candidate_steps": [3, 11]}}))
+    assert max_query_tokens(args(**chain, speculative_adaptive=True, speculative_adaptive_config=str(config))) == 12
+    adaptive = args(**chain, speculative_adaptive=True)
+    longest = OffloadShape(cache_blocks=256, block_size=128, topk=16, kv_heads=4, max_query_tokens=max_query_tokens(adaptive))
+    with pytest.raises(ValueError, match=f"^{SPARSE_OFFLOAD_BLOCKS_ENV}=256 is smaller than one request's selection: "
+                                         r"8 query token\(s\) \(the longest adaptive chain verifies that many\) x 4 KV "
+                                         "heads x top-16 = 512 blocks per step; .* at least 512"):
+        check_sparse_offload(longest, adaptive, "cpu", 128)
+    check_sparse_offload(OffloadShape(512, 128, 16, 4, 8), adaptive, "cpu", 128)
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda", "cuda:0"])

@@ -168,7 +168,8 @@ def test_adaptive_chain_of_three_passes_and_each_refusal_names_its_field():
     offload = {"spec__hardware": {"profile": "h100"},
                "spec__model": {"path": "MiniMaxAI/MiniMax-M3-MXFP8", "variant": "mxfp8"},
                "spec__parallelism": {"tp": 8, "ep": 1},
-               "spec__hostOffload": {"mode": "sparse-offload", "sizeGbPerRank": 64, "cacheBlocks": 400}}
+               # 100 blocks hold a chain of 3 (4 tokens x 1 KV head x top-16) but not adaptive's longest, 7 (128)
+               "spec__hostOffload": {"mode": "sparse-offload", "sizeGbPerRank": 64, "cacheBlocks": 100}}
     cases = {
         "speculative.adaptive-tree": ("spec.speculative.adaptive", {"spec__speculative__eagleTopk": 2}),
         "speculative.adaptive-steps": ("spec.speculative.numSteps",
@@ -180,7 +181,7 @@ def test_adaptive_chain_of_three_passes_and_each_refusal_names_its_field():
         "speculative.adaptive-pipeline": ("spec.speculative.adaptive",
                                           {**pipeline, "spec__speculative__algorithm": "EAGLE",
                                            "spec__speculative__draftModel": {"path": "Inferact/MiniMax-M3-EAGLE"}}),
-        "offload.sparse-adaptive": ("spec.speculative.adaptive", offload),
+        "offload.cache-blocks-min": ("spec.hostOffload.cacheBlocks", offload),
     }
     for rule, (field, changes) in cases.items():
         recipe = make_recipe(spec__speculative={**ADAPTIVE_CHAIN}, **changes)  # a copy: changes edit it

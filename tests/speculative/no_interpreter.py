@@ -23,9 +23,10 @@ def environment_without_interpreter() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def launch_without_interpreter(model_path: str, log_dir: str, *extra: str):
-    """``launch_cpu_server`` with ``TRITON_INTERPRET`` removed from the server's environment."""
-    server = start_cpu_server(model_path, log_dir, *extra, without=(INTERPRETER_VARIABLE,))
+def launch_without_interpreter(model_path: str, log_dir: str, *extra: str, env: dict[str, str] | None = None):
+    """``launch_cpu_server`` with ``TRITON_INTERPRET`` removed from the server's environment
+    (``env`` overrides part of the rest, as there)."""
+    server = start_cpu_server(model_path, log_dir, *extra, env=env, without=(INTERPRETER_VARIABLE,))
     try:
         assert INTERPRETER_VARIABLE not in process_environment(server.process.pid)
         _wait_ready(server)

@@ -33,6 +33,9 @@ import pytest
 from server_harness import TINY_PREFILL_CHUNK, launch_cpu_server
 from transformers_oracle import random_prompt
 
+from offload_helpers import counters as offload_counters
+
+from sglang_m3.cache.offload_settings import SPARSE_OFFLOAD_BLOCKS_ENV, SPARSE_OFFLOAD_LOG_STEPS_ENV
 from tests.speculative.conftest import CHAIN_FLAGS, LONG_CHAIN_FLAGS, TREE_FLAGS
 from tests.speculative.no_interpreter import launch_without_interpreter
 from tests.speculative.spec_requests import accept_length, generate, generate_concurrently
@@ -166,3 +169,35 @@ def test_adaptive_chain_follows_acceptance_and_stays_exact(target, tiny_m3_check
     print(f"adaptive chain: steps {changes}; second repeating prompt accept length {grown:.3f} tokens/step")
     assert any(b > a for a, b in changes) and any(b < a for a, b in changes), changes
     assert grown > 4.0
+
+
+def test_adaptive_chain_under_sparse_offload_reads_its_longest_chain_through_the_block_caches(
+        target, tiny_m3_checkpoint, tiny_draft_factory, server_log_dir):
+    """Sparse offload sizes its block caches' fetch rounds once, at start-up; under adaptive
+    speculation they are sized for the longest chain SGLang may switch to (7 drafts: 8 verify
+    tokens x 2 KV heads x top-4 = 64 blocks per request), so the server starts with a chain of 3
+    and a cache of exactly 64 blocks, one request per round (pages of 16 tokens, the MSA block,
+    and chunks of 112, a multiple of the page). The copy draft on repeating prompts
+    grows the chain past 3 drafts while the verify steps read the sparse layers' K/V from the host
+    store; every token and log-probability equals the all-device target's alone."""
+    draft = tiny_draft_factory(copy_target_lm_head=True)
+    prompts = [[REPEATING_TOKENS[0]] * 24, [REPEATING_TOKENS[1]] * 30, random_prompt(520, 200)]
+    plain = [generate(target.base_url, prompt, ADAPTIVE_TOKENS, logprobs=True) for prompt in prompts]
+    env = {SPARSE_OFFLOAD_BLOCKS_ENV: "64", SPARSE_OFFLOAD_LOG_STEPS_ENV: "1"}
+    with launch_without_interpreter(
+        tiny_m3_checkpoint, server_log_dir, "--chunked-prefill-size", "112", "--page-size", "16", *CHAIN_FLAGS,
+        "--speculative-adaptive",
+        "--speculative-draft-model-path", draft, env=env,
+    ) as offloaded:
+        spec = [generate(offloaded.base_url, prompt, ADAPTIVE_TOKENS, logprobs=True) for prompt in prompts]
+        with open(offloaded.log_path, encoding="utf-8", errors="replace") as handle:
+            log = handle.read()
+    _assert_same_tokens_and_logprobs(spec, plain)
+    assert "block caches of 64 blocks per layer" in log and "1 request(s) per fetch round" in log
+    changes = [(int(a), int(b)) for a, b in re.findall(r"Adaptive spec params updated: steps (\d+) -> (\d+)", log)]
+    grown = accept_length(spec[1:2])
+    print(f"adaptive chain under offload: steps {changes}; second repeating prompt accept length {grown:.3f}")
+    assert any(b > 3 for _, b in changes), changes
+    assert grown > 4.0  # out of a chain of 3's reach: longer chains were verified through the caches
+    assert offload_counters(log)["misses"] > 0
+
