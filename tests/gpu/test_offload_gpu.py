@@ -278,3 +278,34 @@ def test_eagle3_chains_verified_through_the_block_caches(offloaded_chain, on_dev
         assert output_ids(a) == output_ids(b), f"EAGLE3 chain under offload, prompt {i}: greedy tokens differ"
         assert a["meta_info"].get("spec_verify_ct", 0) >= 1, "speculation did not run"
     assert "M3 sparse offload: MSA Triton path" in log_text(offloaded_chain)
+
+
+@pytest.fixture(scope="module")
+def offloaded_adaptive(tiny_m3_checkpoint, tmp_path_factory, server_log_dir):
+    from sglang_m3.speculative.tiny_draft import build_tiny_draft
+    from tests.speculative.conftest import CHAIN_FLAGS
+
+    draft = build_tiny_draft(tiny_m3_checkpoint, str(tmp_path_factory.mktemp("adaptive-draft")), copy_target_lm_head=True)
+    # 64 entries: the longest adaptive chain's 8 tokens x 2 heads x top-4, one request per round
+    env = {**OFFLOAD_ENV, SPARSE_OFFLOAD_BLOCKS_ENV: "64"}
+    with launch_gpu_server(tiny_m3_checkpoint, server_log_dir, *CHUNKING, *CHAIN_FLAGS, "--speculative-adaptive",
+                           "--speculative-draft-model-path", draft, env=env, name="offload-adaptive") as server:
+        yield server
+
+
+def test_adaptive_chains_verified_through_the_block_caches(offloaded_adaptive, on_device):
+    """SGLang's adaptive worker captures verify graphs for chains of 1, 3, 5 and 7 drafts over the
+    block caches, whose fetch rounds were sized for the longest; repeating prompts grow the chain
+    past the starting 3 while the sparse layers' K/V come from the host store. Same greedy tokens
+    and output logprobs as the all-device server, one request at a time (batch size 1, where the
+    candidates are 1-7)."""
+    prompts = [[139] * 24, [140] * 30, [139] * 80, random_prompt(530, 200)]
+    for i, prompt in enumerate(prompts):
+        got = generate(offloaded_adaptive, prompt, max_new_tokens=40, logprob_start=len(prompt) - 1)
+        want = generate(on_device, prompt, max_new_tokens=40, logprob_start=len(prompt) - 1)
+        assert_same_answer(got, want, f"adaptive chain under offload, prompt {i}")
+    log = log_text(offloaded_adaptive)
+    assert "block caches of 64 blocks per layer" in log and "1 request(s) per fetch round" in log
+    changes = [(int(a), int(b)) for a, b in re.findall(r"Adaptive spec params updated: steps (\d+) -> (\d+)", log)]
+    print(f"[gpu offload] adaptive steps {changes}")
+    assert any(b > 3 for _, b in changes), changes
