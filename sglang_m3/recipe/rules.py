@@ -438,6 +438,22 @@ def _check_adaptive(recipe: Recipe) -> Iterator[Finding]:
                      f"numDraftTokens and refuses adaptive with {PP_SPEC_ENV} at start-up; remove adaptive "
                      "or set pp: 1",
                      "speculative.adaptive-pipeline")
+    for index, flag in _extra_flags(spec.serving.extra_args):
+        reason = _flag_in(flag, ADAPTIVE_DROPPED_BY)
+        if reason is not None:
+            yield _error(f"spec.serving.extraArgs[{index}]",
+                         f"{reason[0]}: SGLang drops adaptive under it ({reason[1]}; only a warning in its log) "
+                         "and serves the fixed chain; remove one of the two",
+                         "speculative.adaptive-extra-args")
+
+
+#: Server flags (reachable from a recipe only through ``extraArgs``) under which SGLang 0.5.23
+#: turns ``--speculative-adaptive`` off with a log warning (``adaptive_unsupported_reason``).
+ADAPTIVE_DROPPED_BY = {
+    "--enable-multi-layer-eagle": "its multi-layer EAGLE worker does not adapt",
+    "--enable-two-batch-overlap": "switching chains would drop the two-batch-overlap attention wrapper",
+    "--enable-pdmux": "switching chains does not update the prefill/decode multiplexer's attention backends",
+}
 
 
 #: SGLang 0.5.23 verifies EAGLE over pipeline stages only when this is set (PP_SPEC relay).
@@ -466,11 +482,8 @@ def _check_pipeline_speculative(recipe: Recipe) -> Iterator[Finding]:
 # --- serving, parsers, offload ----------------------------------------------------------------
 
 def check_extra_args(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
-    for index, argument in enumerate(recipe.spec.serving.extra_args):
+    for index, flag in _extra_flags(recipe.spec.serving.extra_args):
         field = f"spec.serving.extraArgs[{index}]"
-        if not argument.startswith("--"):
-            continue  # a value of the previous option
-        flag = argument.split("=", 1)[0]
         if flag == "--config":
             yield _error(field, "--config would override typed fields from another file; "
                                 "put the settings in the recipe instead",
@@ -486,14 +499,28 @@ def check_extra_args(recipe: Recipe, profile: HardwareProfile) -> Iterator[Findi
                 "serving.extra-args-duplicate")
 
 
+def _extra_flags(extra_args: list[str]) -> Iterator[tuple[int, str]]:
+    """``(index, flag)`` of each option in ``extraArgs``, its ``=value`` cut (values are skipped)."""
+    for index, argument in enumerate(extra_args):
+        if argument.startswith("--"):
+            yield index, argument.split("=", 1)[0]
+
+
 def _typed_flag_for(flag: str) -> str | None:
     """The typed flag ``flag`` spells, also as an abbreviation argparse would expand."""
-    if flag in TYPED_FLAGS:
-        return flag
+    match = _flag_in(flag, TYPED_FLAGS)
+    return None if match is None else match[0]
+
+
+def _flag_in(flag: str, flags: dict[str, str]) -> tuple[str, str] | None:
+    """``(full flag, its entry)`` of the flag of ``flags`` that ``flag`` spells, also as an
+    abbreviation argparse would expand (SGLang's parser allows them), else None."""
+    if flag in flags:
+        return flag, flags[flag]
     if len(flag) > 3:
-        for typed in TYPED_FLAGS:
-            if typed.startswith(flag):
-                return typed
+        for full, entry in flags.items():
+            if full.startswith(flag):
+                return full, entry
     return None
 
 

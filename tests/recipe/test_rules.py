@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sglang_m3.recipe import CATALOG, MAX_CONTEXT_LENGTH, validate_recipe
 from sglang_m3.recipe.render import TYPED_FLAGS
+from sglang_m3.recipe.rules import ADAPTIVE_DROPPED_BY
 from tests.recipe.recipe_factory import make_recipe
 
 DIVISORS_OF_64 = {1, 2, 4, 8, 16, 32, 64}
@@ -182,6 +184,8 @@ def test_adaptive_chain_of_three_passes_and_each_refusal_names_its_field():
                                           {**pipeline, "spec__speculative__algorithm": "EAGLE",
                                            "spec__speculative__draftModel": {"path": "Inferact/MiniMax-M3-EAGLE"}}),
         "offload.cache-blocks-min": ("spec.hostOffload.cacheBlocks", offload),
+        "speculative.adaptive-extra-args": ("spec.serving.extraArgs[2]",
+                                            {"spec__serving__extraArgs": ["--log-level", "info", "--enable-pdmux"]}),
     }
     for rule, (field, changes) in cases.items():
         recipe = make_recipe(spec__speculative={**ADAPTIVE_CHAIN}, **changes)  # a copy: changes edit it
@@ -191,6 +195,20 @@ def test_adaptive_chain_of_three_passes_and_each_refusal_names_its_field():
         assert rule not in rules_fired(without), rule
     steps = make_recipe(spec__speculative={**ADAPTIVE_CHAIN, "numSteps": 2, "numDraftTokens": 3})
     assert any("1, 3, 5, 7" in f.message for f in validate_recipe(steps) if f.rule == "speculative.adaptive-steps")
+
+
+@pytest.mark.parametrize("argument", ["--enable-multi-layer-eagle", "--enable-two-batch-overlap", "--enable-pdmux",
+                                      "--enable-two-batch"])
+def test_adaptive_is_refused_beside_the_extra_args_under_which_sglang_drops_it(argument):
+    """SGLang 0.5.23 turns adaptive off (a log warning) under multi-layer EAGLE, two-batch overlap and
+    pdmux; a recipe reaches those only through extraArgs, also abbreviated as argparse allows."""
+    extra = ["--watchdog-timeout", "600", argument]
+    recipe = make_recipe(spec__speculative={**ADAPTIVE_CHAIN}, spec__serving__extraArgs=extra)
+    refusals = [f for f in validate_recipe(recipe) if f.rule == "speculative.adaptive-extra-args"]
+    assert [(f.severity, f.field) for f in refusals] == [("error", "spec.serving.extraArgs[2]")]
+    assert refusals[0].message.startswith(next(flag for flag in ADAPTIVE_DROPPED_BY if flag.startswith(argument)))
+    fixed = make_recipe(spec__speculative={**ADAPTIVE_CHAIN, "adaptive": False}, spec__serving__extraArgs=extra)
+    assert "speculative.adaptive-extra-args" not in rules_fired(fixed)
 
 
 def test_draft_trees_follow_the_dense_attention_backend():
