@@ -212,20 +212,22 @@ def _key_tiles(keys: torch.Tensor, sentinel: int, pairs_per_tile: int):
 
 def _attention_block_major(
     plan: PrefillPlan, q, k_cache, v_cache, selected, out, sm_scale: float, block_size: int,
-    k_scale: float = 1.0, v_scale: float = 1.0,
+    k_scale: float = 1.0, v_scale: float = 1.0, tokens: tuple[int, int] | None = None,
 ) -> None:
-    """KV-block-major sparse GQA (see ``triton_block_major``), in passes of ``plan.block_major_chunk`` tokens."""
+    """KV-block-major sparse GQA (see ``triton_block_major``), in passes of ``plan.block_major_chunk``
+    tokens; ``tokens = (first, last)``: only those rows of the batch."""
     hkv, d = k_cache.shape[1], q.shape[-1]
     group = q.shape[1] // hkv
     gp = _pow2(group)
     topk = selected.shape[-1]
     pairs_per_tile = max(1, _BLOCK_MAJOR_ROWS // gp)
     num_pages = k_cache.shape[0] // block_size
-    chunk = min(plan.block_major_chunk, plan.num_tokens)
+    first, last = (0, plan.num_tokens) if tokens is None else tokens
+    chunk = min(plan.block_major_chunk, last - first)
     part_o = torch.empty(chunk * hkv * topk, gp, d, dtype=q.dtype, device=q.device)
     part_lse = torch.empty(chunk * hkv * topk, gp, dtype=torch.float32, device=q.device)
-    for start in range(0, plan.num_tokens, chunk):
-        n = min(chunk, plan.num_tokens - start)
+    for start in range(first, last, chunk):
+        n = min(chunk, last - start)
         keys, pairs, sentinel = _sorted_pairs(
             plan.page_table, plan.token_req[start : start + n], selected[start : start + n], num_pages
         )

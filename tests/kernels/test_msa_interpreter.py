@@ -78,6 +78,28 @@ def test_prefill_block_major_matches_reference(interpreted_api, init_blocks, hq,
     torch.testing.assert_close(out_q, out, rtol=1e-5, atol=1e-5)
 
 
+def test_block_major_over_token_ranges_writes_those_rows_as_the_whole_batch_does(interpreted_api):
+    """``tokens=(first, last)``: two ranges cutting a request and a pass give the whole run's rows,
+    bit for bit, and leave the other rows alone (``benchmarks/prefill_attention_corun.py`` runs the
+    forms side by side this way)."""
+    params = MSAParams(block_size=BLOCK, topk=4, local_blocks=1, init_blocks=0)
+    seq_lens, extend_lens = [97, 150], [60, 90]
+    batch = _batch(seq_lens, extend_lens, 4, 2, seed=23)
+    plan = plan_prefill(params, _page_table(batch, max(seq_lens)), seq_lens, extend_lens,
+                        num_index_heads=2, index_rows=16, block_major=True, block_major_chunk=40)
+    selected = interpreted_api.prefill_select(plan, batch.iq, batch.ik_cache)
+    scale = 32 ** -0.5
+    whole = torch.zeros_like(batch.q)
+    interpreted_api._attention_block_major(plan, batch.q, batch.k_cache, batch.v_cache, selected, whole, scale, BLOCK)
+    parts = torch.full_like(batch.q, 7.0)
+    interpreted_api._attention_block_major(plan, batch.q, batch.k_cache, batch.v_cache, selected, parts, scale, BLOCK,
+                                           tokens=(0, 71))
+    assert torch.equal(parts[:71], whole[:71]) and bool((parts[71:] == 7.0).all())
+    interpreted_api._attention_block_major(plan, batch.q, batch.k_cache, batch.v_cache, selected, parts, scale, BLOCK,
+                                           tokens=(71, 150))
+    assert torch.equal(parts, whole)
+
+
 @pytest.mark.parametrize(
     "init_blocks, hq, hkv, seq_lens, extend_lens, index_splits",
     [

@@ -1,0 +1,107 @@
+"""Both prefill attention forms at once (GPU experiment): does KV-block-major work on a few SMs
+beside query-major work on the rest finish a long extend sooner than either form alone?
+
+Query-major attention is bound by L2-to-SM bandwidth (each token re-reads its 16 blocks, 64 KB per
+(token, block) from L2); block-major reads each block once per tile but pays ~20 KB of Q gather and
+partial traffic per (token, block) and runs one register-file-filling program per SM at about half
+the copy rate (benchmarks/KERNEL_NOTES.md, v8). Their bounds differ, so sharing the GPU between them
+may beat both. This times, at one request of ``N`` new tokens (random inputs, no prefix, the
+selection computed once): query-major alone, block-major alone, and co-runs where block-major takes
+the first ``share`` of the tokens on ``programs`` persistent programs, launched first on a
+high-priority stream, and query-major the rest on the current stream.
+
+Each co-run's output is checked against the forms alone: its block-major rows bit-equal to
+block-major's, its query-major rows to query-major's.
+Usage: PYTHONPATH=kernels python benchmarks/prefill_attention_corun.py [--n 131072] (writes
+$OUT/prefill_attention_corun.json).
+"""
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+import msa_kernel_bench as bench  # noqa: E402
+from msa_kernels import api  # noqa: E402
+from msa_kernels.plan import Tiles, page_table_from_req_to_token, plan_prefill  # noqa: E402
+from provenance import commit  # noqa: E402
+
+SHARES = (0.15, 0.25, 0.35, 0.5)
+PROGRAMS = (16, 33, 66)
+
+
+def query_major(plan, q, pool, selected, out, tiles: Tiles | None = None) -> None:
+    """Query-major one-token tiles over ``tiles`` (default: every token of the plan)."""
+    api._attention_one_token_tiles(tiles or plan.attn_tiles, plan.page_table, q, pool.k, pool.v, selected, out,
+                                   api._scale(None, q.shape[-1]), bench.BLOCK)
+
+
+def block_major(plan, q, pool, selected, out, tokens=None) -> None:
+    api._attention_block_major(plan, q, pool.k, pool.v, selected, out, api._scale(None, q.shape[-1]), bench.BLOCK,
+                               tokens=tokens)
+
+
+def corun(plan, q, pool, selected, out, share: float, programs: int, side: torch.cuda.Stream) -> None:
+    """Block-major over tokens ``[0, share * N)`` on ``side``, query-major over the rest here."""
+    n = plan.num_tokens
+    split = int(n * share)
+    bm_plan = dataclasses.replace(plan, block_major_programs=programs)
+    # one request, tiles sorted by position descending: tokens split .. n-1 are the first n - split tiles
+    t = plan.attn_tiles
+    rest = Tiles(req=t.req[: n - split], tok0=t.tok0[: n - split], pos0=t.pos0[: n - split],
+                 ntok=t.ntok[: n - split], max_tokens=t.max_tokens)
+    main = torch.cuda.current_stream()
+    side.wait_stream(main)
+    with torch.cuda.stream(side):
+        block_major(bm_plan, q, pool, selected, out, tokens=(0, split))
+    query_major(plan, q, pool, selected, out, tiles=rest)
+    main.wait_stream(side)
+
+
+def measure(pool: bench.Pool, n: int, side: torch.cuda.Stream) -> dict:
+    """Every form and co-run at ``n`` new tokens."""
+    table = page_table_from_req_to_token(pool.req_to_token([n], n), torch.arange(1, device="cuda"), n, bench.BLOCK)
+    q = torch.randn(n, bench.HQ, bench.D, device="cuda", dtype=torch.bfloat16)
+    iq = torch.randn(n, bench.HKV, bench.DI, device="cuda", dtype=torch.bfloat16)
+    plan = plan_prefill(bench.PARAMS, table, [n], [n], num_index_heads=bench.HKV, block_major=True)
+    selected = api.prefill_select(plan, iq, pool.ik)
+    ref = {form: torch.zeros_like(q) for form in ("query_major", "block_major")}
+    query_major(plan, q, pool, selected, ref["query_major"])
+    block_major(plan, q, pool, selected, ref["block_major"])
+    rows = [{"n": n, "form": form, "ms": bench.bench_ms(lambda f=fn: f(plan, q, pool, selected, torch.empty_like(q)),
+                                                 min_reps=3, budget_ms=400)}
+            for form, fn in (("query_major", query_major), ("block_major", block_major))]
+    print(json.dumps(rows), flush=True)
+    for share in SHARES:
+        for programs in PROGRAMS:
+            out = torch.zeros_like(q)
+            corun(plan, q, pool, selected, out, share, programs, side)
+            torch.cuda.synchronize()
+            split = int(n * share)
+            exact = (torch.equal(out[:split], ref["block_major"][:split])
+                     and torch.equal(out[split:], ref["query_major"][split:]))
+            ms = bench.bench_ms(lambda s=share, p=programs: corun(plan, q, pool, selected, out, s, p, side),
+                                min_reps=3, budget_ms=400)
+            row = {"n": n, "form": "corun", "share": share, "programs": programs, "ms": ms, "exact": exact}
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    return {"n": n, "rows": rows}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, nargs="+", default=[128 * bench.K], help="new tokens of the one request")
+    args = parser.parse_args()
+    pool = bench.Pool(tokens=(max(args.n) // bench.K + 4) * bench.K)
+    side = torch.cuda.Stream(priority=-1)
+    results = [measure(pool, n, side) for n in args.n]
+    with open(os.path.join(os.environ.get("OUT", "."), "prefill_attention_corun.json"), "w") as handle:
+        json.dump({"gpu": torch.cuda.get_device_name(), "commit": commit(), "runs": results}, handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()
