@@ -12,8 +12,10 @@ high-priority stream, and query-major the rest on the current stream.
 
 Each co-run's output is checked against the forms alone: its block-major rows bit-equal to
 block-major's, its query-major rows to query-major's.
-Usage: PYTHONPATH=kernels python benchmarks/prefill_attention_corun.py [--n 131072] (writes
-$OUT/prefill_attention_corun.json).
+``--alone`` times the forms alone and block-major's launch variants (pipeline stages, programs
+per SM) instead of the co-runs.
+Usage: PYTHONPATH=kernels python benchmarks/prefill_attention_corun.py [--n 131072 ...] [--alone]
+(writes $OUT/prefill_attention_corun.json).
 """
 
 import argparse
@@ -32,6 +34,8 @@ from provenance import commit  # noqa: E402
 
 SHARES = (0.15, 0.25, 0.35, 0.5)
 PROGRAMS = (16, 33, 66)
+BLOCK_MAJOR_STAGES = (2, 3)  # the first is the shipped setting
+BLOCK_MAJOR_PROGRAMS_PER_SM = (1, 2)
 
 
 def query_major(plan, q, pool, selected, out, tiles: Tiles | None = None) -> None:
@@ -62,8 +66,26 @@ def corun(plan, q, pool, selected, out, share: float, programs: int, side: torch
     main.wait_stream(side)
 
 
-def measure(pool: bench.Pool, n: int, side: torch.cuda.Stream) -> dict:
-    """Every form and co-run at ``n`` new tokens."""
+def block_major_variants(plan, q, pool, selected, ref) -> list[dict]:
+    """Block-major alone under each launch variant: pipeline stages x programs per SM."""
+    rows = []
+    for stages in BLOCK_MAJOR_STAGES:
+        for per_sm in BLOCK_MAJOR_PROGRAMS_PER_SM:
+            api._BLOCK_MAJOR_STAGES = stages
+            variant = dataclasses.replace(plan, block_major_programs=per_sm * plan.block_major_programs)
+            out = torch.zeros_like(q)
+            block_major(variant, q, pool, selected, out)
+            ms = bench.bench_ms(lambda v=variant: block_major(v, q, pool, selected, out), min_reps=3, budget_ms=400)
+            rows.append({"n": plan.num_tokens, "form": "block_major", "stages": stages, "programs_per_sm": per_sm,
+                         "ms": ms, "exact": torch.equal(out, ref)})
+            print(json.dumps(rows[-1]), flush=True)
+    api._BLOCK_MAJOR_STAGES = BLOCK_MAJOR_STAGES[0]
+    return rows
+
+
+def measure(pool: bench.Pool, n: int, side: torch.cuda.Stream, alone: bool) -> dict:
+    """Every form and co-run at ``n`` new tokens (``alone``: the forms alone, block-major's launch
+    variants instead of the co-runs)."""
     table = page_table_from_req_to_token(pool.req_to_token([n], n), torch.arange(1, device="cuda"), n, bench.BLOCK)
     q = torch.randn(n, bench.HQ, bench.D, device="cuda", dtype=torch.bfloat16)
     iq = torch.randn(n, bench.HKV, bench.DI, device="cuda", dtype=torch.bfloat16)
@@ -76,6 +98,8 @@ def measure(pool: bench.Pool, n: int, side: torch.cuda.Stream) -> dict:
                                                  min_reps=3, budget_ms=400)}
             for form, fn in (("query_major", query_major), ("block_major", block_major))]
     print(json.dumps(rows), flush=True)
+    if alone:
+        return {"n": n, "rows": rows + block_major_variants(plan, q, pool, selected, ref["block_major"])}
     for share in SHARES:
         for programs in PROGRAMS:
             out = torch.zeros_like(q)
@@ -95,10 +119,12 @@ def measure(pool: bench.Pool, n: int, side: torch.cuda.Stream) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, nargs="+", default=[128 * bench.K], help="new tokens of the one request")
+    parser.add_argument("--alone", action="store_true",
+                        help="the forms alone and block-major's launch variants, no co-runs")
     args = parser.parse_args()
     pool = bench.Pool(tokens=(max(args.n) // bench.K + 4) * bench.K)
     side = torch.cuda.Stream(priority=-1)
-    results = [measure(pool, n, side) for n in args.n]
+    results = [measure(pool, n, side, args.alone) for n in args.n]
     with open(os.path.join(os.environ.get("OUT", "."), "prefill_attention_corun.json"), "w") as handle:
         json.dump({"gpu": torch.cuda.get_device_name(), "commit": commit(), "runs": results}, handle, indent=1)
 

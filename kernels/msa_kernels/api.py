@@ -169,10 +169,12 @@ def _attention(
     )
 
 
-# Query rows per block-major tile ((token, slot) pairs x query heads of the group) and the warps of
-# its program.
+# Query rows per block-major tile ((token, slot) pairs x query heads of the group), the warps of
+# its program and its pipeline stages (3 measured within 1.5% of 2 on an H200, either way:
+# benchmarks/results/prefill_attention_corun_h200/).
 _BLOCK_MAJOR_ROWS = 128
 _BLOCK_MAJOR_WARPS = 8
+_BLOCK_MAJOR_STAGES = 2
 
 
 def _sorted_pairs(page_table: torch.Tensor, token_req: torch.Tensor, selected: torch.Tensor, num_pages: int):
@@ -245,7 +247,7 @@ def _attention_block_major(
             part_lse.stride(0),
             sm_scale * k_scale * _LOG2E, v_scale,
             HKV=hkv, TOPK=topk, G=group, GP=gp, PAIRS=pairs_per_tile, D=d, BLOCK=block_size,
-            num_warps=_BLOCK_MAJOR_WARPS, num_stages=2,
+            num_warps=_BLOCK_MAJOR_WARPS, num_stages=_BLOCK_MAJOR_STAGES,
         )
         merge_block_partials_kernel[(n, hkv)](
             part_o, part_lse, selected, out,
