@@ -170,8 +170,8 @@ def _attention(
 
 
 # Query rows per block-major tile ((token, slot) pairs x query heads of the group), the warps of
-# its program and its pipeline stages (3 measured within 1.5% of 2 on an H200, either way:
-# benchmarks/results/prefill_attention_corun_h200/).
+# its program and its pipeline stages. The fastest of the launches swept on an H200; 3 stages of
+# 128-row tiles do not fit in shared memory (benchmarks/results/prefill_attention_corun_h200/).
 _BLOCK_MAJOR_ROWS = 128
 _BLOCK_MAJOR_WARPS = 8
 _BLOCK_MAJOR_STAGES = 2

@@ -157,13 +157,13 @@ class Speculative(RecipeModel):
     (--speculative-adaptive): among 1, 3, 5 and 7 in batches under 8 requests, shorter ones in
     larger batches (none from 64). numSteps is the starting length, one of 1, 3, 5, 7. EAGLE and
     EAGLE3 chains only (eagleTopk 1), and not beside the extraArgs --enable-multi-layer-eagle,
-    --enable-two-batch-overlap or --enable-pdmux (SGLang drops it there). Start-up captures CUDA graphs for every length: it takes
-    longer (about 1.5 min more on an H200) and a few GB more GPU memory. It pays off at low
-    concurrency with a draft the target often accepts, whose chains it lengthens (one request on
-    an H200, a mid-size M3 with a well-accepted draft: decode 2.3x as fast as without a draft,
-    against 1.5-1.9x for a fixed chain of 3), and where acceptance varies with the prompts. With
-    sparse offload, hostOffload.cacheBlocks must hold the longest chain's selection (8 verify
-    tokens per request)."""
+    --enable-two-batch-overlap or --enable-pdmux (SGLang drops it there). Start-up captures CUDA
+    graphs for every length: it takes longer (about 1.5 min more on an H200) and a few GB more GPU
+    memory. It pays off at low concurrency with a draft the target often accepts, whose chains it
+    lengthens (one request on an H200, a mid-size M3 with a well-accepted draft: decode 2.3x as
+    fast as without a draft, against 1.5-1.9x for a fixed chain of 3), and where acceptance varies
+    with the prompts. With sparse offload, hostOffload.cacheBlocks must hold the longest chain's
+    selection (8 verify tokens per request)."""
 
 
 class Parsers(RecipeModel):
