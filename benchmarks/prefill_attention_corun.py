@@ -51,15 +51,20 @@ def block_major(plan, q, pool, selected, out, tokens=None) -> None:
                                tokens=tokens)
 
 
-def corun(plan, q, pool, selected, out, share: float, programs: int, side: torch.cuda.Stream) -> None:
-    """Block-major over tokens ``[0, share * N)`` on ``side``, query-major over the rest here."""
+def corun_parts(plan, share: float, programs: int):
+    """``(block-major plan on programs, query-major tiles of tokens split .. N - 1, split)``, split =
+    ``share * N``: made once per co-run shape, outside its timed calls."""
     n = plan.num_tokens
     split = int(n * share)
-    bm_plan = dataclasses.replace(plan, block_major_programs=programs)
     # one request, tiles sorted by position descending: tokens split .. n-1 are the first n - split tiles
     t = plan.attn_tiles
     rest = Tiles(req=t.req[: n - split], tok0=t.tok0[: n - split], pos0=t.pos0[: n - split],
                  ntok=t.ntok[: n - split], max_tokens=t.max_tokens)
+    return dataclasses.replace(plan, block_major_programs=programs), rest, split
+
+
+def corun(plan, bm_plan, rest: Tiles, split: int, q, pool, selected, out, side: torch.cuda.Stream) -> None:
+    """Block-major (``bm_plan``) over tokens ``[0, split)`` on ``side``, query-major over ``rest`` here."""
     main = torch.cuda.current_stream()
     side.wait_stream(main)
     with torch.cuda.stream(side):
@@ -104,7 +109,8 @@ def measure(pool: bench.Pool, n: int, side: torch.cuda.Stream, alone: bool) -> d
     ref = {form: torch.zeros_like(q) for form in ("query_major", "block_major")}
     query_major(plan, q, pool, selected, ref["query_major"])
     block_major(plan, q, pool, selected, ref["block_major"])
-    rows = [{"n": n, "form": form, "ms": bench.bench_ms(lambda f=fn: f(plan, q, pool, selected, torch.empty_like(q)),
+    out = torch.empty_like(q)
+    rows = [{"n": n, "form": form, "ms": bench.bench_ms(lambda f=fn: f(plan, q, pool, selected, out),
                                                  min_reps=3, budget_ms=400)}
             for form, fn in (("query_major", query_major), ("block_major", block_major))]
     print(json.dumps(rows), flush=True)
@@ -112,13 +118,13 @@ def measure(pool: bench.Pool, n: int, side: torch.cuda.Stream, alone: bool) -> d
         return {"n": n, "rows": rows + block_major_variants(plan, q, pool, selected, ref["block_major"])}
     for share in SHARES:
         for programs in PROGRAMS:
-            out = torch.zeros_like(q)
-            corun(plan, q, pool, selected, out, share, programs, side)
+            bm_plan, rest, split = corun_parts(plan, share, programs)
+            out.zero_()
+            corun(plan, bm_plan, rest, split, q, pool, selected, out, side)
             torch.cuda.synchronize()
-            split = int(n * share)
             exact = (torch.equal(out[:split], ref["block_major"][:split])
                      and torch.equal(out[split:], ref["query_major"][split:]))
-            ms = bench.bench_ms(lambda s=share, p=programs: corun(plan, q, pool, selected, out, s, p, side),
+            ms = bench.bench_ms(lambda b=bm_plan, r=rest, s=split: corun(plan, b, r, s, q, pool, selected, out, side),
                                 min_reps=3, budget_ms=400)
             row = {"n": n, "form": "corun", "share": share, "programs": programs, "ms": ms, "exact": exact}
             print(json.dumps(row), flush=True)
