@@ -439,11 +439,11 @@ def _check_adaptive(recipe: Recipe) -> Iterator[Finding]:
                      "or set pp: 1",
                      "speculative.adaptive-pipeline")
     for index, flag in _extra_flags(spec.serving.extra_args):
-        reason = _flag_in(flag, ADAPTIVE_DROPPED_BY)
-        if reason is not None:
+        spelled = _flags_spelled(flag, ADAPTIVE_DROPPED_BY)
+        if len(spelled) == 1:  # an ambiguous abbreviation never reaches adaptive: SGLang refuses it
             yield _error(f"spec.serving.extraArgs[{index}]",
-                         f"{reason[0]}: SGLang drops adaptive under it ({reason[1]}; only a warning in its log) "
-                         "and serves the fixed chain; remove one of the two",
+                         f"{spelled[0]}: SGLang drops adaptive under it ({ADAPTIVE_DROPPED_BY[spelled[0]]}; only a "
+                         "warning in its log) and serves the fixed chain; remove one of the two",
                          "speculative.adaptive-extra-args")
 
 
@@ -489,14 +489,21 @@ def check_extra_args(recipe: Recipe, profile: HardwareProfile) -> Iterator[Findi
                                 "put the settings in the recipe instead",
                          "serving.extra-args-config")
             continue
-        typed = _typed_flag_for(flag)
-        if typed is not None:
-            owner = TYPED_FLAGS[typed]
+        typed = _flags_spelled(flag, TYPED_FLAGS)
+        owners = sorted({TYPED_FLAGS[full] for full in typed})
+        if len(owners) == 1:
             yield _error(
                 field,
-                f"{flag} duplicates the typed field {owner} (SGLang {typed}); set {owner} "
+                f"{flag} duplicates the typed field {owners[0]} (SGLang {', '.join(typed)}); set {owners[0]} "
                 f"instead and remove it from extraArgs",
                 "serving.extra-args-duplicate")
+        elif owners:
+            yield _error(
+                field,
+                f"{flag} abbreviates {len(typed)} SGLang options ({', '.join(typed)}), which SGLang refuses "
+                f"at start-up as ambiguous, and each belongs to a typed field; set {' or '.join(owners)} "
+                f"instead and remove it from extraArgs",
+                "serving.extra-args-ambiguous")
 
 
 def _extra_flags(extra_args: list[str]) -> Iterator[tuple[int, str]]:
@@ -506,22 +513,15 @@ def _extra_flags(extra_args: list[str]) -> Iterator[tuple[int, str]]:
             yield index, argument.split("=", 1)[0]
 
 
-def _typed_flag_for(flag: str) -> str | None:
-    """The typed flag ``flag`` spells, also as an abbreviation argparse would expand."""
-    match = _flag_in(flag, TYPED_FLAGS)
-    return None if match is None else match[0]
-
-
-def _flag_in(flag: str, flags: dict[str, str]) -> tuple[str, str] | None:
-    """``(full flag, its entry)`` of the flag of ``flags`` that ``flag`` spells, also as an
-    abbreviation argparse would expand (SGLang's parser allows them), else None."""
+def _flags_spelled(flag: str, flags: dict[str, str]) -> list[str]:
+    """The options of ``flags`` that ``flag`` spells: itself, or every option it abbreviates the
+    way argparse expands abbreviations (SGLang's parser allows them; more than one is ambiguous,
+    which argparse refuses)."""
     if flag in flags:
-        return flag, flags[flag]
-    if len(flag) > 3:
-        for full, entry in flags.items():
-            if full.startswith(flag):
-                return full, entry
-    return None
+        return [flag]
+    if len(flag) <= 3:
+        return []
+    return [full for full in flags if full.startswith(flag)]
 
 
 def check_max_total_tokens(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:

@@ -102,6 +102,29 @@ def test_any_typed_flag_in_extra_args_is_refused_naming_its_field(flag, value, e
     assert TYPED_FLAGS[flag] in duplicate[0].message
 
 
+@pytest.mark.parametrize("abbreviation, owners", [
+    ("--speculative-num", ["spec.speculative.numDraftTokens", "spec.speculative.numSteps"]),
+    ("--speculative-draft-model-", ["spec.speculative.draftModel.path", "spec.speculative.draftModel.revision"]),
+    ("--enable-hi", ["spec.hostOffload", "spec.hostOffload.mode"]),
+])
+def test_an_abbreviation_of_typed_flags_of_several_fields_is_refused_as_ambiguous(abbreviation, owners):
+    """argparse refuses an abbreviation that several options start with; the refusal names every
+    field they belong to instead of the first one found."""
+    findings = validate_recipe(make_recipe(spec__serving__extraArgs=["--enable-metrics", abbreviation, "1"]))
+    refusals = [f for f in findings if f.rule.startswith("serving.extra-args")]
+    assert [(f.rule, f.field) for f in refusals] == [("serving.extra-args-ambiguous", "spec.serving.extraArgs[1]")]
+    assert " or ".join(owners) in refusals[0].message
+
+
+def test_an_abbreviation_of_options_of_one_field_duplicates_that_field():
+    """``--mod`` starts both ``--model`` and ``--model-path`` (aliases of spec.model.path), and
+    ``--tensor-parallel`` only ``--tensor-parallel-size``: each duplicates the one field."""
+    for abbreviation, owner in (("--mod", "spec.model.path"), ("--tensor-parallel", "spec.parallelism.tp")):
+        findings = validate_recipe(make_recipe(spec__serving__extraArgs=[abbreviation, "2"]))
+        assert [f.rule for f in findings if f.rule.startswith("serving.extra-args")] == ["serving.extra-args-duplicate"]
+        assert owner in next(f.message for f in findings if f.rule == "serving.extra-args-duplicate")
+
+
 @settings(max_examples=100, deadline=None)
 @given(name=st.from_regex(r"--[a-z][a-z0-9-]{3,20}", fullmatch=True))
 def test_extra_args_that_own_no_typed_field_pass(name):
