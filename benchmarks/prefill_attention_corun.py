@@ -78,23 +78,25 @@ def block_major_variants(plan, q, pool, selected, ref) -> list[dict]:
     Rows per tile set the pairs a tile takes (rows / the padded group), so the K/V reloads."""
     shipped = (api._BLOCK_MAJOR_ROWS, api._BLOCK_MAJOR_WARPS, api._BLOCK_MAJOR_STAGES)
     rows = []
-    for tile_rows, warps, stages, per_sm in BLOCK_MAJOR_LAUNCHES:
-        api._BLOCK_MAJOR_ROWS, api._BLOCK_MAJOR_WARPS, api._BLOCK_MAJOR_STAGES = tile_rows, warps, stages
-        variant = dataclasses.replace(plan, block_major_programs=per_sm * plan.block_major_programs)
-        out = torch.zeros_like(q)
-        try:
-            block_major(variant, q, pool, selected, out)
-        except triton.runtime.errors.OutOfResources as error:  # e.g. 3 stages of 128-row tiles
-            rows.append({"n": plan.num_tokens, "tile_rows": tile_rows, "warps": warps, "stages": stages,
-                         "programs_per_sm": per_sm, "error": str(error).splitlines()[0]})
+    try:
+        for tile_rows, warps, stages, per_sm in BLOCK_MAJOR_LAUNCHES:
+            api._BLOCK_MAJOR_ROWS, api._BLOCK_MAJOR_WARPS, api._BLOCK_MAJOR_STAGES = tile_rows, warps, stages
+            variant = dataclasses.replace(plan, block_major_programs=per_sm * plan.block_major_programs)
+            out = torch.zeros_like(q)
+            try:
+                block_major(variant, q, pool, selected, out)
+            except triton.runtime.errors.OutOfResources as error:  # e.g. 3 stages of 128-row tiles
+                rows.append({"n": plan.num_tokens, "tile_rows": tile_rows, "warps": warps, "stages": stages,
+                             "programs_per_sm": per_sm, "error": str(error).splitlines()[0]})
+                print(json.dumps(rows[-1]), flush=True)
+                continue
+            ms = bench.bench_ms(lambda v=variant: block_major(v, q, pool, selected, out), min_reps=3, budget_ms=400)
+            rows.append({"n": plan.num_tokens, "form": "block_major", "tile_rows": tile_rows, "warps": warps,
+                         "stages": stages, "programs_per_sm": per_sm, "ms": ms,
+                         "max_abs_diff": (out.float() - ref.float()).abs().max().item()})
             print(json.dumps(rows[-1]), flush=True)
-            continue
-        ms = bench.bench_ms(lambda v=variant: block_major(v, q, pool, selected, out), min_reps=3, budget_ms=400)
-        rows.append({"n": plan.num_tokens, "form": "block_major", "tile_rows": tile_rows, "warps": warps,
-                     "stages": stages, "programs_per_sm": per_sm, "ms": ms,
-                     "max_abs_diff": (out.float() - ref.float()).abs().max().item()})
-        print(json.dumps(rows[-1]), flush=True)
-    api._BLOCK_MAJOR_ROWS, api._BLOCK_MAJOR_WARPS, api._BLOCK_MAJOR_STAGES = shipped
+    finally:  # the module constants are the shipped launch for every later measurement
+        api._BLOCK_MAJOR_ROWS, api._BLOCK_MAJOR_WARPS, api._BLOCK_MAJOR_STAGES = shipped
     return rows
 
 
