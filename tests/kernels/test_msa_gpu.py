@@ -238,3 +238,28 @@ def test_chained_decode_launches_match_unchained(shape, monkeypatch):
         want_out, want_sel = unchained()
         assert torch.equal(graphed_sel, want_sel)
         torch.testing.assert_close(graphed_out, want_out, rtol=0, atol=0)
+
+
+def test_chained_decode_steps_back_to_back_match_unchained(monkeypatch):
+    """Many chained decode steps queued with no synchronisation between them (48 requests of
+    random lengths, q_len 1): each step's merge tickets must be back to zero before the next step's
+    attention counts on them, and every step must equal the kernels launched one after another."""
+    from msa_kernels import api
+
+    if not api.chains_decode_launches(torch.device("cuda")):
+        pytest.skip("programmatic dependent launch needs Hopper or later")
+    params = MSAParams(block_size=BLOCK, topk=16, local_blocks=1, init_blocks=0)
+    gen = torch.Generator().manual_seed(41)
+    seq_lens = torch.randint(1, 40000, (48,), generator=gen).tolist()
+    batch = _batch(seq_lens, [1] * 48, 64, 4, seed=41, decode_q_len=1, max_context=40960)
+    plan = plan_decode(params, _table(batch, 40960), torch.tensor(seq_lens, device="cuda"), num_kv_heads=4)
+    args = (plan, batch.q, batch.k_cache, batch.v_cache, batch.iq, batch.ik_cache)
+    steps = [api.run_decode(*args) for _ in range(40)]
+    torch.cuda.synchronize()
+    assert not plan.tickets.any()
+    with monkeypatch.context() as env:
+        env.setenv(api.DECODE_CHAIN_ENV, "0")
+        want_out, want_sel = api.run_decode(*args)
+    for out, selected in steps:
+        assert torch.equal(selected, want_sel)
+        torch.testing.assert_close(out, want_out, rtol=0, atol=0)
