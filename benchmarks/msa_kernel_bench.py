@@ -736,9 +736,9 @@ DECODE_SHAPES = [  # (batch, L, q_len)
     (32, 8 * K, 1), (32, 32 * K, 1), (32, 128 * K, 1),
     (1, 32 * K, 4), (8, 32 * K, 4), (8, 128 * K, 4),
 ]
-PREFILL_SHAPES = [(8 * K, 0), (32 * K, 0), (128 * K, 0), (4 * K, 124 * K)]  # (N, prefix)
+PREFILL_SHAPES = [(2 * K, 0), (8 * K, 0), (32 * K, 0), (128 * K, 0), (4 * K, 124 * K)]  # (N, prefix)
 QUICK_DECODE = [(1, 32 * K, 1), (8, 128 * K, 1), (8, 32 * K, 1), (8, 32 * K, 4), (32, 32 * K, 1), (1, 32 * K, 4)]
-QUICK_PREFILL = [(8 * K, 0), (4 * K, 124 * K)]
+QUICK_PREFILL = [(2 * K, 0), (8 * K, 0), (4 * K, 124 * K)]
 
 
 def main() -> None:
