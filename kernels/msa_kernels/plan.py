@@ -340,13 +340,6 @@ def _token_positions(seq_lens: list[int], extend_lens: list[int], device) -> tup
     return reqs.to(torch.int32), pos.to(torch.int32)
 
 
-# Attention tile height (tokens) of extend batches whose every token sees at most ``topk``
-# blocks, so attends to all of them: a tile loads each block once for its tokens, where one-token
-# tiles load it once per token (16 query rows a load at M3's GQA group, 128 here). H200, fresh
-# prompts, whole step: 2K 0.657 -> 0.537 ms, 1K 0.284 -> 0.273 ms (heights 2, 4 and 16 slower;
-# benchmarks/results/prefill_dense_tiles_h200/).
-DENSE_TILE_TOKENS = 8
-
 # Index tiles per SM at which tiles alone fill the GPU, so splitting would only add a merge.
 _INDEX_TILES_PER_SM_UNSPLIT = 2
 # Index programs per SM the split form aims for: enough resident programs to hide load latency.
@@ -370,7 +363,7 @@ def plan_prefill(
     seq_lens: list[int],
     extend_lens: list[int],
     num_index_heads: int,
-    attn_tile_tokens: int | None = None,
+    attn_tile_tokens: int = 1,
     index_rows: int = 128,
     index_splits: int | None = None,
     num_sms: int = 132,
@@ -391,9 +384,7 @@ def plan_prefill(
     in the longest request.
     ``attn_tile_tokens`` query tokens share one attention program and load each block of their
     union once: worth it when neighbouring tokens choose alike; on random inputs every size above
-    1 was slower on an H100 (benchmarks/KERNEL_NOTES.md), hence 1 by default. The default is
-    ``DENSE_TILE_TOKENS`` where no request is longer than ``topk`` blocks: every token then
-    chooses every block it sees, and a tile's union is what each of its tokens reads.
+    1 was slower on an H100 (benchmarks/KERNEL_NOTES.md), hence the default of 1.
     ``block_major`` picks the KV-block-major attention (default: for batches of at least
     ``BLOCK_MAJOR_MIN_TOKENS`` new tokens), run in passes of ``block_major_chunk`` tokens.
     """
@@ -414,10 +405,6 @@ def plan_prefill(
     num_tokens = sum(extend_lens)
     if block_major is None:
         block_major = num_tokens >= BLOCK_MAJOR_MIN_TOKENS
-    if attn_tile_tokens is None:
-        attn_tile_tokens = DENSE_TILE_TOKENS if max(seq_lens) <= params.topk * params.block_size else 1
-    if attn_tile_tokens < 1:
-        raise ValueError(f"attn_tile_tokens must be >= 1, got {attn_tile_tokens}")
     token_req, token_pos = _token_positions(seq_lens, extend_lens, device) if block_major else (None, None)
     index_tiles = _tiles_for(seq_lens, extend_lens, index_rows // num_index_heads, device)
     if index_splits is None:

@@ -20,7 +20,7 @@ import time
 import torch
 
 from msa_kernels.api import run_prefill
-from msa_kernels.plan import DENSE_TILE_TOKENS, plan_prefill
+from msa_kernels.plan import plan_prefill
 from msa_kernels.reference import MSAParams
 
 #: The synthetic batch: one request whose new tokens follow a cached prefix, so the indexer has
@@ -41,8 +41,7 @@ def prepare_prefill(
     dtype: torch.dtype = torch.bfloat16,
     num_sms: int = 132,
 ) -> float:
-    """Run the indexer unsplit and split and the attention query-major (one-token tiles, and the
-    dense tiles of batches no longer than ``topk`` blocks) and block-major once each over
+    """Run the indexer unsplit and split and the attention query- and block-major once each over
     these caches (``[slots, kv_heads, dim]`` K/V and ``[slots, (1,) index_dim]`` index keys, as a
     server's pool holds them, with ``q_heads`` query heads of ``dtype``); returns the seconds taken.
 
@@ -60,13 +59,9 @@ def prepare_prefill(
     page_table = torch.arange(pages, dtype=torch.int32, device=device)[None, :]
     q = torch.randn(_NEW_TOKENS, q_heads, head_dim, device=device).to(dtype)
     iq = torch.randn(_NEW_TOKENS, kv_heads, ik_cache.shape[-1], device=device).to(dtype)
-    # the synthetic request is short enough for the dense tiles of short batches; the others
-    # take one-token tiles as longer batches do
-    variants = ((1, False, 1), (2, False, 1), (1, True, 1), (1, False, DENSE_TILE_TOKENS))
-    for index_splits, block_major, tile_tokens in variants:
+    for index_splits, block_major in ((1, False), (2, False), (1, True)):
         plan = plan_prefill(params, page_table, [total], [_NEW_TOKENS], num_index_heads=kv_heads,
-                            index_splits=index_splits, num_sms=num_sms, block_major=block_major,
-                            attn_tile_tokens=tile_tokens)
+                            index_splits=index_splits, num_sms=num_sms, block_major=block_major)
         run_prefill(plan, q, k_cache, v_cache, iq, ik_cache, ik_scale=ik_scale, k_scale=k_scale, v_scale=v_scale)
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -33,7 +33,6 @@ def _page_table(batch, max_context):
     "init_blocks, hq, hkv, seq_lens, extend_lens, attn_tile_tokens",
     [
         (0, 4, 2, [70, 130, 33], [70, 50, 5], 4),  # fresh prefill, prefix 80 and 28 (not block multiples)
-        (0, 4, 2, [40, 64, 17], [40, 30, 1], None),  # every context <= topk blocks: the plan's dense tiles
         (1, 4, 2, [97, 40], [1, 40], 1),  # one-token extend; context <= topk blocks (dense)
         (0, 2, 1, [150], [23], 1),  # per-rank geometry under TP: one KV head
     ],

@@ -48,19 +48,6 @@ def test_prefill_tiles_cover_each_row_once(batch, attn_tile_tokens, heads):
     assert plan.num_tokens == sum(extend_lens)
 
 
-@settings(max_examples=60, deadline=None)
-@given(extend_batches())
-def test_prefill_tiles_hold_several_tokens_where_every_token_chooses_every_block(batch):
-    """By default a batch whose requests are all at most ``topk`` blocks long (so each token
-    attends to every block it sees) gets tiles of ``DENSE_TILE_TOKENS``, any other one-token tiles."""
-    seq_lens, extend_lens = batch
-    table = torch.zeros(len(seq_lens), 10, dtype=torch.int32)
-    plan = plan_prefill(PARAMS, table, seq_lens, extend_lens, num_index_heads=1)
-    every_block = max(seq_lens) <= PARAMS.topk * PARAMS.block_size
-    assert plan.attn_tiles.max_tokens == (plan_module.DENSE_TILE_TOKENS if every_block else 1)
-    assert plan_prefill(PARAMS, table, seq_lens, extend_lens, num_index_heads=1, attn_tile_tokens=1).attn_tiles.max_tokens == 1
-
-
 def _m3_prefill(seq_lens, extend_lens, heads, **kwargs):
     table = torch.zeros(len(seq_lens), max(seq_lens) // 128 + 1, dtype=torch.int32)
     return plan_prefill(M3_PARAMS, table, seq_lens, extend_lens, num_index_heads=heads, **kwargs)

@@ -23,7 +23,6 @@ def _pool(slots: int, kv_heads: int, dtype: torch.dtype, device: str):
 
 def test_prepare_runs_every_variant_and_leaves_the_pool_unchanged(interpreted_api):
     from msa_kernels import api
-    from msa_kernels.plan import DENSE_TILE_TOKENS
     from msa_kernels.prepare import prepare_prefill
 
     k, v, ik = _pool(8 * 128, 2, torch.float32, "cpu")
@@ -36,8 +35,7 @@ def test_prepare_runs_every_variant_and_leaves_the_pool_unchanged(interpreted_ap
         return real_select(plan, *args, **kwargs)
 
     def attention(plan, *args, **kwargs):
-        form = "block_major" if plan.block_major else f"query_major, tiles of {plan.attn_tiles.max_tokens}"
-        launched.append(("attention", form))
+        launched.append(("attention", "block_major" if plan.block_major else "query_major"))
         return real_attention(plan, *args, **kwargs)
 
     with pytest.MonkeyPatch.context() as patch:
@@ -45,10 +43,7 @@ def test_prepare_runs_every_variant_and_leaves_the_pool_unchanged(interpreted_ap
         patch.setattr(api, "prefill_attention", attention)
         seconds = prepare_prefill(PARAMS, 32, k, v, ik, dtype=torch.float32)
     assert seconds > 0
-    assert sorted(set(launched)) == [
-        ("attention", "block_major"), ("attention", "query_major, tiles of 1"),
-        ("attention", f"query_major, tiles of {DENSE_TILE_TOKENS}"), ("index", 1), ("index", 2),
-    ]
+    assert sorted(set(launched)) == [("attention", "block_major"), ("attention", "query_major"), ("index", 1), ("index", 2)]
     for tensor, kept in zip((k, v, ik), before):
         assert torch.equal(tensor, kept)
 
@@ -92,7 +87,6 @@ def test_no_extend_batch_compiles_after_prepare(kv_heads):
     batches = [  # (seq_lens, extend_lens): chunks of a long prompt, radix hits, ragged batches
         ([8192], [8192]), ([16384], [8192]), ([32768], [8192]), ([32769], [1]), ([20000], [3]),
         ([600, 5000, 131], [600, 77, 131]), ([70000], [66000]), ([3000, 2600, 130, 5000, 64], [3000, 700, 1, 129, 64]),
-        ([2048], [2048]), ([600, 131, 1900], [600, 131, 3]),  # no request past topk blocks: dense tiles
     ]
     for seq_lens, extend_lens in batches:
         blocks = -(-max(seq_lens) // 128)
