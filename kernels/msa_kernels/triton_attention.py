@@ -23,11 +23,13 @@ score scale ``qk_scale_log2`` by the launcher and the V scale multiplies the nor
 import triton
 import triton.language as tl
 
-from msa_kernels.triton_select import load_tile, union_ids
+from msa_kernels.triton_select import TILE_POINTERS, load_tile, union_ids
 from msa_kernels.triton_tree import main_pass_limits
 
 
-@triton.jit
+# Not specialized on batch-shaped values (see ``TILE_POINTERS``); without a draft tree the tree's
+# three pointers are stand-ins that alias a tile tensor (``api._tree_args``), so neither are they.
+@triton.jit(do_not_specialize=["s_pg_b"], do_not_specialize_on_alignment=TILE_POINTERS + ["depth_ptr", "anc_ptr", "tslot_ptr"])
 def sparse_attention_kernel(
     q_ptr, k_ptr, v_ptr, page_ptr, sel_ptr, union_ptr,
     out_ptr, part_o_ptr, part_lse_ptr, ticket_ptr,

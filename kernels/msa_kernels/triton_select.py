@@ -20,9 +20,10 @@ BITONIC_MAX_WIDTH = tl.constexpr(1024)
 #: the index splits); the loads they feed are scalar. Specialized, a TP2 server's first 32K prompt
 #: and then its first radix hit of one compiled two index kernels each, inside the requests (2.22 s
 #: and 1.67 s to first token, against 0.22 s and 0.04 s the next time;
-#: ``benchmarks/results/first_prompt_h200/``). The general attention kernel keeps its
-#: specializations: CUDA graphs capture it for decode at start-up, and extends take it only where
-#: the one-token-tile kernel's descriptor loads do not fit (``api._descriptor_loads_fit``).
+#: ``benchmarks/results/first_prompt_h200/``). The general attention kernel does not specialize
+#: them either: extends take it where the one-token-tile kernel's descriptor loads do not fit
+#: (``api._descriptor_loads_fit``: fp8 KV caches, GPUs before Hopper), and it compiled a variant
+#: per page-table width and tile alignment there, after ``prepare_prefill``.
 TILE_POINTERS = ["tile_req_ptr", "tile_tok0_ptr", "tile_pos0_ptr", "tile_ntok_ptr"]
 
 

@@ -65,8 +65,10 @@ def _compiled_variants(kernel) -> int:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("kv_heads", [4, 2, 1])  # TP1, TP2, TP4 of M3's four KV heads
-def test_no_extend_batch_compiles_after_prepare(kv_heads):
+@pytest.mark.parametrize("kv_heads, kv_dtype", [  # TP1, TP2, TP4 of M3's four KV heads; an fp8 KV cache
+    (4, torch.bfloat16), (2, torch.bfloat16), (1, torch.bfloat16), (4, torch.float8_e4m3fn),
+])
+def test_no_extend_batch_compiles_after_prepare(kv_heads, kv_dtype):
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("before Hopper extends fall back to the general attention kernel, specialized per batch")
     from msa_kernels import triton_attention, triton_block_major, triton_index, triton_prefill_attention
@@ -77,7 +79,9 @@ def test_no_extend_batch_compiles_after_prepare(kv_heads):
     q_heads = 16 * kv_heads
     pages = 800
     k, v, ik = _pool(pages * 128, kv_heads, torch.bfloat16, "cuda")
-    prepare_prefill(PARAMS, q_heads, k, v, ik, dtype=torch.bfloat16)
+    k, v = k.to(kv_dtype), v.to(kv_dtype)  # fp8: extends take the general attention kernel
+    scales = {"k_scale": 0.5, "v_scale": 2.0} if kv_dtype != torch.bfloat16 else {}
+    prepare_prefill(PARAMS, q_heads, k, v, ik, dtype=torch.bfloat16, **scales)
     kernels = [triton_index.prefill_index_topk_kernel, triton_index.prefill_index_merge_kernel,
                triton_attention.sparse_attention_kernel, triton_prefill_attention.prefill_attention_kernel,
                triton_block_major.block_major_attention_kernel,
@@ -96,7 +100,7 @@ def test_no_extend_batch_compiles_after_prepare(kv_heads):
         tokens = sum(extend_lens)
         q = torch.randn(tokens, q_heads, 128, device="cuda", dtype=torch.bfloat16)
         iq = torch.randn(tokens, kv_heads, 128, device="cuda", dtype=torch.bfloat16)
-        run_prefill(plan, q, k, v, iq, ik)
+        run_prefill(plan, q, k, v, iq, ik, **scales)
     torch.cuda.synchronize()
     after = [_compiled_variants(kernel) for kernel in kernels]
     assert after == prepared, [kernel.__name__ for kernel, a, b in zip(kernels, after, prepared) if a != b]
