@@ -14,6 +14,7 @@ import urllib.error
 import urllib.request
 
 import openai
+import psutil
 import pytest
 from server_harness import IMPORTING_TIMEOUT_S, free_port
 
@@ -53,7 +54,10 @@ def run_serve(args, cache_dir, timeout_s=IMPORTING_TIMEOUT_S):
 
 
 def stop(process):
-    """Stop the command and whatever is left of its session (a server it failed to take down)."""
+    """Stop the command, then kill whatever is left of it: its session, and the server's own
+    process group (the command starts the server in one, out of a terminal's Ctrl+C)."""
+    with contextlib.suppress(psutil.NoSuchProcess):
+        descendants = psutil.Process(process.pid).children(recursive=True)
     try:
         os.killpg(process.pid, signal.SIGINT)
     except ProcessLookupError:
@@ -64,6 +68,9 @@ def stop(process):
         pass
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
+    for leftover in descendants:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            leftover.kill()
 
 
 def chat(base_url, model):
@@ -87,6 +94,25 @@ def test_default_serve_builds_and_serves_the_tiny_model(tmp_path):
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=120)
         assert not server_answers(base_url, within_s=30)
+    finally:
+        stop(process)
+
+
+def test_ctrl_c_stops_the_server_cleanly(tmp_path):
+    """Ctrl+C in a terminal signals the whole foreground process group. The server sits in a group
+    of its own, so only the command sees it and stops the server by SIGTERM: no SGLang process
+    prints a traceback, none is left, and the command exits 130 (interrupted)."""
+    process, base_url, lines = run_serve(["--port", str(free_port())], str(tmp_path))
+    try:
+        descendants = psutil.Process(process.pid).children(recursive=True)
+        assert descendants, "the server runs as the command's child"
+        os.killpg(process.pid, signal.SIGINT)  # what the terminal does
+        assert process.wait(timeout=120) == 130
+        assert not server_answers(base_url, within_s=30)
+        assert not [p for p in descendants if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        output = "".join(lines)
+        assert "stopping the server" in output
+        assert "Traceback" not in output
     finally:
         stop(process)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import subprocess
@@ -174,12 +175,28 @@ def run(args: argparse.Namespace) -> int:
     host = _option(argv, "--host", "127.0.0.1")
     base_url = f"http://{'127.0.0.1' if host == '0.0.0.0' else host}:{_option(argv, '--port', '30000')}"
     print("starting:", " ".join(command), flush=True)
-    process = subprocess.Popen(command, env={**os.environ, **env})
+    # Its own process group: a terminal's Ctrl+C reaches this command alone, which stops the server
+    # by SIGTERM (see _stop_on_interrupt) instead of every SGLang process printing a traceback.
+    process = subprocess.Popen(command, env={**os.environ, **env}, process_group=0)
     _forward_stop_signals(process)
     try:
         if _wait_until_ready(base_url, process):
             _print_usage(base_url, _option(argv, "--served-model-name", _option(argv, "--model-path", "")))
         return process.wait()
     except KeyboardInterrupt:
-        process.send_signal(signal.SIGINT)
-        return process.wait()
+        return _stop_on_interrupt(process)
+
+
+def _stop_on_interrupt(process: subprocess.Popen) -> int:
+    """Ctrl+C: a clean shutdown by SIGTERM (SGLang stops its scheduler and detokenizer with it);
+    a second Ctrl+C kills the server's whole process group. Exits 130, the shell's status for an
+    interrupted command, so that a script can tell a stop by Ctrl+C from the server's own exit."""
+    print("\nsglang-m3: stopping the server (Ctrl+C again to kill it)", file=sys.stderr, flush=True)
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait()
+    except KeyboardInterrupt:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    return 130
