@@ -302,8 +302,13 @@ def main() -> None:
     parser.add_argument("--forms", nargs="+", choices=FORMS, default=FORMS, help="forms to check and time (default: all)")
     parser.add_argument("--warps", nargs="+", type=int, default=SWEEP["num_warps"],
                         help=f"warps per program the B8 L128K sweep tries (default: {' '.join(map(str, SWEEP['num_warps']))})")
+    parser.add_argument("--stages", nargs="+", type=int, default=SWEEP["num_stages"],
+                        help=f"pipeline stages the sweep tries (default: {' '.join(map(str, SWEEP['num_stages']))})")
+    parser.add_argument("--programs-per-sm", nargs="+", type=int, default=SWEEP["programs_per_sm"],
+                        help="scan programs per SM the sweep tries (fewer programs: more blocks each) "
+                             f"(default: {' '.join(map(str, SWEEP['programs_per_sm']))})")
     args = parser.parse_args()
-    sweep_space = {**SWEEP, "num_warps": tuple(args.warps)}
+    sweep_space = {"num_stages": tuple(args.stages), "num_warps": tuple(args.warps), "programs_per_sm": tuple(args.programs_per_sm)}
     forms = tuple(args.forms)
     exact_forms = tuple(form for form in EXACT_FORMS if form in forms)
     torch.manual_seed(0)
