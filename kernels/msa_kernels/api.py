@@ -304,14 +304,15 @@ def decode_select(
     _check_index_scale(ik2, ik_scale)
     score_rows = max(16, _pow2(hkv * t))
     scores = torch.empty(batch, score_rows, plan.max_blocks, dtype=torch.float32, device=iq.device)
-    decode_index_scores_kernel[(batch, plan.index_splits)](
+    splits = plan.index_splits if ik_scale is None else plan.index_splits_fp8
+    decode_index_scores_kernel[(batch, splits)](
         iq, ik2, ik2 if ik_scale is None else ik_scale, plan.page_table, scores,
         tiles.tok0, tiles.pos0, tiles.ntok,
         iq.stride(0), iq.stride(1),
         ik2.stride(0),
         plan.page_table.stride(0),
         scores.stride(0), scores.stride(1),
-        NUM_HEADS=hkv, ROWS=score_rows, D=di, BLOCK=p.block_size, SPLITS=plan.index_splits,
+        NUM_HEADS=hkv, ROWS=score_rows, D=di, BLOCK=p.block_size, SPLITS=splits,
         KEY_FP8=ik_scale is not None, QUERY_TERMS=ik_scale is not None and iq.dtype == torch.bfloat16,
         TREE=plan.tree is not None, EARLY_DEPENDENTS=chained and plan.tree is None,
         num_warps=4, num_stages=2,

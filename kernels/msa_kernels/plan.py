@@ -101,7 +101,8 @@ class DecodePlan:
     tiles: Tiles  # one tile per request
     num_tokens: int  # rows of q (batch * max_q_len, padded rows are never written)
     max_blocks: int
-    index_splits: int  # programs per request in the index scan
+    index_splits: int  # programs per request in the index scan over 16-bit index keys
+    index_splits_fp8: int  # the same over fp8 index keys (fewer programs: see FP8_INDEX_PROGRAMS_PER_SM)
     attn_splits: int  # programs per (query token, kv head) in the sparse attention
     dense_splits: int  # programs per (query token, kv head) when a dense layer attends every block
     num_kv_heads: int
@@ -160,6 +161,16 @@ def _check_page_table(page_table: torch.Tensor, batch: int) -> None:
         raise ValueError(f"page_table must be [batch={batch}, max_blocks], got shape {tuple(page_table.shape)}")
 
 
+#: Decode index-scan programs per SM over 16-bit keys, and over fp8 keys. At half the bytes per
+#: block an fp8 program's fixed cost (query split, scales, pipeline fill) weighs twice as much, so
+#: fewer programs that each scan more blocks are faster: the whole step with fp8 keys on an H200,
+#: 32 -> 4 programs per SM, B8 L128K 80.0 -> 74.5 us, B32 L32K 99.3 -> 95.1, B64 L8K 118.8 -> 114.1,
+#: B1 L32K even; over 16-bit keys 4 per SM is slower (B8 L128K 97.1 -> 109.5 us)
+#: (``benchmarks/results/decode_fp8_scan_programs_h200/``).
+INDEX_PROGRAMS_PER_SM = 32
+FP8_INDEX_PROGRAMS_PER_SM = 4
+
+
 def plan_decode(
     params: MSAParams,
     page_table: torch.Tensor,
@@ -168,9 +179,10 @@ def plan_decode(
     q_lens: torch.Tensor | None = None,
     num_kv_heads: int = 4,
     num_sms: int = 132,
-    index_programs_per_sm: int = 32,
+    index_programs_per_sm: int = INDEX_PROGRAMS_PER_SM,
     attn_programs_per_sm: int = 2,
     tree: DraftTree | None = None,
+    fp8_index_programs_per_sm: int = FP8_INDEX_PROGRAMS_PER_SM,
 ) -> DecodePlan:
     """Plan a decode batch: request ``b`` holds ``seq_lens[b]`` tokens, the last ``q_lens[b]`` new.
 
@@ -205,6 +217,7 @@ def plan_decode(
         index_programs_per_sm,
         attn_programs_per_sm,
         tree,
+        fp8_index_programs_per_sm,
     )
 
 
@@ -215,9 +228,10 @@ def assemble_decode_plan(
     tickets: torch.Tensor,
     num_kv_heads: int = 4,
     num_sms: int = 132,
-    index_programs_per_sm: int = 32,
+    index_programs_per_sm: int = INDEX_PROGRAMS_PER_SM,
     attn_programs_per_sm: int = 2,
     tree: DraftTree | None = None,
+    fp8_index_programs_per_sm: int = FP8_INDEX_PROGRAMS_PER_SM,
 ) -> DecodePlan:
     """A decode plan over tensors the caller owns, used as they are (no copy, no allocation).
 
@@ -237,7 +251,8 @@ def assemble_decode_plan(
     if tickets.dtype != torch.int32 or tickets.numel() < needed:
         raise ValueError(f"tickets must be >= {needed} int32 zeros, got {tickets.numel()} {tickets.dtype}")
     max_blocks = page_table.shape[1]
-    index_splits = max(1, min(max_blocks, (index_programs_per_sm * num_sms + batch - 1) // batch))
+    index_splits = _scan_splits(index_programs_per_sm, num_sms, batch, max_blocks)
+    index_splits_fp8 = _scan_splits(fp8_index_programs_per_sm, num_sms, batch, max_blocks)
     # The attention runs each query token as its own tile (a verify request's tokens too: each
     # reads only the blocks it chose, where one tile over the union of a request's choices
     # computes every block for all its tokens and needs a merge launch, KERNEL_NOTES.md);
@@ -254,6 +269,7 @@ def assemble_decode_plan(
         num_tokens=batch * q_len,
         max_blocks=max_blocks,
         index_splits=index_splits,
+        index_splits_fp8=index_splits_fp8,
         attn_splits=attn_splits,
         dense_splits=dense_splits,
         num_kv_heads=num_kv_heads,
@@ -347,6 +363,11 @@ _INDEX_SPLIT_PROGRAMS_PER_SM = 4
 # Blocks each split scans at least, so the scan outweighs its candidate write and merge share
 # (at 32, an 8K prefill without prefix split in 2 and its indexer slowed 0.19 -> 0.24 ms, H100).
 _MIN_BLOCKS_PER_INDEX_SPLIT = 64
+
+
+def _scan_splits(programs_per_sm: int, num_sms: int, batch: int, max_blocks: int) -> int:
+    """Programs per request of a decode index scan with ``programs_per_sm`` over the GPU (at most one per block)."""
+    return max(1, min(max_blocks, (programs_per_sm * num_sms + batch - 1) // batch))
 
 
 def _index_splits_for(num_tiles: int, max_blocks: int, num_sms: int) -> int:

@@ -110,6 +110,16 @@ def test_decode_tiles_are_requests():
     assert plan.num_tokens == 9 and plan.tiles.max_tokens == 3
 
 
+@pytest.mark.parametrize("batch, blocks, splits, splits_fp8", [
+    (8, 1024, 528, 66),  # B8 L128K: 32 and 4 programs per SM over 132 SMs
+    (1, 256, 256, 256),  # B1 L32K: at most one program per block either way
+    (64, 64, 64, 9),
+])
+def test_decode_index_scan_splits_follow_the_key_dtype(batch, blocks, splits, splits_fp8):
+    plan = plan_decode(PARAMS, torch.zeros(batch, blocks, dtype=torch.int32), torch.full((batch,), blocks * 16), num_sms=132)
+    assert (plan.index_splits, plan.index_splits_fp8) == (splits, splits_fp8)
+
+
 def test_page_table_reads_the_first_slot_of_each_block():
     req_to_token = torch.zeros(3, 64, dtype=torch.int32)
     req_to_token[2, :40] = torch.cat([torch.arange(16) + 16 * p for p in (7, 2, 9)])[:40]
