@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from sglang_m3.integration import hooks
+from sglang_m3.multimodal.processor_files import read_processor_files_transformers_wrote
 from sglang_m3.parsers import register_parsers, serving_hooks
 from sglang_m3.speculative import hooks as speculative_hooks
 from sglang_m3.quant.serving import m3_mxfp8_quantization
@@ -41,6 +42,14 @@ HOOKS: tuple[Hook, ...] = (
         "SGLang parses config.json with transformers' M3 config class, which converts or refuses "
         "some shipped fields under other names; the project's reader checks the file first, so a "
         "bad field is refused at start-up under its own name.",
+    ),
+    Hook(
+        "sglang.srt.utils.hf_transformers.processor._get_minimax_m31_processor",
+        "AROUND",
+        read_processor_files_transformers_wrote,
+        "SGLang reads an M3 VL checkpoint's processor only from preprocessor_config.json in the "
+        "published form; one whose processor transformers saved (processor_config.json, or its "
+        "own form of that file) did not start. transformers reads the files it wrote.",
     ),
     Hook(
         "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",

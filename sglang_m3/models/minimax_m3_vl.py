@@ -8,6 +8,7 @@ the radix cache on media content (padded placeholder ids carry the media hash).
 
 from __future__ import annotations
 
+import logging
 from array import array
 from typing import Iterable
 
@@ -19,11 +20,17 @@ from sglang_m3.models.checkpoint_layout import is_derived_buffer
 from sglang_m3.models.minimax_m3 import MiniMaxM3SparseForCausalLM, TextWeightLoader
 from sglang_m3.models.vision import MiniMaxM3VisionEncoder
 
+logger = logging.getLogger(__name__)
+
 
 class MiniMaxM3SparseForConditionalGeneration(MiniMaxM3SparseForCausalLM):
     def __init__(self, config, quant_config=None, prefix: str = ""):
         super().__init__(config, quant_config, prefix)
-        self.vision = MiniMaxM3VisionEncoder(config)
+        # SGLang's switch for a multimodal checkpoint served as text only: the checkpoint's own
+        # ``language_model_only`` or ``--language-model-only``, both written onto the config, and
+        # SGLang then sends no media. A tower built anyway demanded weights such a checkpoint
+        # lacks ("missing vision tensor ...") or held ones no request reads.
+        self.vision = None if getattr(config, "language_model_only", False) else MiniMaxM3VisionEncoder(config)
 
     def pad_input_ids(self, input_ids: array, mm_inputs) -> array:
         return pad_mm_tokens(input_ids, mm_inputs)
@@ -66,7 +73,12 @@ class MiniMaxM3SparseForConditionalGeneration(MiniMaxM3SparseForCausalLM):
                 else:
                     yield name, tensor
 
-        self.vision.load_weights(vision_stream(), whole=whole)
+        if self.vision is None:
+            skipped = sum(1 for _ in vision_stream())  # read past, each dropped as it is drawn
+            if skipped:
+                logger.info("language_model_only: skipped %d vision tensor(s)", skipped)
+        else:
+            self.vision.load_weights(vision_stream(), whole=whole)
         text.finish()
         self.post_load_weights()
 

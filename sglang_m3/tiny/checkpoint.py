@@ -352,14 +352,9 @@ def _write_config(
 
 
 def save_processor(directory: str) -> None:
-    """The image/video processor configs a real VL checkpoint ships (saved by transformers)."""
-    from transformers import AutoTokenizer
-    from transformers.models.minimax_m3_vl import MiniMaxM3VLImageProcessor, MiniMaxM3VLProcessor, MiniMaxM3VLVideoProcessor
-
-    tokenizer = AutoTokenizer.from_pretrained(directory)
-    processor = MiniMaxM3VLProcessor(
-        image_processor=MiniMaxM3VLImageProcessor(), tokenizer=tokenizer, video_processor=MiniMaxM3VLVideoProcessor()
-    )
+    """The image/video processor configs a real VL checkpoint ships (saved by transformers), plus
+    the shipped checkpoint's own ``preprocessor_config.json``, for the VL checkpoint in ``directory``."""
+    processor = transformers_processor(directory)
     processor.save_pretrained(directory)
     image = processor.image_processor
     # The shipped checkpoint's own preprocessor file, which SGLang's M3 processor loader reads.
@@ -373,6 +368,29 @@ def save_processor(directory: str) -> None:
     }
     with open(os.path.join(directory, "preprocessor_config.json"), "w", encoding="utf-8") as handle:
         json.dump(shipped_form, handle, indent=2)
+
+
+def transformers_processor(directory: str):
+    """transformers' M3 processor (tokenizer from ``directory``) patching as the checkpoint's
+    ``vision_config`` says: patch, temporal patch and merge sizes read from its config.json, with
+    transformers' defaults where absent. Built from the defaults alone, a tower with other patches
+    (e.g. ``patch_size`` 8) got processor files of patch 14, which the server refuses at start-up."""
+    from transformers import AutoTokenizer
+    from transformers.models.minimax_m3_vl import MiniMaxM3VLImageProcessor, MiniMaxM3VLProcessor, MiniMaxM3VLVideoProcessor
+
+    from sglang_m3.config import checkpoint_config, vision_part
+
+    vision = vision_part(checkpoint_config(None, directory, overrides={})) or {}
+    geometry = {
+        "patch_size": vision.get("patch_size", 14),
+        "temporal_patch_size": vision.get("temporal_patch_size", 2),
+        "merge_size": vision.get("spatial_merge_size", 2),
+    }
+    return MiniMaxM3VLProcessor(
+        image_processor=MiniMaxM3VLImageProcessor(**geometry),
+        tokenizer=AutoTokenizer.from_pretrained(directory),
+        video_processor=MiniMaxM3VLVideoProcessor(**geometry),
+    )
 
 
 def _move_into(staging: str, directory: str) -> None:
