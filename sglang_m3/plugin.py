@@ -41,7 +41,9 @@ HOOKS: tuple[Hook, ...] = (
         hooks.read_m3_config_first,
         "SGLang parses config.json with transformers' M3 config class, which converts or refuses "
         "some shipped fields under other names; the project's reader checks the file first, so a "
-        "bad field is refused at start-up under its own name.",
+        "bad field is refused at start-up under its own name. The text config SGLang derives the "
+        "context length from then holds the spec's max_position_embeddings (1,048,576 when the "
+        "file has none; SGLang's own object had none and allowed 2,048 tokens).",
     ),
     Hook(
         "sglang.srt.utils.hf_transformers.processor._get_minimax_m31_processor",

@@ -39,17 +39,37 @@ def read_m3_config_first(original, model, *args, model_override_args=None, **kwa
 
     SGLang's launcher parses ``config.json`` through transformers' M3 config class first, whose
     own checks (and silent conversions) would otherwise decide what a bad field is called, or let
-    it through; this way a refusal names the checkpoint's own field.
+    it through; this way a refusal names the checkpoint's own field. The parsed config then gets
+    the spec's context length (``_state_context_length``).
     """
     path = os.path.join(model, "config.json") if isinstance(model, str) else None
+    spec = None
     if path and os.path.isfile(path):
         with open(path, encoding="utf-8") as handle:
             architectures = json.load(handle).get("architectures") or [None]
         if architectures[0] in M3_ARCHITECTURES:
             from sglang_m3.config import M3TextSpec
 
-            M3TextSpec.from_config(None, model, overrides=model_override_args or {})
-    return original(model, *args, model_override_args=model_override_args, **kwargs)
+            spec = M3TextSpec.from_config(None, model, overrides=model_override_args or {})
+    config = original(model, *args, model_override_args=model_override_args, **kwargs)
+    if spec is not None:
+        _state_context_length(config, spec)
+    return config
+
+
+def _state_context_length(config, spec) -> None:
+    """SGLang's text config gets the spec's ``max_position_embeddings``, the length SGLang derives
+    the context from (the checkpoint's value, or M3's 1,048,576 when the field is absent).
+
+    Without the field, SGLang's object had none (the shipped ``minimax_m2`` text type is no
+    transformers class): the server derived a 2,048-token context and refused a longer
+    ``--context-length``; transformers' text class would have put in its own 524,288.
+    """
+    text = getattr(config, "text_config", None) or config
+    if isinstance(text, dict):  # SGLang's MiniMaxM3VLConfig keeps it a dict until get_hf_text_config
+        text["max_position_embeddings"] = spec.max_position_embeddings
+    else:
+        text.max_position_embeddings = spec.max_position_embeddings
 
 
 def refuse_out_of_vocabulary_ids(tokenizer_manager, obj, input_ids, *args, **kwargs):

@@ -28,16 +28,51 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sglang_m3.config import M3ConfigError, checkpoint_config, text_part, vision_part
+from sglang_m3.config import M3ConfigError, checkpoint_config, fields, text_part, vision_part
 
 VISION_PREFIX = "vision_tower.vision_model."
 
 
-def _required_size(vision: dict, key: str) -> int:
-    found = vision.get(key)
-    if isinstance(found, bool) or not isinstance(found, int) or found < 1:
-        raise M3ConfigError(f"config field 'vision_config.{key}' must be a positive integer, got {found!r}")
-    return found
+def _size(vision: dict, key: str, *default: int) -> int:
+    """A positive integer ``vision_config.key`` (required without a default).
+
+    Read through the typed field readers rather than ``int()``: a zero, negative, fractional,
+    boolean or string size otherwise built a tower that failed (or silently truncated the size)
+    at the first image instead of being refused at start-up.
+    """
+    return fields.positive_int(vision, key, *default, name=f"vision_config.{key}")
+
+
+def _check_heads(vision: dict, hidden: int, heads: int) -> None:
+    """Channels per attention head are ``hidden_size / num_attention_heads``, which must be whole.
+
+    transformers' tower reads its axial RoPE bands from ``vision_config.head_dim`` when the config
+    has one, but sizes its heads as ``hidden_size // num_attention_heads``; a head_dim that differs
+    rotates other channels there (or fails), so it must agree (it is ignored here otherwise).
+    """
+    if hidden % heads:
+        raise M3ConfigError(
+            f"config field 'vision_config.hidden_size' ({hidden}) must be a multiple of "
+            f"'vision_config.num_attention_heads' ({heads})"
+        )
+    stated = vision.get("head_dim")
+    if stated is not None and (isinstance(stated, bool) or stated != hidden // heads):
+        raise M3ConfigError(
+            f"config field 'vision_config.head_dim' ({stated!r}) must equal hidden_size / num_attention_heads "
+            f"({hidden} / {heads} = {hidden // heads})"
+        )
+
+
+def _rope_theta(vision: dict) -> float:
+    """The 3D RoPE base: ``rope_theta`` (shipped) or ``rope_parameters.rope_theta`` (transformers);
+    both present must agree, as for the text model (one was silently preferred before)."""
+    rope = vision.get("rope_parameters") or {}
+    if not isinstance(rope, dict):
+        raise M3ConfigError(f"config field 'vision_config.rope_parameters' must be a mapping, got {rope!r}")
+    theta = fields.agree(
+        "vision_config.rope_theta", vision.get("rope_theta"), "vision_config.rope_parameters.rope_theta", rope.get("rope_theta")
+    )
+    return fields.positive_float({"rope_theta": theta}, "rope_theta", 10000.0, name="vision_config.rope_theta")
 
 
 def _projector_width(top: dict, vision: dict) -> int:
@@ -84,25 +119,26 @@ class VisionDims:
         vision = vision_part(top)
         if vision is None or top.get("text_config") is None:
             raise M3ConfigError("the VL config needs both vision_config and text_config")
-        rope = vision.get("rope_parameters") or {}
         text_hidden = int(text_part(top)["hidden_size"])
         act = vision.get("hidden_act", "gelu")
         if act != "gelu":
             raise M3ConfigError(f"config field 'vision_config.hidden_act' is {act!r}; sglang-m3 supports 'gelu'")
+        hidden, heads = _size(vision, "hidden_size"), _size(vision, "num_attention_heads")
+        _check_heads(vision, hidden, heads)
         return cls(
-            hidden_size=_required_size(vision, "hidden_size"),
-            intermediate_size=_required_size(vision, "intermediate_size"),
-            num_layers=_required_size(vision, "num_hidden_layers"),
-            num_heads=_required_size(vision, "num_attention_heads"),
-            num_channels=int(vision.get("num_channels", 3)),
-            patch_size=int(vision.get("patch_size", 14)),
-            temporal_patch_size=int(vision.get("temporal_patch_size", 2)),
-            spatial_merge_size=int(vision.get("spatial_merge_size", 2)),
-            layer_norm_eps=float(vision.get("layer_norm_eps", 1e-5)),
-            rope_theta=float(rope.get("rope_theta", vision.get("rope_theta", 10000.0))),
+            hidden_size=hidden,
+            intermediate_size=_size(vision, "intermediate_size"),
+            num_layers=_size(vision, "num_hidden_layers"),
+            num_heads=heads,
+            num_channels=_size(vision, "num_channels", 3),
+            patch_size=_size(vision, "patch_size", 14),
+            temporal_patch_size=_size(vision, "temporal_patch_size", 2),
+            spatial_merge_size=_size(vision, "spatial_merge_size", 2),
+            layer_norm_eps=fields.positive_float(vision, "layer_norm_eps", 1e-5, name="vision_config.layer_norm_eps"),
+            rope_theta=_rope_theta(vision),
             projector_hidden_size=_projector_width(top, vision),
             text_hidden_size=text_hidden,
-            segment_max_frames=vision.get("vision_segment_max_frames"),
+            segment_max_frames=None if vision.get("vision_segment_max_frames") is None else _size(vision, "vision_segment_max_frames"),
         )
 
     @property
