@@ -125,6 +125,14 @@ HOOKS: tuple[Hook, ...] = (
         "trees of more than 64 verify tokens (the MSA plans' ancestor mask), are refused at start-up naming the field.",
     ),
     Hook(
+        "sglang.srt.models.llama_eagle3.LlamaForCausalLMEagle3.__init__",
+        "BEFORE",
+        speculative_hooks.default_absent_draft_vocab_size,
+        "SGLang reads an EAGLE3 draft's draft_vocab_size unconditionally; a draft config without the "
+        "(optional) key died in the scheduler with an AttributeError. It gets the full vocabulary "
+        "when the draft has its own lm_head, else SGLang's null (the target's lm_head).",
+    ),
+    Hook(
         "sglang.srt.arg_groups.speculative_hook._handle_ngram",
         "AFTER",
         speculative_hooks.refuse_ngram_for_m3,

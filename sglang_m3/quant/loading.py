@@ -1,11 +1,12 @@
 """Dequantize-at-load of an MXFP8 checkpoint: each weight/scale pair becomes one plain weight.
 
 The loader sees the checkpoint as a stream of ``(name, tensor)``; an MXFP8 linear arrives as
-``X.weight`` (float8_e4m3fn) and ``X.weight_scale_inv`` (uint8 e8m0; ``X.weight_scale`` is
-accepted too: SGLang's loader renames it to ``_inv`` for MXFP8). Safetensors files list tensors
-sorted by name, so a pair is adjacent; whichever half comes first is held until its partner
-arrives, so at most the unpaired halves are ever buffered, never the checkpoint. The pair leaves
-as ``(X.weight, fp32 values)``, and the ordinary name/shape checks and parameter copy follow.
+``X.weight`` (float8_e4m3fn) and ``X.weight_scale_inv`` (e8m0 bytes, uint8 or torch's
+float8_e8m0fnu; ``X.weight_scale`` is accepted too: SGLang's loader renames it to ``_inv`` for
+MXFP8). Safetensors files list tensors sorted by name, so a pair is adjacent; whichever half
+comes first is held until its partner arrives, so at most the unpaired halves are ever buffered,
+never the checkpoint. The pair leaves as ``(X.weight, fp32 values)``, and the ordinary
+name/shape checks and parameter copy follow.
 
 Which modules may be quantized follows SGLang 0.5.23's M3 model (``srt/models/minimax_m3.py``):
 the linears it builds with the quantization config (attention q/k/v/o, the index q/k
@@ -30,7 +31,7 @@ import torch
 
 from sglang_m3.config import MXFP8Config
 from sglang_m3.models.checkpoint_layout import CheckpointError, quantized_format
-from sglang_m3.quant.mxfp8 import WEIGHT_DTYPE, MXFP8FormatError, decode_scales, dequantize, scale_shape
+from sglang_m3.quant.mxfp8 import WEIGHT_DTYPE, MXFP8FormatError, decode_scales, dequantize, scale_bytes, scale_shape
 
 SCALE_SUFFIXES = (".weight_scale_inv", ".weight_scale")
 #: module names (checkpoint spelling, any prefix) that SGLang's M3 builds as quantizable linears
@@ -160,6 +161,9 @@ class MXFP8Dequantizer:
     def _pair(self, module: str, weight_name: str, weight: torch.Tensor, scale_name: str, scale: torch.Tensor):
         what = f"checkpoint tensor '{weight_name}'"
         try:
+            # float8_e8m0fnu scales become their uint8 bytes here, so a kept pair copies bytes
+            # into SGLang's uint8 scale parameter rather than casting values into it.
+            scale = scale_bytes(scale)
             if self.keeps_quantized(module):
                 self.kept_experts += ROUTED_EXPERT.search(module) is not None
                 return weight_name, self._checked_pair(weight, scale, what)

@@ -28,6 +28,8 @@ MIN_EXPONENT = 1 - BIAS
 MAX_EXPONENT = 254 - BIAS
 WEIGHT_DTYPE = torch.float8_e4m3fn
 SCALE_DTYPE = torch.uint8
+#: torch's own e8m0 type: the same bytes, which quantizers built on torch's MX types write
+E8M0_DTYPE = torch.float8_e8m0fnu
 
 
 class MXFP8FormatError(ValueError):
@@ -63,10 +65,20 @@ def quantize(x: torch.Tensor, what: str = "tensor") -> tuple[torch.Tensor, torch
     return elements, (scale_exp + BIAS).to(SCALE_DTYPE)
 
 
-def decode_scales(scales: torch.Tensor) -> torch.Tensor:
-    """uint8 e8m0 bytes -> fp32 factors (byte << 23 read as fp32, as SGLang decodes them)."""
+def scale_bytes(scales: torch.Tensor) -> torch.Tensor:
+    """``scales`` as uint8 e8m0 bytes. A ``float8_e8m0fnu`` tensor holds the same bytes (2 ** (b - 127),
+    0xFF NaN) and is reinterpreted, never converted: a value cast to uint8 (what a plain copy into
+    SGLang's uint8 scale parameter does) turns every factor below 1 into 0. Other dtypes are refused."""
+    if scales.dtype == E8M0_DTYPE:
+        return scales.view(SCALE_DTYPE)
     if scales.dtype != SCALE_DTYPE:
-        raise MXFP8FormatError(f"MXFP8 scales must be uint8 (e8m0 bytes), got {scales.dtype}")
+        raise MXFP8FormatError(f"MXFP8 scales must be uint8 or float8_e8m0fnu (e8m0 bytes), got {scales.dtype}")
+    return scales
+
+
+def decode_scales(scales: torch.Tensor) -> torch.Tensor:
+    """e8m0 bytes (uint8 or float8_e8m0fnu) -> fp32 factors (byte << 23 read as fp32, as SGLang decodes them)."""
+    scales = scale_bytes(scales)
     if (scales == 255).any():
         raise MXFP8FormatError("MXFP8 scale byte 255 is NaN in e8m0")
     return (scales.to(torch.int32) << 23).view(torch.float32)

@@ -32,6 +32,13 @@ def tensor_shapes(draft_dir: str) -> dict[str, tuple[tuple[int, ...], str]]:
     return shapes
 
 
+def absent_draft_vocab_size(draft_dir: str, vocab_size: int) -> int | None:
+    """The ``draft_vocab_size`` of a draft config that has none: the full ``vocab_size`` where the
+    draft's files hold its own ``lm_head.weight`` (the rows ``check_draft_tensors`` requires then),
+    else None, SGLang's value for "take the target's lm_head"."""
+    return vocab_size if "lm_head.weight" in tensor_shapes(draft_dir) else None
+
+
 def _read_tensor(file: str, name: str):
     with safe_open(file, framework="pt") as handle:
         return handle.get_tensor(name)

@@ -30,6 +30,22 @@ def check_m3_eagle_args(result, server_args):
     return result
 
 
+def default_absent_draft_vocab_size(draft, config=None, *args, **kwargs):
+    """BEFORE ``LlamaForCausalLMEagle3.__init__``: a draft config without ``draft_vocab_size`` gets one.
+
+    SGLang 0.5.23 reads ``config.draft_vocab_size`` unconditionally there, and transformers'
+    LlamaConfig has no such attribute when the file lacks the key, so such a draft (the key is
+    optional: the draft then speaks the full vocabulary) died in the scheduler with an
+    AttributeError. It becomes ``vocab_size`` when the draft carries its own ``lm_head``, else
+    None, which SGLang reads as "use the target's lm_head" (``absent_draft_vocab_size``). The
+    draft's directory is the config's ``name_or_path``, which SGLang's ``get_config`` (AutoConfig) sets.
+    """
+    from sglang_m3.speculative.draft_tensors import absent_draft_vocab_size
+
+    if config is not None and not hasattr(config, "draft_vocab_size"):
+        config.draft_vocab_size = absent_draft_vocab_size(config.name_or_path, config.vocab_size)
+
+
 def refuse_ngram_for_m3(result, server_args):
     """AFTER SGLang resolves NGRAM arguments: an M3 target refuses NGRAM at start-up.
 
