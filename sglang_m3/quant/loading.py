@@ -115,8 +115,20 @@ class MXFP8Dequantizer:
         if module is not None and module in self.waiting_scales:
             self._refuse_plain(name, tensor.dtype, self.waiting_scales[module][0])
         if module is not None and QUANTIZABLE.search(module):
+            self._refuse_plain_into_mxfp8(module, name, tensor.dtype)
             self.plain[module] = tensor.dtype
         return name, tensor
+
+    def _refuse_plain_into_mxfp8(self, module: str, name: str, dtype: torch.dtype) -> None:
+        """A 16/32-bit weight for a module whose parameters are MXFP8 (``keeps_quantized``: CUDA)
+        is refused: copied in, its values would be cast to e4m3 with the scales never loaded, a
+        silently wrong layer. Dequantizing modules (the CPU) take a plain weight as it is."""
+        if self.keeps_quantized(module):
+            raise CheckpointError(
+                f"checkpoint tensor '{name}' is {dtype}, but '{module}' is served as MXFP8 (it is not in "
+                "'quantization_config.modules_to_not_convert'): store it as float8_e4m3fn with its "
+                "'weight_scale_inv', or list the module as unquantized"
+            )
 
     @staticmethod
     def _refuse_plain(name: str, dtype: torch.dtype, scale_name: str) -> None:

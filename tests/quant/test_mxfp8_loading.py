@@ -158,6 +158,18 @@ def test_routed_experts_of_mxfp8_blocks_pass_through_as_pairs(built):
             assert torch.equal(value.to(twin.copied[name].dtype), twin.copied[name]), name
 
 
+def test_plain_weight_for_a_module_kept_in_mxfp8_is_refused(built):
+    """A routed expert of a block that keeps MXFP8 experts, stored unquantized and without a
+    scale: refused (copied into the e4m3 parameter it would be cast, its scale never loaded);
+    the same tensor loads where the block dequantizes."""
+    spec, tensors = built
+    plain = dict(tensors["mxfp8-dequantized"])[W2]
+    weights = _edited(tensors["mxfp8"], drop={W2 + "_scale_inv"}, replace={W2: plain})
+    with pytest.raises(CheckpointError, match=rf"'{W2}' is torch.float32, but '{W2.removesuffix('.weight')}' is served as MXFP8"):
+        _load_with_mxfp8_blocks(spec, weights, layers=(3,))
+    assert torch.equal(_load_with_mxfp8_blocks(spec, weights, layers=(1,)).copied[W2.removeprefix("language_model.")], plain)
+
+
 def test_kept_pair_with_a_wrong_scale_shape_is_refused_naming_both_tensors(built):
     spec, tensors = built
     bad = {W2 + "_scale_inv": torch.zeros(128, 4, dtype=torch.uint8)}
