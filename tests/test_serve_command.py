@@ -18,6 +18,7 @@ import psutil
 import pytest
 from server_harness import IMPORTING_TIMEOUT_S, free_port
 
+from sglang_m3.commands.serve import STOP_GRACE_S
 from sglang_m3.tiny.checkpoint import BUILD_FORMAT
 
 pytestmark = pytest.mark.server
@@ -100,14 +101,15 @@ def test_default_serve_builds_and_serves_the_tiny_model(tmp_path):
 
 def test_ctrl_c_stops_the_server_cleanly(tmp_path):
     """Ctrl+C in a terminal signals the whole foreground process group. The server sits in a group
-    of its own, so only the command sees it and stops the server by SIGTERM: no SGLang process
-    prints a traceback, none is left, and the command exits 130 (interrupted)."""
+    of its own, so only the command sees it and stops the server by SIGTERM (killing it after
+    ``STOP_GRACE_S``): no SGLang process prints a traceback, none is left, and the command exits
+    130 (interrupted)."""
     process, base_url, lines = run_serve(["--port", str(free_port())], str(tmp_path))
     try:
         descendants = psutil.Process(process.pid).children(recursive=True)
         assert descendants, "the server runs as the command's child"
         os.killpg(process.pid, signal.SIGINT)  # what the terminal does
-        assert process.wait(timeout=120) == 130
+        assert process.wait(timeout=STOP_GRACE_S + 60) == 130
         assert not server_answers(base_url, within_s=30)
         assert not [p for p in descendants if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
         output = "".join(lines)

@@ -187,16 +187,28 @@ def run(args: argparse.Namespace) -> int:
         return _stop_on_interrupt(process)
 
 
+#: Seconds a Ctrl+C waits for SGLang's own shutdown before it kills the server.
+STOP_GRACE_S = 30
+
+
 def _stop_on_interrupt(process: subprocess.Popen) -> int:
-    """Ctrl+C: a clean shutdown by SIGTERM (SGLang stops its scheduler and detokenizer with it);
-    a second Ctrl+C kills the server's whole process group. Exits 130, the shell's status for an
-    interrupted command, so that a script can tell a stop by Ctrl+C from the server's own exit."""
+    """Ctrl+C: a clean shutdown by SIGTERM (SGLang drains and stops its scheduler and detokenizer);
+    a second Ctrl+C, or a shutdown past ``STOP_GRACE_S`` (on a loaded 2-core CI runner one took
+    over two minutes), kills the server's whole process group. Exits 130, the shell's status for
+    an interrupted command, so that a script can tell a stop by Ctrl+C from the server's own exit."""
     print("\nsglang-m3: stopping the server (Ctrl+C again to kill it)", file=sys.stderr, flush=True)
     process.send_signal(signal.SIGTERM)
     try:
-        process.wait()
+        process.wait(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        print(f"sglang-m3: the server did not stop within {STOP_GRACE_S} s; killing it", file=sys.stderr, flush=True)
+        _kill_server(process)
     except KeyboardInterrupt:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+        _kill_server(process)
     return 130
+
+
+def _kill_server(process: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()

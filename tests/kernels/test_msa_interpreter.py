@@ -79,9 +79,12 @@ def test_prefill_block_major_matches_reference(interpreted_api, init_blocks, hq,
 
 
 def test_block_major_over_token_ranges_writes_those_rows_as_the_whole_batch_does(interpreted_api):
-    """``tokens=(first, last)``: two ranges cutting a request and a pass give the whole run's rows,
-    bit for bit, and leave the other rows alone (``benchmarks/prefill_attention_corun.py`` runs the
-    forms side by side this way)."""
+    """``tokens=(first, last)``: two ranges cutting a request and a pass give the whole run's rows
+    and leave the other rows alone (``benchmarks/prefill_attention_corun.py`` runs the forms side
+    by side this way). The first range's rows are the whole run's bit for bit; a range that starts
+    inside a pass cuts its sorted pairs at other tile boundaries, so its rows merge the same
+    partials in another grouping and agree to fp32 rounding (3e-7 here, with torch 2.14.1 and
+    Triton 3.8's interpreter; an earlier environment happened to give equal bits)."""
     params = MSAParams(block_size=BLOCK, topk=4, local_blocks=1, init_blocks=0)
     seq_lens, extend_lens = [97, 150], [60, 90]
     batch = _batch(seq_lens, extend_lens, 4, 2, seed=23)
@@ -97,7 +100,8 @@ def test_block_major_over_token_ranges_writes_those_rows_as_the_whole_batch_does
     assert torch.equal(parts[:71], whole[:71]) and bool((parts[71:] == 7.0).all())
     interpreted_api._attention_block_major(plan, batch.q, batch.k_cache, batch.v_cache, selected, parts, scale, BLOCK,
                                            tokens=(71, 150))
-    assert torch.equal(parts, whole)
+    assert torch.equal(parts[:71], whole[:71])
+    torch.testing.assert_close(parts, whole, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize(
