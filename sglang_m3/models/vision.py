@@ -115,7 +115,11 @@ class VisionDims:
         """Read from the checkpoint's own config (see ``sglang_m3.config.source``): the object
         SGLang hands over may have padded or coerced sub-configs, and the vision sizes must come
         from ``vision_config`` alone, the text width from ``text_config`` alone."""
-        top = checkpoint_config(config)
+        return cls.from_checkpoint_config(checkpoint_config(config))
+
+    @classmethod
+    def from_checkpoint_config(cls, top: dict) -> "VisionDims":
+        """Read from the checkpoint's top-level config as a plain dict (``checkpoint_config``)."""
         vision = vision_part(top)
         if vision is None or top.get("text_config") is None:
             raise M3ConfigError("the VL config needs both vision_config and text_config")

@@ -372,19 +372,21 @@ def save_processor(directory: str) -> None:
 
 def transformers_processor(directory: str):
     """transformers' M3 processor (tokenizer from ``directory``) patching as the checkpoint's
-    ``vision_config`` says: patch, temporal patch and merge sizes read from its config.json, with
-    transformers' defaults where absent. Built from the defaults alone, a tower with other patches
-    (e.g. ``patch_size`` 8) got processor files of patch 14, which the server refuses at start-up."""
+    ``vision_config`` says: patch, temporal patch and merge sizes as the model's tower reads them
+    from its config.json (``VisionDims``, defaults included). Built from transformers' defaults
+    alone, a tower with other patches (e.g. ``patch_size`` 8) got processor files of patch 14,
+    which the server refuses at start-up."""
     from transformers import AutoTokenizer
     from transformers.models.minimax_m3_vl import MiniMaxM3VLImageProcessor, MiniMaxM3VLProcessor, MiniMaxM3VLVideoProcessor
 
-    from sglang_m3.config import checkpoint_config, vision_part
+    from sglang_m3.config import checkpoint_config
+    from sglang_m3.models.vision import VisionDims
 
-    vision = vision_part(checkpoint_config(None, directory, overrides={})) or {}
+    dims = VisionDims.from_checkpoint_config(checkpoint_config(None, directory, overrides={}))
     geometry = {
-        "patch_size": vision.get("patch_size", 14),
-        "temporal_patch_size": vision.get("temporal_patch_size", 2),
-        "merge_size": vision.get("spatial_merge_size", 2),
+        "patch_size": dims.patch_size,
+        "temporal_patch_size": dims.temporal_patch_size,
+        "merge_size": dims.spatial_merge_size,
     }
     return MiniMaxM3VLProcessor(
         image_processor=MiniMaxM3VLImageProcessor(**geometry),
