@@ -68,8 +68,24 @@ def _state_context_length(config, spec) -> None:
     text = getattr(config, "text_config", None) or config
     if isinstance(text, dict):  # SGLang's MiniMaxM3VLConfig keeps it a dict until get_hf_text_config
         text["max_position_embeddings"] = spec.max_position_embeddings
+        sections = [text.get(key) for key in _ROPE_SECTIONS]
     else:
         text.max_position_embeddings = spec.max_position_embeddings
+        sections = [getattr(text, key, None) for key in _ROPE_SECTIONS]
+    _drop_plain_rope_factor(sections)
+
+
+#: where a config states its RoPE type and factor (transformers 5 reads the older name as the newer)
+_ROPE_SECTIONS = ("rope_scaling", "rope_parameters")
+
+
+def _drop_plain_rope_factor(sections) -> None:
+    """A ``factor`` in the RoPE section leaves SGLang's context length that many times the
+    checkpoint's positions, though M3's RoPE is plain (the spec refuses any other type) and takes
+    no factor, as in transformers. Dropped from SGLang's parsed object only; the file is untouched."""
+    for section in sections:
+        if isinstance(section, dict) and section.pop("factor", None) is not None:
+            logger.info("RoPE 'factor' ignored: M3's RoPE is plain, the context stays max_position_embeddings")
 
 
 def refuse_out_of_vocabulary_ids(tokenizer_manager, obj, input_ids, *args, **kwargs):

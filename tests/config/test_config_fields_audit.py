@@ -145,3 +145,17 @@ def test_present_max_position_embeddings_is_sglang_context(checkpoint, tmp_path,
     model_dir = _checkpoint_with_text(checkpoint, str(tmp_path / "max"), max_position_embeddings=8192)
     assert M3TextSpec.from_config(None, model_dir).max_position_embeddings == 8192
     assert _sglang_model_config(model_dir, monkeypatch).context_len == 8192
+
+
+@pytest.mark.parametrize("section", ["rope_scaling", "rope_parameters"])
+def test_a_factor_on_plain_rope_does_not_stretch_sglang_context(checkpoint, tmp_path, monkeypatch, section):
+    """A ``factor`` beside rope type "default" means nothing to plain RoPE (transformers ignores
+    it, and so does the model), but SGLang multiplies its context length by any ``rope_scaling``
+    factor: the server would admit prompts past the positions the checkpoint was built for."""
+    rope = {"rope_type": "default", "factor": 4.0}
+    if section == "rope_parameters":
+        rope["rope_theta"] = 5_000_000.0
+    model_dir = _checkpoint_with_text(checkpoint, str(tmp_path / "factor"), max_position_embeddings=8192, **{section: rope})
+    spec = M3TextSpec.from_config(None, model_dir)
+    assert spec.max_position_embeddings == 8192
+    assert _sglang_model_config(model_dir, monkeypatch).context_len == 8192
