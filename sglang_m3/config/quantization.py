@@ -6,10 +6,34 @@ MXFP8 checkpoint (``quant_method`` containing "mxfp8", ``activation_scheme`` "dy
 ``ignored_layers`` or ``modules_to_not_convert``). A key this reader does not know is refused
 rather than skipped, because it may change what the tensors mean (SGLang's MiniMax M3.1 NVFP4
 variant, for instance, is an "mxfp8" config plus ``moe_quant_algo``). Pure data: no torch.
+
+Ignore-list entries match modules as SGLang 0.5.23 matches them for an MXFP8 checkpoint, so a
+checkpoint SGLang reads as "this module stays unquantized" reads so here too. SGLang's path:
+``Fp8Config.from_config`` (``srt/layers/quantization/fp8.py``) drops a leading ``model.`` and
+keeps both variants, ``apply_weight_name_mapper`` applies the M3 model's ``hf_to_sglang_mapper``
+(``.block_sparse_moe.`` -> ``.mlp.``, ``srt/models/minimax_m3.py``), and ``is_layer_skipped``
+(``srt/layers/quantization/utils.py``, ``_module_path_match``) compares on dotted boundaries. So an
+entry matches a module when, after trailing dots are dropped, it is
+
+- the module's name, with or without ``model.`` / ``language_model.`` in front;
+- a parent of it (``model.layers.3``, ``model.layers.3.``, ``lm_head``);
+- any run of whole dotted segments inside its name: a suffix (``self_attn.o_proj``, ``o_proj``),
+  a middle part (``self_attn``, ``layers.3``); never a part of a segment (``mlp.gate`` does not
+  match ``mlp.gate_up_proj``, ``layers.1`` not ``layers.10``);
+- spelled with ``mlp`` where the checkpoint has ``block_sparse_moe`` or the reverse;
+- for a group of routed experts (``...experts``), one expert inside it: SGLang builds a layer's
+  experts as one fused module and leaves all of them unquantized when one is listed.
+
+Beyond SGLang's MXFP8 reader, which compares every entry literally: an entry ``re:PATTERN`` is a
+regular expression in the form SGLang's compressed-tensors, Quark and Humming readers take
+(``re.match`` from the start of the name), tried on the module's checkpoint and SGLang spellings
+with and without ``language_model.``; wildcard entries (``*``, ``?``, ``[``) cannot be module
+names and are refused rather than left to match nothing, as SGLang's MXFP8 reader leaves them.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -26,6 +50,12 @@ _FIXED = {
     "scale_fmt": "ue8m0",
 }
 _NULL_ONLY = ("kv_cache_quant_algo",)
+#: an ignore-list entry that is a regular expression starts with this (SGLang's convention)
+REGEX_PREFIX = "re:"
+_WILDCARDS = ("*", "?", "[")
+#: the checkpoint's and SGLang's names of the same MoE submodule (SGLang's M3 ``hf_to_sglang_mapper``)
+_MOE_SEGMENT, _SGLANG_MOE_SEGMENT = "block_sparse_moe", "mlp"
+_TEXT_ROOTS = ("model", "lm_head")
 
 
 @dataclass(frozen=True)
@@ -37,9 +67,14 @@ class MXFP8Config:
     block_size: int = 32
 
     def ignores(self, module: str) -> bool:
-        """True when ``module`` (or a parent of it) is on the checkpoint's ignore list."""
-        bare = _bare(module)
-        return any(bare == _bare(name) or bare.startswith(_bare(name) + ".") for name in self.ignored_modules)
+        """True when an entry of the checkpoint's ignore list matches ``module`` (module docstring)."""
+        return self.ignoring_entry(module) is not None
+
+    def ignoring_entry(self, module: str) -> str | None:
+        """The first ignore-list entry that matches ``module`` (any checkpoint spelling), else None;
+        error messages name it."""
+        path = _full_path(module)
+        return next((entry for entry in self.ignored_modules if _entry_matches(entry, module, path)), None)
 
     def to_json(self) -> dict:
         """The ``quantization_config`` a writer puts into config.json for this checkpoint."""
@@ -53,10 +88,46 @@ class MXFP8Config:
         }
 
 
-def _bare(name: str) -> str:
-    for prefix in ("language_model.", "model."):
-        name = name.removeprefix(prefix)
-    return name
+def _sglang_segments(name: str) -> str:
+    """``name`` with SGLang's segment for the MoE submodule: the checkpoint's ``block_sparse_moe``
+    and SGLang's ``mlp`` name the same modules (a dense MLP is saved under either)."""
+    return ".".join(_SGLANG_MOE_SEGMENT if part == _MOE_SEGMENT else part for part in name.split("."))
+
+
+def _full_path(module: str) -> str:
+    """``module`` as the VL checkpoint names it (text modules under ``language_model.``), in SGLang's
+    segments: every shorter spelling of it is a run of its dotted segments."""
+    path = _sglang_segments(module.rstrip("."))
+    text = path.removeprefix("language_model.")
+    return "language_model." + text if text.split(".")[0] in _TEXT_ROOTS else path
+
+
+def _entry_matches(entry: str, module: str, path: str) -> bool:
+    """Whether ``entry`` matches ``module`` (``path``: its :func:`_full_path`), as in the module docstring."""
+    if entry.startswith(REGEX_PREFIX):
+        return _regex_matches(entry[len(REGEX_PREFIX) :], module, path)
+    wanted = _sglang_segments(entry.rstrip(".").removeprefix("model."))
+    if f".{wanted}." in f".{path}.":
+        return True
+    return _names_an_expert_inside(wanted, path)
+
+
+def _names_an_expert_inside(wanted: str, path: str) -> bool:
+    """SGLang's rule for fused experts (``is_layer_skipped``): a group of routed experts is skipped
+    when an entry names a module inside it. Compared without the ``language_model.model.`` root,
+    so the rule holds alike for text and VL checkpoints."""
+    if "experts" not in path or "experts" not in wanted:
+        return False
+    inner = path.removeprefix("language_model.").removeprefix("model.")
+    return f".{inner}." in f".{wanted.removeprefix('language_model.').removeprefix('model.')}."
+
+
+def _regex_matches(pattern: str, module: str, path: str) -> bool:
+    """``re.match`` on the module's checkpoint and SGLang spellings (``path`` is the latter), with
+    and without ``language_model.``: a pattern written against either naming finds the module."""
+    text = path.removeprefix("language_model.")
+    spellings = {module, path, text, path.replace(".mlp.", f".{_MOE_SEGMENT}."), text.replace(".mlp.", f".{_MOE_SEGMENT}.")}
+    return any(re.match(pattern, spelling) for spelling in spellings)
 
 
 def read_quantization(text: Mapping) -> MXFP8Config | None:
@@ -108,4 +179,23 @@ def _ignore_list(quant: Mapping) -> tuple[str, ...]:
     names = quant[given[0]] if given else []
     if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) and n for n in names):
         raise M3ConfigError(f"config field '{FIELD}.{given[0]}' must be a list of module names, got {names!r}")
+    for name in names:
+        _check_entry(f"{FIELD}.{given[0]}", name)
     return tuple(names)
+
+
+def _check_entry(field: str, entry: str) -> None:
+    """Refuse an entry no module can match: a regular expression that does not compile, or a
+    wildcard pattern (SGLang's MXFP8 reader compares it literally and it silently matches nothing)."""
+    if entry.startswith(REGEX_PREFIX):
+        try:
+            re.compile(entry[len(REGEX_PREFIX) :])
+        except re.error as error:
+            raise M3ConfigError(f"config field '{field}' entry {entry!r} is not a valid regular expression ({error})") from None
+        return
+    if any(mark in entry for mark in _WILDCARDS):
+        raise M3ConfigError(
+            f"config field '{field}' entry {entry!r} is a wildcard pattern: entries are module names "
+            f"(SGLang's MXFP8 reader compares them literally, so it would match nothing); write "
+            f"'{REGEX_PREFIX}<regular expression>' or list the modules"
+        )

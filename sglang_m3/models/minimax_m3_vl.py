@@ -19,6 +19,7 @@ from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang_m3.models.checkpoint_layout import is_derived_buffer
 from sglang_m3.models.minimax_m3 import MiniMaxM3SparseForCausalLM, TextWeightLoader
 from sglang_m3.models.vision import MiniMaxM3VisionEncoder
+from sglang_m3.quant.loading import checked_vision_tensors
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +79,8 @@ class MiniMaxM3SparseForConditionalGeneration(MiniMaxM3SparseForCausalLM):
             if skipped:
                 logger.info("language_model_only: skipped %d vision tensor(s)", skipped)
         else:
-            self.vision.load_weights(vision_stream(), whole=whole)
+            # the tower casts what it is given: quantized tensors are refused on the way (quant.loading)
+            self.vision.load_weights(checked_vision_tensors(vision_stream(), self.spec.quantization), whole=whole)
         text.finish()
         self.post_load_weights()
 

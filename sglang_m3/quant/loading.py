@@ -15,6 +15,10 @@ gate (built with ``quant_config=None``), norms, routing bias, embeddings, lm_hea
 tower stay BF16: a scale or FP8 weight for them is refused by name, as are pairs with one half
 missing, wrong scale shapes and scale formats MXFP8 does not have.
 
+The vision tower's tensors reach the VL model's vision loader, not this pairing: that loader casts
+what it is given, so the tower's stream has to pass :func:`checked_vision_tensors` (in the VL
+model's ``load_weights``), which refuses the same tensors the text side refuses (see there).
+
 The modules for which ``keeps_quantized`` answers yes are the exception: a routed expert of a
 serving block that keeps MXFP8 experts (``sglang_m3.models.mxfp8_moe``, CUDA) or a linear built
 with MXFP8 parameters (``sglang_m3.quant.mxfp8_linear``, CUDA) takes its pair as it is, so it
@@ -24,24 +28,29 @@ leaves as ``(X.weight, MXFP8Weight)`` after the same checks, not dequantized.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from sglang_m3.config import MXFP8Config
-from sglang_m3.models.checkpoint_layout import CheckpointError, quantized_format
+from sglang_m3.models.checkpoint_layout import CheckpointError, quantized_format, refuse_quantized_tensor
 from sglang_m3.quant.mxfp8 import WEIGHT_DTYPE, MXFP8FormatError, decode_scales, dequantize, scale_bytes, scale_shape
 
 SCALE_SUFFIXES = (".weight_scale_inv", ".weight_scale")
-#: module names (checkpoint spelling, any prefix) that SGLang's M3 builds as quantizable linears
+#: module names (checkpoint spelling, ``model.`` or ``language_model.model.``) that SGLang's M3
+#: builds as quantizable linears. Anchored at the text model's ``model.layers``: the vision tower's
+#: ``vision_model.encoder.layers.N.self_attn.q_proj`` (and MTP layers) have the same tails.
 QUANTIZABLE = re.compile(
-    r"(?:^|\.)layers\.\d+\.(?:"
+    r"(?:^|\.)model\.layers\.\d+\.(?:"
     r"self_attn\.(?:q|k|v|o|index_q|index_k)_proj"
     r"|mlp\.(?:gate|up|down)_proj"
     r"|block_sparse_moe\.(?:(?:shared_experts\.)?(?:gate|up|down)_proj|experts\.\d+\.w[123])"
     r")$"
 )
+#: why the vision tower takes no MXFP8 tensor (error messages)
+_VISION_UNQUANTIZED = "SGLang builds the vision tower unquantized, and no scale of it is ever read"
 #: a routed expert's module (checkpoint spelling, any prefix); group 1 is the layer number
 ROUTED_EXPERT = re.compile(r"(?:^|\.)layers\.(\d+)\.block_sparse_moe\.experts\.\d+\.w[123]$")
 
@@ -159,10 +168,11 @@ class MXFP8Dequantizer:
                 "checkpoint (SGLang builds it unquantized: router gate, norms, routing bias, "
                 "embeddings, lm_head, vision tower)"
             )
-        if self.config.ignores(module):
+        entry = self.config.ignoring_entry(module)
+        if entry is not None:
             raise CheckpointError(
                 f"checkpoint tensor '{name}' quantizes '{module}', which config field "
-                "'quantization_config.modules_to_not_convert' lists as unquantized"
+                f"'quantization_config.modules_to_not_convert' lists as unquantized (entry {entry!r})"
             )
 
     @staticmethod
@@ -196,3 +206,69 @@ class MXFP8Dequantizer:
         decode_scales(scale)
         self.kept_quantized += 1
         return MXFP8Weight(weight, scale)
+
+
+def checked_vision_tensors(
+    weights: Iterable[tuple[str, torch.Tensor]], config: MXFP8Config | None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The vision tower's checkpoint tensors, each refused as it passes if quantized (:class:`VisionTensorCheck`)."""
+    check = VisionTensorCheck(config)
+    for name, tensor in weights:
+        check.refuse_quantized(name, tensor)
+        yield name, tensor
+
+
+class VisionTensorCheck:
+    """Refuses quantized tensors of the vision tower as the text loader refuses them for a module
+    built unquantized. The tower is plain torch modules (SGLang builds it with ``quant_config=None``)
+    and its loader copies a tensor cast to the parameter's dtype, so an e4m3 weight would load as its
+    unscaled element values.
+
+    Without a ``quantization_config`` the text model's refusal applies (``refuse_quantized_tensor``).
+    In an MXFP8 checkpoint a vision scale is refused as the router gate's is, and any 8-bit tensor
+    at once, naming the ignore-list entry when one lists its module: no scale of the tower is ever
+    read, so even a weight whose scale would follow could only load wrong.
+    """
+
+    def __init__(self, config: MXFP8Config | None):
+        self.config = config
+
+    def refuse_quantized(self, name: str, tensor: torch.Tensor) -> None:
+        """Raises for a quantized tensor ``name``; a plain one goes on to the tower as it is."""
+        if self.config is None:
+            refuse_quantized_tensor(name, tensor)
+            return
+        self._refuse_quantized_name(name)
+        if tensor.dtype.is_floating_point and tensor.element_size() == 1:
+            self._refuse_8bit(name, name.removesuffix(".weight"), tensor.dtype)
+
+    @staticmethod
+    def _refuse_quantized_name(name: str) -> None:
+        """A scale, or a tensor name only quantized formats have."""
+        scale_suffix = next((s for s in SCALE_SUFFIXES if name.endswith(s)), None)
+        if scale_suffix is not None:
+            raise CheckpointError(
+                f"checkpoint tensor '{name}' quantizes '{name[: -len(scale_suffix)]}', which stays BF16 in an MXFP8 "
+                f"M3 checkpoint ({_VISION_UNQUANTIZED})"
+            )
+        fmt = quantized_format(name)
+        if fmt is not None:
+            raise CheckpointError(f"checkpoint tensor '{name}' ({fmt}) is not part of an MXFP8 checkpoint")
+
+    def _refuse_8bit(self, name: str, module: str, dtype: torch.dtype) -> None:
+        entry = self.config.ignoring_entry(module)
+        if entry is not None:
+            raise CheckpointError(
+                f"checkpoint tensor '{name}' is {dtype}, but config field 'quantization_config.modules_to_not_convert' "
+                f"lists '{module}' as unquantized (entry {entry!r}): store it in bf16, fp16 or fp32"
+            )
+        if dtype == WEIGHT_DTYPE and name.endswith(".weight"):
+            raise CheckpointError(
+                f"checkpoint tensor '{name}' is float8_e4m3fn, but the vision tower stays BF16 in an MXFP8 M3 "
+                f"checkpoint ({_VISION_UNQUANTIZED}, '{module}.weight_scale_inv' included): its values would load "
+                "unscaled. Store it in bf16, fp16 or fp32"
+            )
+        raise CheckpointError(
+            f"checkpoint tensor '{name}' is {dtype}: only MXFP8 linear weights (float8_e4m3fn with a scale) "
+            "are 8-bit in an MXFP8 checkpoint, and the vision tower has none"
+        )
