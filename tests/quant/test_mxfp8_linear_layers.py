@@ -186,7 +186,7 @@ def test_quantization_hook_picks_mxfp8_linears_on_cuda_only(tiny_mxfp8, tmp_path
     assert m3_mxfp8_quantization(original, _model_config(torch.bfloat16, path=path), None) is None  # this CPU machine
     assert m3_mxfp8_quantization(original, _model_config(torch.bfloat16, "LlamaForCausalLM"), None) == "sglang's"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(platforms, "current_platform", types.SimpleNamespace(device_type="cuda"))
+    monkeypatch.setattr(platforms, "_current_platform", types.SimpleNamespace(device_type="cuda"))
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         config = m3_mxfp8_quantization(original, _model_config(dtype, path=path), None)
         assert isinstance(config, M3Mxfp8LinearConfig) and config.checkpoint == spec.quantization
