@@ -37,7 +37,7 @@ from torch.nn import Parameter
 from sglang_m3.config import MXFP8Config
 from sglang_m3.models.checkpoint_layout import checkpoint_modules
 from sglang_m3.quant.loading import QUANTIZABLE
-from sglang_m3.quant.mxfp8 import BLOCK, SCALE_DTYPE, WEIGHT_DTYPE
+from sglang_m3.quant.mxfp8 import BIAS as UNIT_SCALE, BLOCK, SCALE_DTYPE, WEIGHT_DTYPE
 
 
 class Mxfp8LinearMethod(LinearMethodBase):
@@ -54,8 +54,13 @@ class Mxfp8LinearMethod(LinearMethodBase):
             )
         rows = sum(output_partition_sizes)
         shapes = {"weight": (input_size_per_partition, WEIGHT_DTYPE), "weight_scale_inv": (input_size_per_partition // BLOCK, SCALE_DTYPE)}
+        # Scales start at e8m0 127 (2^0), as the MXFP8 MoE block's do: SGLang's dummy loader fills
+        # only floating-point parameters, and a --load-format dummy model multiplied by whatever
+        # bytes the allocation held (255 is NaN). A real load overwrites them.
+        fill = {"weight": None, "weight_scale_inv": UNIT_SCALE}
         for name, (cols, dtype) in shapes.items():
-            param = Parameter(torch.empty(rows, cols, dtype=dtype), requires_grad=False)
+            data = torch.empty(rows, cols, dtype=dtype) if fill[name] is None else torch.full((rows, cols), fill[name], dtype=dtype)
+            param = Parameter(data, requires_grad=False)
             set_weight_attrs(param, {"input_dim": 1, "output_dim": 0, "weight_loader": extra_weight_attrs["weight_loader"]})
             layer.register_parameter(name, param)
         # the split-K kernel's arrival counters: zeros between calls, so CUDA graphs replay them

@@ -114,6 +114,21 @@ def test_each_ranks_slice_and_output_match_the_bf16_linear(kind, tp, bf16_defaul
     assert ((got - want).norm() / want.norm()).item() <= 4e-3
 
 
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_a_dummy_load_gives_unit_scales_and_finite_outputs(kind, bf16_default):
+    """``--load-format dummy`` (benchmarks) fills floating-point parameters only: the uint8 scales
+    keep what the layer put there, which must be e8m0 127 (2^0), not an allocation's bytes (255 is NaN)."""
+    from sglang.srt.model_loader.weight_utils import initialize_dummy_weights
+
+    build, shapes = KINDS[kind]
+    with as_rank(), torch.no_grad():
+        layer = build(M3Mxfp8LinearConfig(MXFP8Config()))
+        initialize_dummy_weights(layer)
+        assert torch.all(layer.weight_scale_inv.data == 127)
+        out = layer(torch.randn(3, shapes[0][1][1]).to(torch.bfloat16))[0]
+    assert torch.isfinite(out).all() and out.abs().max() > 0
+
+
 def test_row_parallel_input_slices_must_hold_whole_scale_groups(bf16_default):
     with as_rank(8, 0), pytest.raises(ValueError, match="not a multiple of the scale group.*--tp-size"):
         _down(M3Mxfp8LinearConfig(MXFP8Config()))
