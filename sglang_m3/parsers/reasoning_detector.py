@@ -8,14 +8,20 @@ Output shapes, by `thinking_mode` (the prompt ends are in the chat template):
   or with a stray `</mm:think>` (history renders earlier replies that way), both dropped as
   markup; anything else is content from the first character.
 
-Only a tag at the start of the reply (after whitespace) is markup; `<mm:think>` later in content
-is text. Tags may be split across stream chunks at any point: undecidable text is held back,
-never guessed, so streaming and one-shot parsing give the same split. Text held back when the
-stream ends is released (reasoning inside reasoning, content elsewhere), never dropped.
+Only a tag at a boundary is markup: at the start of the reply or of the reasoning, and right
+after the closer that ends the reasoning (or the stray one), each after whitespace. There a run
+of the same tag counts as one: M3 has been seen to double its stray closer before content or a
+tool-call block, and a model may re-open reasoning the prompt already opened. `<mm:think>` or
+`</mm:think>` anywhere else (inside reasoning, after the first content character) is text.
+
+Tags may be split across stream chunks at any point: undecidable text is held back, never
+guessed, so streaming and one-shot parsing give the same split. Text held back when the stream
+ends is released (reasoning inside reasoning, content elsewhere), never dropped.
 
 Differences from SGLang 0.5.23's `MiniMaxM3Detector`: a stray closer split across chunks is
-still dropped, a mid-content `<mm:think>` does not turn the rest into reasoning, and the
-whitespace before a leading tag is treated as markup.
+still dropped, a mid-content `<mm:think>` does not turn the rest into reasoning, the
+whitespace before a leading tag is treated as markup, and repeated boundary tags are dropped
+(upstream drops one leading closer, so a second one reaches the client as content).
 """
 
 from typing import Any, List, Tuple
@@ -28,7 +34,8 @@ from sglang.srt.parser.reasoning_parser import (
 from sglang_m3.parsers.m3_format import THINK_CLOSE, THINK_OPEN, partial_suffix_length
 
 _WHITESPACE = " \t\r\n"
-_START, _REASONING, _CONTENT = "start", "reasoning", "content"
+# _CLOSED: reasoning just ended (or a stray closer was dropped); further closers are markup.
+_START, _REASONING, _CLOSED, _CONTENT = "start", "reasoning", "closed", "content"
 
 
 class MiniMaxM3ReasoningDetector(BaseReasoningFormatDetector):
@@ -132,6 +139,10 @@ class MiniMaxM3ReasoningDetector(BaseReasoningFormatDetector):
                     break
                 reasoning_parts.append(self._pending[:end])
                 self._pending = self._pending[end + len(THINK_CLOSE):]
+                self._state = _CLOSED
+            elif self._state == _CLOSED:
+                if not self._drop_leading(THINK_CLOSE):
+                    break
                 self._state = _CONTENT
             else:
                 content_parts.append(self._pending)
@@ -142,10 +153,11 @@ class MiniMaxM3ReasoningDetector(BaseReasoningFormatDetector):
     def _leave_start(self) -> bool:
         """Decide how the reply opens; False while the pending text could still be a tag."""
         head = self._pending.lstrip(_WHITESPACE)
-        for tag, next_state in ((THINK_OPEN, _REASONING), (THINK_CLOSE, _CONTENT)):
+        for tag, next_state in ((THINK_OPEN, _REASONING), (THINK_CLOSE, _CLOSED)):
             if head.startswith(tag):
                 self._pending = head[len(tag):]
                 self._state = next_state
+                self._at_reasoning_start = next_state == _REASONING
                 return True
         if not head or THINK_OPEN.startswith(head) or THINK_CLOSE.startswith(head):
             return False
@@ -153,15 +165,17 @@ class MiniMaxM3ReasoningDetector(BaseReasoningFormatDetector):
         return True
 
     def _drop_leading(self, tag: str) -> bool:
-        """Drop `tag` (and whitespace before it) at the start of the pending text.
+        """Drop every `tag` (each with the whitespace before it) at the start of the pending
+        text: a run of boundary tags is one boundary (module docstring).
 
-        False while undecided; True once decided, whether or not the tag was there.
+        False while undecided (the text so far is whitespace, or could still begin a tag); True
+        once the next thing is known not to be `tag`. Whitespace not followed by `tag` stays.
         """
-        head = self._pending.lstrip(_WHITESPACE)
-        if head.startswith(tag):
+        while True:
+            head = self._pending.lstrip(_WHITESPACE)
+            if not head.startswith(tag):
+                return bool(head) and not tag.startswith(head)
             self._pending = head[len(tag):]
-            return True
-        return bool(head) and not tag.startswith(head)
 
 
 def _continued_text(content: Any) -> str:

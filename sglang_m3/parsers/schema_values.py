@@ -36,10 +36,11 @@ than dropped: the client sees exactly what the model wrote. That includes number
 JSON cannot carry: digits other than ASCII ones (`2０２4`, `1٢`), numbers beyond a double
 (`1e400`: JSON has no infinity) and integers past Python's conversion limit.
 
-Blank text: the chat template writes None as `null` and a string as its text, so blank text is
-never a rendered None. Where the schema allows a string (a `string` or untyped alternative), it
-is that string, `""` or `"  "`, and no null reading is tried; elsewhere (`[integer, null]`) it
-still reads as null.
+Blank text: the chat template writes None as `null`, a string as its text and an empty array or
+object as an empty element, so blank text is never a rendered None. Where the schema allows a
+string (a `string` or untyped alternative), an array or an object, it is that string (`""` or
+`"  "`) or the empty container (`Optional[list]` is Pydantic's `anyOf: [array, null]`), and no
+null reading is tried; elsewhere (`[integer, null]`) it still reads as null.
 """
 
 import json
@@ -65,6 +66,9 @@ logger = logging.getLogger(__name__)
 # ASCII digits only: `\d` also matches other scripts' digits, which JSON does not allow.
 _JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 _JSON_INTEGER = re.compile(r"-?(?:0|[1-9][0-9]*)")
+
+# Alternatives that read blank text as a value the chat template writes blank (module docstring).
+_BLANK_READERS = ("string", None, "array", "object")
 
 # Lower rank wins a tie between valid readings: specific readings before the catch-all string.
 _KIND_RANK = {"null": 0, "boolean": 1, "integer": 2, "number": 3, "object": 4, "array": 5, None: 6, "string": 7}
@@ -113,9 +117,10 @@ class _SchemaTyper:
 
     def _alternatives_reading(self, element: Element, parts: Parts) -> List[Alternative]:
         """The alternatives that may read `element`: no null reading of blank text where a string
-        may be meant (module docstring), as null outranks string in the tie rules."""
+        or an empty container may be meant (module docstring), as null outranks them in the tie
+        rules."""
         alternatives = self._index.alternatives(parts)
-        if element.is_leaf and not element.text.strip() and any(alt.kind in ("string", None) for alt in alternatives):
+        if element.is_leaf and not element.text.strip() and any(alt.kind in _BLANK_READERS for alt in alternatives):
             return [alt for alt in alternatives if alt.kind != "null"]
         return alternatives
 

@@ -4,7 +4,9 @@ Differences from SGLang 0.5.23's own `MinimaxM3Detector`, all deliberate:
 - one scanner (`tool_call_scanner`) serves streaming and one-shot parsing, so streamed name and
   argument deltas always concatenate to the one-shot result, whatever the chunking;
 - a call is streamed once its invoke is complete and parsed (name, then the whole arguments
-  JSON): a malformed, truncated or unknown call is never half-sent, it comes back as content;
+  JSON): a malformed, truncated or unknown call is never half-sent, it comes back as content,
+  and the good calls beside it in the same block stay calls (upstream drops an unknown call's
+  text, and turns a whole message with one malformed call into content);
 - string values are kept verbatim (upstream strips trailing whitespace), untyped values are
   typed by content, the whole schema types the arguments (root and nested combinators, `$ref`)
   and schema alternatives are chosen by validation, then specificity (see `schema_values`);

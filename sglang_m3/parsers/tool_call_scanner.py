@@ -11,9 +11,13 @@ Rules:
   declared function (`declared_tools`) that parses becomes one call, emitted when its closing
   tag arrives: a call is never sent before it is known to be good, because a streamed call
   cannot be taken back.
-- At the first thing in a block that is not a good invoke (junk text, a broken or unknown
-  invoke, a nested block marker), the block ends there: the uncommitted markup seen so far in
-  the block and everything after it are scanned again as content (a later
+- A complete invoke that cannot be a call (an undeclared function, arguments that do not
+  parse) is content: its extent is known from its own `</invoke>`, so the block goes on and
+  the well-formed calls beside it stay calls. A block whose invokes were all rejected is
+  content whole, its tags included.
+- At the first thing in a block that is neither an invoke nor the closing tag (junk text, a
+  nested block marker, an invoke broken by another marker), the block ends there: what the
+  block held uncommitted and everything after it are scanned again as content (a later
   `]<]minimax[>[<tool_call>` opens a new block). No character is dropped.
 - A stream that ends inside a block (the model stopped mid-call) returns the uncommitted rest
   as content.
@@ -103,8 +107,10 @@ class ToolCallScanner:
         self._lookup_tool = lookup_tool
         self._buffer = ""
         self._in_block = False
-        # Block markup read but not yet committed by a good invoke or the closing tag.
-        self._uncommitted = ""
+        # Block text read but not yet committed by a good invoke or the closing tag: markup,
+        # and rejected invokes as content. It is all content if the block never commits.
+        self._uncommitted: List[ScanEvent] = []
+        self._block_has_call = False
         # The open invoke's text known to hold no marker (its opening tag first); the buffer
         # goes on from its end. Empty while no invoke is open.
         self._invoke_head: List[str] = []
@@ -118,8 +124,8 @@ class ToolCallScanner:
 
     def finish(self) -> List[ScanEvent]:
         """End of output: whatever is still held back is content."""
-        rest = self._uncommitted + "".join(self._invoke_head) + self._buffer
-        self._buffer, self._uncommitted, self._in_block, self._invoke_head = "", "", False, []
+        rest = _text_of(self._uncommitted) + "".join(self._invoke_head) + self._buffer
+        self._buffer, self._uncommitted, self._in_block, self._invoke_head = "", [], False, []
         return [ContentText(rest)] if rest else []
 
     def _step(self, events: List[ScanEvent]) -> bool:
@@ -138,22 +144,22 @@ class ToolCallScanner:
             self._buffer = self._buffer[len(self._buffer) - keep:]
             return False
         events.append(ContentText(self._buffer[:start]))
-        self._uncommitted = TOOL_CALL_OPEN
+        self._uncommitted = [Markup(TOOL_CALL_OPEN)]
         self._buffer = self._buffer[start + len(TOOL_CALL_OPEN):]
-        self._in_block = True
+        self._in_block, self._block_has_call = True, False
         return True
 
     def _step_in_block(self, events: List[ScanEvent]) -> bool:
         spaces = len(self._buffer) - len(self._buffer.lstrip(_WHITESPACE))
-        self._uncommitted += self._buffer[:spaces]
-        self._buffer = self._buffer[spaces:]
+        if spaces:
+            self._uncommitted.append(Markup(self._buffer[:spaces]))
+            self._buffer = self._buffer[spaces:]
         if not self._buffer:
             return False
         if self._buffer.startswith(TOOL_CALL_CLOSE):
-            events.append(Markup(self._uncommitted + TOOL_CALL_CLOSE))
+            self._uncommitted.append(Markup(TOOL_CALL_CLOSE))
             self._buffer = self._buffer[len(TOOL_CALL_CLOSE):]
-            self._uncommitted = ""
-            self._in_block = False
+            self._close_block(events)
             return True
         if self._buffer.startswith(INVOKE_OPEN_PREFIX):
             self._invoke_head = [INVOKE_OPEN_PREFIX]
@@ -178,24 +184,40 @@ class ToolCallScanner:
             return True
         end = position + len(INVOKE_CLOSE)
         raw = "".join(self._invoke_head) + self._buffer[:end]
+        self._buffer, self._invoke_head = self._buffer[end:], []
         try:
             call = parse_invoke(raw, self._lookup_tool)
         except MalformedCall:
-            self._abandon_block(events)
+            self._uncommitted.append(ContentText(raw))
             return True
-        events.append(Markup(self._uncommitted))
+        events.extend(self._uncommitted)
         events.append(call)
-        self._buffer = self._buffer[end:]
-        self._uncommitted, self._invoke_head = "", []
+        self._uncommitted, self._block_has_call = [], True
         return True
 
+    def _close_block(self, events: List[ScanEvent]) -> None:
+        """The block's closing tag was read: what it held stands as read (markup, rejected
+        invokes as content) when the block yielded a call or rejected nothing (an empty block
+        is markup); a block of rejected invokes only is content whole."""
+        rejected = any(isinstance(event, ContentText) for event in self._uncommitted)
+        if rejected and not self._block_has_call:
+            events.append(ContentText(_text_of(self._uncommitted)))
+        else:
+            events.extend(self._uncommitted)
+        self._uncommitted, self._in_block = [], False
+
     def _abandon_block(self, events: List[ScanEvent]) -> None:
-        """The block breaks here: its uncommitted markup is content, the rest (an open invoke
+        """The block breaks here: what it held uncommitted is content, the rest (an open invoke
         included) is rescanned."""
-        events.append(ContentText(self._uncommitted))
+        events.append(ContentText(_text_of(self._uncommitted)))
         self._buffer = "".join(self._invoke_head) + self._buffer
-        self._uncommitted, self._invoke_head = "", []
+        self._uncommitted, self._invoke_head = [], []
         self._in_block = False
+
+
+def _text_of(events: List[ScanEvent]) -> str:
+    """The input text a run of content and markup events was read from."""
+    return "".join(event.text for event in events)
 
 
 def _first_marker(text: str) -> Tuple[int, str]:

@@ -4,6 +4,9 @@ An invoke body is a run of sibling elements `]<]minimax[>[<tag>...]<]minimax[>[<
 separated by optional whitespace. An element holds either nested elements (objects, arrays of
 `<item>`) or raw text (a scalar, kept verbatim here; `schema_values` types it).
 
+As in XML, whitespace between a tag's name and its `>` is not part of the name: `<path >` and
+`</path >` are the element `path`.
+
 One recovery is taken because its intent is unambiguous: a closing tag with the wrong name
 while exactly one element is open (a top-level argument) closes that element, with a debug
 log line. With elements nested, a wrong name could close any of them, so it stays an error.
@@ -86,7 +89,7 @@ def _parse_element(text: str, position: int, depth: int) -> Tuple[Element, int]:
     name_end = text.find(">", name_start)
     if name_end == -1:
         raise MalformedCall(f"unterminated tag at offset {position}")
-    tag = text[name_start:name_end]
+    tag = _tag_name(text[name_start:name_end])
     if not _valid_name(tag):
         raise MalformedCall(f"invalid element name {tag!r} at offset {position}")
 
@@ -104,6 +107,11 @@ def _parse_element(text: str, position: int, depth: int) -> Tuple[Element, int]:
     return Element(tag=tag, text=text[body_start:body_end]), _close(text, body_end, tag, depth)
 
 
+def _tag_name(written: str) -> str:
+    """The element name a tag writes: XML allows whitespace before the tag's `>`."""
+    return written.rstrip(_WHITESPACE)
+
+
 def _valid_name(tag: str) -> bool:
     return bool(tag) and "<" not in tag and NAMESPACE not in tag and tag[0] not in _WHITESPACE + "/"
 
@@ -112,7 +120,7 @@ def _close(text: str, position: int, tag: str, depth: int) -> int:
     """End of the closing tag at `position`, which closes element `tag` found at `depth`."""
     name_start = position + len(_CLOSE)
     name_end = text.find(">", name_start)
-    name = text[name_start:name_end] if name_end != -1 else ""
+    name = _tag_name(text[name_start:name_end]) if name_end != -1 else ""
     if not _valid_name(name):
         raise MalformedCall(f"element <{tag}> has a malformed closing tag at offset {position}")
     if name != tag:

@@ -211,16 +211,13 @@ def test_difference_5_unknown_function_is_content_not_dropped():
     assert _one_shot(UpstreamToolDetector(), text, [WEATHER]) == ("Let me check.", [])
 
 
-def test_difference_6_broken_invoke_keeps_the_good_calls_before_it():
+def test_difference_6_broken_invoke_keeps_the_good_calls_beside_it():
     """Upstream turns a whole message into content when one invoke is malformed, losing good
-    calls; this parser keeps every complete call before the break."""
+    calls; this parser returns the malformed invoke as content and keeps every good call."""
     good = f'{NS}<invoke name="f">{NS}<s>ok{NS}</s>{NS}</invoke>'
     broken = f'{NS}<invoke name="f">{NS}<s>{NS}<t>x{NS}</u>{NS}</s>{NS}</invoke>'
-    text = f"{NS}<tool_call>{good}{broken}{NS}</tool_call>"
-    assert _one_shot(MiniMaxM3ToolCallDetector(), text, [WEATHER]) == (
-        broken + f"{NS}</tool_call>",
-        [("f", {"s": "ok"})],
-    )
+    text = f"{NS}<tool_call>{good}{broken}{good}{NS}</tool_call>"
+    assert _one_shot(MiniMaxM3ToolCallDetector(), text, [WEATHER]) == (broken, [("f", {"s": "ok"})] * 2)
     assert _one_shot(UpstreamToolDetector(), text, [WEATHER]) == (text, [])
 
 

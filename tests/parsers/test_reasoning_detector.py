@@ -1,6 +1,7 @@
 """The M3 reasoning detector: exact splits per thinking mode, chunk-independence, truncation."""
 
 import copy
+import re
 
 import pytest
 from hypothesis import given, settings
@@ -59,20 +60,32 @@ def test_split_is_exact_and_chunk_independent(reply, data):
     assert streamed(list(text), force_reasoning=force) == (reasoning, content)
 
 
+def _tag_run(tag):
+    """One or more `tag`, each after optional whitespace: a boundary written once or repeated."""
+    return re.compile(f"(?:[ \t\r\n]*{re.escape(tag)})+")
+
+
+def _after_run(tag, text):
+    """`text` less a leading run of `tag`; None when it does not start with one."""
+    run = _tag_run(tag).match(text)
+    return text[run.end():] if run else None
+
+
 def split_oracle(text, force):
-    """The specified split, written directly: a leading opener (after whitespace) starts
-    reasoning, a leading closer outside reasoning is dropped, the first closer inside reasoning
-    ends it; everything else is kept where it stands."""
-    head = text.lstrip(" \t\r\n")
+    """The specified split, written directly: a leading run of openers (after whitespace) starts
+    reasoning, a leading run of closers outside reasoning is dropped, the first closer inside
+    reasoning ends it and a run of closers right after it is dropped too; everything else is
+    kept where it stands."""
     rest, in_reasoning = text, force
-    if head.startswith(THINK_OPEN):
-        rest, in_reasoning = head[len(THINK_OPEN):], True
-    elif head.startswith(THINK_CLOSE) and not force:
-        return "", head[len(THINK_CLOSE):]
+    if _after_run(THINK_OPEN, text) is not None:
+        rest, in_reasoning = _after_run(THINK_OPEN, text), True
+    elif _after_run(THINK_CLOSE, text) is not None and not force:
+        return "", _after_run(THINK_CLOSE, text)
     if not in_reasoning:
         return "", text
     reasoning, _, content = rest.partition(THINK_CLOSE)
-    return reasoning, content
+    after_closers = _after_run(THINK_CLOSE, content)
+    return reasoning, content if after_closers is None else after_closers
 
 
 @PROPERTY_SETTINGS

@@ -225,7 +225,7 @@ def test_several_invokes_and_blocks_keep_text_around():
 
 
 @pytest.mark.parametrize(
-    "broken",
+    "rejected",
     [
         invoke("unknown_fn", arg("city", "Paris")),
         invoke("get_weather", arg("city", "Paris") + "junk"),
@@ -233,13 +233,19 @@ def test_several_invokes_and_blocks_keep_text_around():
         invoke("get_weather", f"{NS}<city>Paris"),
         invoke("get_weather", f"{NS}<city>Paris{NS}</city"),
         f'{NS}<invoke name="get_weather>{arg("city", "x")}{NS}</invoke>',
-        "stray text",
     ],
 )
-def test_a_broken_invoke_ends_its_block_and_returns_as_content(broken):
+def test_a_complete_invoke_that_cannot_be_a_call_is_content_and_its_block_goes_on(rejected):
+    """Its own `</invoke>` ends it, so the calls after it in the block are still calls."""
+    text = "Hi " + block(GOOD, rejected, GOOD)
+    paris = ("get_weather", {"city": "Paris"})
+    assert parse(text, [WEATHER]) == ("Hi " + rejected.rstrip("\n"), [paris, paris])
+
+
+def test_text_that_is_no_invoke_ends_its_block_and_returns_as_content():
     good_call = GOOD.rstrip("\n")  # the newline after it is block spacing, not yet committed
     consumed = f"{NS}<tool_call>\n" + good_call
-    text = "Hi " + block(GOOD, broken, GOOD)
+    text = "Hi " + block(GOOD, "stray text", GOOD)
     assert parse(text, [WEATHER]) == (text.replace(consumed, "", 1), [("get_weather", {"city": "Paris"})])
 
 
