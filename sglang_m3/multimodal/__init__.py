@@ -1,10 +1,11 @@
 """Image and video preprocessing for MiniMax M3, run in SGLang's tokenizer manager process.
 
-Media sources (URL, data URL / base64, allowed local path, raw bytes) are read once with size
-caps, decoded with their declared size checked first, resized to multiples of patch x merge,
-normalised and cut into patch rows with grid metadata; the prompt's placeholders are expanded to
-the matching number of tokens. The GPU worker only ever sees patch tensors. The output equals
-transformers' ``MiniMaxM3VLImageProcessor`` / ``MiniMaxM3VLVideoProcessor``.
+Media sources (URL, data URL / base64, allowed local path, raw bytes, in-memory PIL images from
+SGLang's Engine API) are read once with size caps, decoded with their declared size checked first,
+resized to multiples of patch x merge, normalised and cut into patch rows with grid metadata; the
+prompt's placeholders are expanded to the matching number of tokens. The GPU worker only ever
+sees patch tensors. The output equals transformers' ``MiniMaxM3VLImageProcessor`` /
+``MiniMaxM3VLVideoProcessor``.
 
 Configuration, through SGLang's ``--mm-process-config`` JSON::
 
@@ -13,7 +14,10 @@ Configuration, through SGLang's ``--mm-process-config`` JSON::
      "limits": {"max_images": 16, "max_video_frames": 768, "max_video_seconds": 1200, ...}}
 
 ``limits`` takes the fields of :class:`~sglang_m3.multimodal.limits.MediaLimits`; unknown keys
-fail at startup. The worker pool is ``--mm-io-worker-num`` threads wide.
+fail at startup. Without ``video.fps`` / ``limits.video_fps`` the checkpoint's video processor
+``fps`` is the default rate, as in transformers; a processor that switches off a step or names a
+resampler other than bicubic is refused at startup. The worker pool is ``--mm-io-worker-num``
+threads wide.
 
 Modules: ``limits`` (configurable caps), ``errors`` (errors that name the content part),
 ``sources`` (reading media bytes), ``patches`` (resize geometry, normalise, patchify),

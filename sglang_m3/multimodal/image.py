@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import warnings
 from dataclasses import dataclass
 
@@ -14,6 +15,8 @@ from sglang_m3.multimodal.patches import PatchGeometry, fit_size, resize_frames,
 from sglang_m3.multimodal.sources import MediaSource
 
 warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning, module=__name__)
+
+_IN_MEMORY_IMAGES = threading.Lock()
 
 
 @dataclass
@@ -29,22 +32,13 @@ def decode_image(source: MediaSource, limits: MediaLimits) -> torch.Tensor:
         # PIL warns (and past 2x its own cap raises) on big images; our own cap decides.
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         try:
+            if source.image is not None:
+                # One PIL object may be several parts of a request, decoded on several workers;
+                # PIL's lazy load() is not thread-safe.
+                with _IN_MEMORY_IMAGES:
+                    return _rgb_pixels(source.image, part, limits)
             with source.open() as handle, Image.open(handle) as image:
-                width, height = image.size
-                if width * height > limits.max_image_pixels:
-                    raise MediaError(
-                        part,
-                        f"declared size {width}x{height} ({width * height} pixels) is over the "
-                        f"limit of {limits.max_image_pixels} pixels",
-                    )
-                if width == 0 or height == 0:
-                    raise MediaError(part, f"declared size {width}x{height} is empty")
-                image.load()
-                rgb = image if image.mode == "RGB" else image.convert("RGB")
-                # One copy out of PIL (pil_to_tensor makes two); a [3, H, W] view of HWC bytes.
-                # The buffer is read-only; nothing writes to it (resize and patching copy).
-                pixels = torch.frombuffer(rgb.tobytes(), dtype=torch.uint8)
-                return pixels.view(height, width, 3).permute(2, 0, 1)
+                return _rgb_pixels(image, part, limits)
         except Image.DecompressionBombError as exc:
             raise MediaError(part, f"declared size is over PIL's decompression-bomb cap ({exc})") from None
         except UnidentifiedImageError:
@@ -53,6 +47,25 @@ def decode_image(source: MediaSource, limits: MediaLimits) -> torch.Tensor:
             if isinstance(exc, MediaError):
                 raise
             raise MediaError(part, f"image is corrupt or truncated ({exc})") from None
+
+
+def _rgb_pixels(image: Image.Image, part: str, limits: MediaLimits) -> torch.Tensor:
+    """The declared size is checked before ``load()`` decompresses anything."""
+    width, height = image.size
+    if width * height > limits.max_image_pixels:
+        raise MediaError(
+            part,
+            f"declared size {width}x{height} ({width * height} pixels) is over the "
+            f"limit of {limits.max_image_pixels} pixels",
+        )
+    if width == 0 or height == 0:
+        raise MediaError(part, f"declared size {width}x{height} is empty")
+    image.load()
+    rgb = image if image.mode == "RGB" else image.convert("RGB")
+    # One copy out of PIL (pil_to_tensor makes two); a [3, H, W] view of HWC bytes.
+    # The buffer is read-only; nothing writes to it (resize and patching copy).
+    pixels = torch.frombuffer(rgb.tobytes(), dtype=torch.uint8)
+    return pixels.view(height, width, 3).permute(2, 0, 1)
 
 
 def image_features(source: MediaSource, geometry: PatchGeometry, limits: MediaLimits) -> ImageFeatures:

@@ -39,9 +39,11 @@ class PreprocessConfig:
         image_processor = getattr(hf_processor, "image_processor", None)
         video_processor = getattr(hf_processor, "video_processor", None)
         if image_processor is not None:
+            _check_supported_switches(image_processor, "image")
             size = image_processor.size
             image = _geometry_from(image_processor, image, size["shortest_edge"], size["longest_edge"])
         if video_processor is not None:
+            _check_supported_switches(video_processor, "video")
             video = _geometry_from(video_processor, video, video_processor.min_pixels, video_processor.max_pixels)
         settings = dict(mm_process_config or {})
         unknown = sorted(set(settings) - {"image", "video", "audio", "limits"})
@@ -51,10 +53,13 @@ class PreprocessConfig:
         video_settings = dict(settings.get("video") or {})
         if "fps" in video_settings:
             limits.setdefault("video_fps", video_settings.pop("fps"))
+        checkpoint_fps = _checkpoint_fps(video_processor) if "video_fps" not in limits else None
+        if checkpoint_fps is not None:
+            limits["video_fps"] = checkpoint_fps
         return cls(
             image=_with_pixels(image, settings.get("image") or {}, "image"),
             video=_with_pixels(video, video_settings, "video"),
-            limits=MediaLimits.from_mapping(limits),
+            limits=_limits_from(limits, checkpoint_fps),
         )
 
 
@@ -74,6 +79,57 @@ def check_against_vision_config(config: PreprocessConfig, vision: dict) -> None:
                     f"the {kind} processor's {ours} ({getattr(geometry, ours)}) differs from the "
                     f"checkpoint's vision_config.{theirs} ({expected})"
                 )
+
+
+# The steps this preprocessing always runs; a processor may not switch them off.
+ALWAYS_ON = ("do_resize", "do_rescale", "do_normalize", "do_convert_rgb")
+# PIL's code and torchvision's name of bicubic, the one resampler implemented (M3's processors ship with it).
+BICUBIC = (3, "bicubic")
+
+
+def _check_supported_switches(processor: Any, kind: str) -> None:
+    """A checkpoint's processor saved with another resampler or with a step switched off is
+    refused at start-up, naming the setting: such settings were ignored, so every image differed
+    from what transformers' processor makes of the same files."""
+    for name in ALWAYS_ON:
+        value = getattr(processor, name, None)
+        if value is not None and value is not True:
+            raise ValueError(
+                f"the checkpoint's {kind} processor sets {name}={value!r}; sglang-m3 supports only {name}=True"
+            )
+    resample = getattr(processor, "resample", None)
+    if resample is not None and getattr(resample, "value", resample) not in BICUBIC:
+        raise ValueError(
+            f"the checkpoint's {kind} processor sets resample={resample!r}; sglang-m3 supports only bicubic (3)"
+        )
+
+
+def _checkpoint_fps(video_processor: Any) -> float | None:
+    """The rate the checkpoint's video processor samples at when a caller gives none.
+
+    transformers' processor samples at its saved ``fps``; it was ignored here (1 fps always), so a
+    checkpoint saved with another rate got other frames, grids and timestamps than transformers'.
+    The server's own ``video.fps`` / ``limits.video_fps`` still win.
+    """
+    fps = getattr(video_processor, "fps", None)
+    if fps is None:
+        return None
+    if isinstance(fps, bool) or not isinstance(fps, (int, float)):
+        raise ValueError(f"the checkpoint's video processor fps must be a number, got {fps!r}")
+    return float(fps)
+
+
+def _limits_from(values: dict[str, Any], checkpoint_fps: float | None) -> MediaLimits:
+    """MediaLimits, with an out-of-range rate traced to the checkpoint when it came from there."""
+    try:
+        return MediaLimits.from_mapping(values)
+    except ValueError as exc:
+        if checkpoint_fps is None or not str(exc).startswith("media limit video_fps "):
+            raise
+        raise ValueError(
+            f"{exc}: video_fps {checkpoint_fps} is the checkpoint's video processor fps "
+            f"(set mm_process_config video.fps, or limits min_video_fps / max_video_fps)"
+        ) from None
 
 
 def _geometry_from(processor: Any, base: PatchGeometry, min_pixels: int, max_pixels: int) -> PatchGeometry:

@@ -1,4 +1,5 @@
-"""Reading one content part's media: data URL / base64, http(s) URL, allowed local path, bytes.
+"""Reading one content part's media: data URL / base64, http(s) URL, allowed local path, bytes,
+or an in-memory PIL image (SGLang's Engine API passes those through unchanged).
 
 Each source is read at most once and never past its byte cap: base64 is sized before decoding,
 HTTP bodies are streamed and cut off at the cap, local files are checked with ``stat`` and handed
@@ -12,11 +13,13 @@ import base64
 import binascii
 import io
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import requests
+from PIL import Image
 
 from sglang_m3.multimodal.errors import MediaError
 from sglang_m3.multimodal.limits import MediaLimits
@@ -30,17 +33,19 @@ IMAGE_SIGNATURES = {
     b"II*\x00": "TIFF",
     b"MM\x00*": "TIFF",
 }
+URL_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]{0,31}):")  # bounded: never scans a base64 body
 VIDEO_MIME_PASS = {"application/octet-stream", "binary/octet-stream"}
 HTTP_CHUNK = 1 << 16
 
 
 @dataclass(frozen=True)
 class MediaSource:
-    """The bytes (or a local path) of one content part, ready for a decoder."""
+    """The bytes (or a local path, or an already opened PIL image) of one content part, ready for a decoder."""
 
     part: str
     data: bytes | None = None
     path: Path | None = None
+    image: Image.Image | None = None
 
     def open(self):
         """A binary file object over the media (the caller closes it)."""
@@ -78,27 +83,58 @@ def read_media(item: Any, *, kind: str, part: str, limits: MediaLimits) -> Media
     """Resolves one content part into a MediaSource, refusing anything outside ``limits``."""
     cap = limits.max_image_bytes if kind == "image" else limits.max_video_bytes
     payload = source_url(item)
+    if isinstance(payload, Image.Image):
+        return _pil_image(payload, kind, part)
     if isinstance(payload, (bytes, bytearray)):
         source = _checked_bytes(bytes(payload), part, cap)
     elif not isinstance(payload, str):
         raise MediaError(part, f"unsupported {kind} input of type {type(payload).__name__}")
-    elif payload.startswith("data:"):
-        mime, encoded = _split_data_url(payload, part)
-        _check_declared_mime(mime, kind, part)
-        source = _checked_bytes(_decode_base64(encoded, part, cap), part, cap)
-    elif payload.startswith(("http://", "https://")):
-        source = _fetch_url(payload, kind=kind, part=part, cap=cap, timeout=limits.url_timeout_s)
-    elif payload.startswith("file://") or os.path.isabs(payload) or payload.startswith("./"):
-        source = _local_file(payload.removeprefix("file://"), part, cap, limits.local_media_root)
     else:
-        # SGLang also passes bare base64 strings (no data: prefix).
-        source = _checked_bytes(_decode_base64(payload, part, cap), part, cap)
+        source = _read_text_source(payload.strip(), kind=kind, part=part, cap=cap, limits=limits)
     image_format = sniff_image_format(source.head())
     if kind == "image" and image_format is None:
         raise MediaError(part, "content is not a supported image (PNG, JPEG, WebP, GIF, BMP, TIFF)")
     if kind == "video" and image_format is not None:
         raise MediaError(part, f"content is a {image_format} image, not a video")
     return source
+
+
+def _read_text_source(payload: str, *, kind: str, part: str, cap: int, limits: MediaLimits) -> MediaSource:
+    """A string payload: a URL by its scheme (case-insensitive, as RFC 3986 has it), a local path,
+    or bare base64 (SGLang passes those without a ``data:`` prefix).
+
+    Base64 has no ``:``, so a string with a scheme is a URL: one of another scheme (ftp, s3, ...)
+    is refused for its scheme; it was decoded as base64 and refused as "invalid base64 data",
+    and ``DATA:`` / ``HTTPS://`` URLs were refused the same way.
+    """
+    scheme = _scheme(payload)
+    if scheme == "data":
+        mime, encoded = _split_data_url(payload, part)
+        _check_declared_mime(mime, kind, part)
+        return _checked_bytes(_decode_base64(encoded, part, cap), part, cap)
+    if scheme in ("http", "https"):
+        return _fetch_url(payload, kind=kind, part=part, cap=cap, timeout=limits.url_timeout_s)
+    if scheme == "file" or os.path.isabs(payload) or payload.startswith("./"):
+        path = payload[len("file://") :] if scheme == "file" else payload
+        return _local_file(path, part, cap, limits.local_media_root)
+    if scheme is not None:
+        raise MediaError(part, f"unsupported URL scheme '{scheme}' (send an http(s) URL, a data URL or base64)")
+    return _checked_bytes(_decode_base64(payload, part, cap), part, cap)
+
+
+def _scheme(payload: str) -> str | None:
+    """The lower-cased URL scheme ``payload`` starts with, or None."""
+    match = URL_SCHEME.match(payload)
+    return match.group(1).lower() if match else None
+
+
+def _pil_image(image: Image.Image, kind: str, part: str) -> MediaSource:
+    """An in-memory image: SGLang types ``image_data`` items as ``str | bytes | dict | ImageData |
+    PIL.Image``, and its Engine API hands PIL images to the processor as they are; they were
+    refused as an "unsupported image input". Its size is checked by the decoder like a file's."""
+    if kind != "image":
+        raise MediaError(part, f"content is a PIL image, not a {kind}")
+    return MediaSource(part=part, image=image)
 
 
 def _checked_bytes(data: bytes, part: str, cap: int) -> MediaSource:

@@ -108,7 +108,7 @@ def _open_container(handle, part: str):
         raise MediaError(part, f"content is not a decodable video ({exc})") from None
 
 
-def decode_frames(source: MediaSource, indices: list[int], size: tuple[int, int]) -> torch.Tensor:
+def decode_frames(source: MediaSource, header: VideoHeader, indices: list[int], size: tuple[int, int]) -> torch.Tensor:
     """uint8 ``[len(indices), 3, *size]``: the frames at ``indices`` (presentation order), resized."""
     part = source.part
     wanted = set(indices)
@@ -119,6 +119,7 @@ def decode_frames(source: MediaSource, indices: list[int], size: tuple[int, int]
             stream = container.streams.video[0]
             stream.thread_type = "AUTO"
             for position, frame in enumerate(container.decode(stream)):
+                _check_frame_size(frame, header, position, part)
                 if position in wanted:
                     rgb = torch.from_numpy(frame.to_ndarray(format="rgb24")).permute(2, 0, 1)
                     kept.append(resize_frames(rgb.unsqueeze(0), size)[0])
@@ -129,6 +130,22 @@ def decode_frames(source: MediaSource, indices: list[int], size: tuple[int, int]
     if len(kept) != len(indices):
         raise MediaError(part, f"video ended after {position + 1} frames, before frame {indices[-1]} it declares")
     return torch.stack(kept)
+
+
+def _check_frame_size(frame: av.VideoFrame, header: VideoHeader, position: int, part: str) -> None:
+    """Every frame must have the size the stream declares.
+
+    The resize target and the frame-size cap come from the declared size. A stream whose frames
+    change size (concatenated segments, VP9 resolution switches) was squashed into the first
+    size, aspect ratio lost, and its larger frames escaped ``max_frame_pixels``; transformers'
+    video processor refuses frames of differing sizes too (it cannot stack them).
+    """
+    if (frame.width, frame.height) != (header.width, header.height):
+        raise MediaError(
+            part,
+            f"frame {position} is {frame.width}x{frame.height} but the video declares "
+            f"{header.width}x{header.height} frames (frames of differing sizes are not supported)",
+        )
 
 
 def video_features(
@@ -152,6 +169,6 @@ def video_features(
             f"{len(indices)} sampled frames of {size[1]}x{size[0]} are {total_pixels} pixels, over the "
             f"limit of {limits.max_video_total_pixels} (lower fps or resolution)",
         )
-    frames = decode_frames(source, indices, size)
+    frames = decode_frames(source, header, indices, size)
     rows, grid = to_patch_rows(frames, geometry)
     return VideoFeatures(pixel_values=rows, grid_thw=grid, frame_indices=indices, fps=header.fps)
