@@ -15,8 +15,8 @@ from server_harness import launch_cpu_server
 from transformers import AutoProcessor
 
 from sglang_m3.multimodal.sglang_processor import PACKAGE_ENV
-from tests.multimodal.media_factory import encode_image, random_image
-from tests.multimodal.vl_oracle import CASES, IMAGE_A, IMAGE_B, IMAGE_C, NEW_TOKENS, VIDEO, data_url, generate, oracle_tokens, processed, served_tokens
+from tests.multimodal.media_factory import encode_image, encode_video, random_frames, random_image
+from tests.multimodal.vl_oracle import IMAGE_A, IMAGE_B, IMAGE_C, IMAGE_CASES, NEW_TOKENS, data_url, generate, oracle_tokens, processed, served_tokens
 
 
 def _project_serves_vl() -> bool:
@@ -30,6 +30,10 @@ pytestmark = [
     pytest.mark.server,
     pytest.mark.skipif(not _project_serves_vl(), reason="sglang_m3.models has no VL model class yet"),
 ]
+
+
+VIDEO = encode_video(random_frames(16, 84, 56, seed=8), 4)
+CASES = {**IMAGE_CASES, "video": ("What happens in ]<]video[>[ here?", [], VIDEO)}
 
 
 @pytest.fixture(scope="module")
