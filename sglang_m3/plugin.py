@@ -89,6 +89,14 @@ HOOKS: tuple[Hook, ...] = (
         "sparse offload it must not count the sparse layers' K/V, which live in host memory.",
     ),
     Hook(
+        "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator.config_from_budget",
+        "AROUND",
+        hooks.reserve_block_caches,
+        "Under sparse offload the per-layer block caches are device memory of a fixed size: taken "
+        "off the KV budget before the slot pool is sized, or pool and caches together would overrun "
+        "it; caches larger than the budget are refused naming SGLANG_M3_SPARSE_OFFLOAD_BLOCKS.",
+    ),
+    Hook(
         "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._apply_token_constraints",
         "AFTER",
         hooks.cap_tokens_by_host_budget,

@@ -28,6 +28,19 @@ from msa_kernels.triton_offload import gather_pages, store_rows
 from sglang_m3.cache.offload_fetch_plan import NEVER_USED, FetchPlan, plan_fetch
 
 
+def block_cache_fixed_bytes(num_entries: int, block_size: int, head_num: int, head_dim: int, v_head_dim: int,
+                            element_bytes: int) -> int:
+    """Device bytes one :class:`SparseBlockCache` allocates whatever the slot pool's size: its entries
+    and the scratch entry of K and V pages, the per-entry tables and the counters.
+
+    SGLang sizes the slot pool from the memory left after a fixed cost and a cost per token; these
+    bytes are part of the fixed cost (only ``page_entry``, 8 bytes per page, grows with the pool).
+    """
+    pages = (num_entries + 1) * block_size * head_num * (head_dim + v_head_dim) * element_bytes
+    tables = 2 * (num_entries + 1) + 3  # entry_page and entry_age; clock, hits and misses
+    return pages + tables * torch.int64.itemsize
+
+
 class SparseBlockCache:
     def __init__(self, num_entries: int, num_pages: int, block_size: int, head_num: int, head_dim: int,
                  v_head_dim: int, dtype: torch.dtype, device, kernel_copies: bool = False):
@@ -82,6 +95,10 @@ class SparseBlockCache:
         self.hits += plan.hits
         self.misses += plan.misses
         return plan
+
+    def device_bytes(self) -> int:
+        """Bytes this cache holds on its device: pages, tables and counters."""
+        return sum(tensor.nbytes for tensor in vars(self).values() if isinstance(tensor, torch.Tensor))
 
     def as_pages(self, host: torch.Tensor) -> torch.Tensor:
         """The token-major store ``[slots, heads, dim]`` as ``[num_pages, block, heads, dim]``."""

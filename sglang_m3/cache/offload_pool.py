@@ -99,6 +99,16 @@ class M3SparseOffloadKVPool(M3IndexedKVPool):
         super()._clear_buffers()
         del self.block_caches
 
+    def get_kv_size_bytes(self):
+        """(K, V) bytes in device memory, what SGLang logs and reports as the KV cache's size: the host
+        store is not device memory, the block caches are (the index keys count with K, as in the base)."""
+        k_bytes, v_bytes = super().get_kv_size_bytes()
+        for layer_id, cache in self.block_caches.items():
+            host_k, host_v = self.host_kv(layer_id)
+            k_bytes += cache.device_bytes() - cache.v_pages.nbytes - host_k.nbytes  # K pages, tables, counters
+            v_bytes += cache.v_pages.nbytes - host_v.nbytes
+        return k_bytes, v_bytes
+
     def block_cache(self, layer_id: int) -> SparseBlockCache:
         return self.block_caches[layer_id]
 

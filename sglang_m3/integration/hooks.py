@@ -231,6 +231,38 @@ def add_index_key_bytes(cell_size, pool_configurator, kvc, num_layers):
     return cell_size + index_bytes - offloaded
 
 
+def reserve_block_caches(original, kvc, budget_bytes, *args, **kwargs):
+    """AROUND SGLang's pool sizing from a byte budget: under sparse offload the block caches are
+    device memory of a fixed size, taken off the KV budget before the slot pool is sized (or pool
+    and caches together would overrun it); caches that take the whole budget are refused by name."""
+    if not is_m3(kvc.model_config.hf_config):
+        return original(kvc, budget_bytes, *args, **kwargs)
+    from sglang_m3.cache.offload_budget import check_block_caches_fit
+    from sglang_m3.cache.offload_settings import sparse_offload_blocks
+
+    blocks = sparse_offload_blocks()
+    if blocks:
+        reserved = _block_cache_bytes(kvc, spec_of(kvc.model_config), blocks)
+        check_block_caches_fit(blocks, reserved, budget_bytes)
+        budget_bytes -= reserved
+    return original(kvc, budget_bytes, *args, **kwargs)
+
+
+def _block_cache_bytes(kvc, spec, blocks: int) -> int:
+    """Device bytes of this rank's block caches: one per local sparse layer, as the offload pool builds them."""
+    from sglang.srt.runtime_context import get_parallel
+
+    from sglang_m3.cache.offload_block_cache import block_cache_fixed_bytes
+
+    parallel = get_parallel()
+    info = kvc.layer_info
+    sparse = sum(1 for layer in spec.sparse_layer_ids if info.start_layer <= layer < info.end_layer)
+    kv_heads = kvc.model_config.get_num_kv_heads(parallel.attn_tp_size, parallel.attn_dcp_size)
+    per_layer = block_cache_fixed_bytes(blocks, spec.index_block_size, kv_heads, spec.head_dim, spec.head_dim,
+                                        kvc.kv_cache_dtype.itemsize)
+    return sparse * per_layer
+
+
 def _offloaded_bytes_per_token(kvc, spec) -> int:
     from sglang.srt.runtime_context import get_parallel
 
@@ -248,12 +280,13 @@ def cap_tokens_by_host_budget(capacity, kvc, token_capacity):
         return capacity
     from sglang.srt.runtime_context import get_schedule
 
-    from sglang_m3.cache.offload_budget import check_host_room, host_budget_bytes
+    from sglang_m3.cache.offload_budget import check_budget_has_offload, check_host_room, host_budget_bytes
     from sglang_m3.cache.offload_settings import sparse_offload_blocks
     from sglang_m3.recipe.fit import sparse_offload_host_tokens
 
     budget = host_budget_bytes()
-    if not sparse_offload_blocks() or budget is None:
+    check_budget_has_offload(budget, sparse_offload_blocks())
+    if budget is None:
         return capacity
     per_token = _offloaded_bytes_per_token(kvc, spec_of(kvc.model_config))
     cap = sparse_offload_host_tokens(budget, per_token, get_schedule().page_size)
