@@ -87,20 +87,21 @@ def _render(args: argparse.Namespace) -> int:
 
     from m3_operator.desired import desired_state
     from m3_operator.options import OperatorConfig
-    from m3_operator.recipe_api import RecipeLoadError, read_recipe_file
+    from m3_operator.recipe_api import RecipeLoadError, read_recipe_document, read_recipe_file
 
+    # Read as `sglang-m3 recipe` reads it: a repeated key, an unreadable value or a second
+    # document is refused here too, instead of the last key silently winning.
     try:
-        body = yaml.safe_load(read_recipe_file(args.recipe))
-    except RecipeLoadError as error:  # a file it cannot read, worded as the recipe commands word it
+        body = read_recipe_document(read_recipe_file(args.recipe), source=str(args.recipe))
+    except RecipeLoadError as error:
         print(error, file=sys.stderr)
-        return 1
-    except yaml.YAMLError as error:
-        print(f"{args.recipe}: {error}", file=sys.stderr)
         return 1
     if not isinstance(body, dict):
         print(f"{args.recipe}: expected one M3Recipe mapping", file=sys.stderr)
         return 1
-    body.setdefault("metadata", {})["namespace"] = args.namespace
+    metadata = body.setdefault("metadata", {})
+    if isinstance(metadata, dict):  # anything else is refused below, naming metadata
+        metadata["namespace"] = args.namespace
     plan = desired_state(body, OperatorConfig.from_env())
     for warning in plan.warnings:
         print(warning, file=sys.stderr)

@@ -177,6 +177,30 @@ class Controller:
         await self.publish_status(key)
         return plan
 
+    async def resync_forever(self, interval: float) -> None:
+        """Re-apply every known recipe every ``interval`` seconds (``resync``), until cancelled."""
+        while True:
+            await asyncio.sleep(interval)
+            await self.resync()
+
+    async def resync(self) -> None:
+        """Re-apply the desired state of every recipe seen, repairing children edited or deleted
+        by hand. This runs here rather than as a kopf timer: kopf puts its finalizer on every
+        object a timer serves, and that finalizer would hold each recipe in deletion for as long
+        as the operator is not running (uninstalled, scaled down), although deletion needs
+        nothing from it: the children go with the recipe through their owner references."""
+        for key in list(self.records):
+            record = self.records.get(key)
+            body = record.body if record is not None else None
+            if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
+                continue
+            try:
+                await self.reconcile(body)
+            except RetryLater as error:  # the next resync (or a watch event) tries again
+                logger.warning("resync: %s", error)
+            except Exception:  # one recipe's failure must not stop the others' resync
+                logger.exception("resync of %s/%s failed", *key)
+
     async def publish_status(self, key: Key, attempt: int = 0) -> None:
         """Write the recipe's status if it differs from what the API server holds."""
         async with self._locks[key]:

@@ -17,7 +17,16 @@ from typing import Any
 
 from m3_operator import names
 from m3_operator.options import DeploymentOptions, OperatorConfig, parse_deployment_options
-from m3_operator.podspec import CACHE_MOUNT, CACHE_VOLUME, HF_HOME, HTTP_PORT_NAME, pod_template, ready_marker
+from m3_operator.podspec import (
+    CACHE_MOUNT,
+    CACHE_VOLUME,
+    HF_HOME,
+    HTTP_PORT_NAME,
+    is_hub_id,
+    operator_env_names,
+    pod_template,
+    ready_marker,
+)
 from m3_operator.recipe_api import (
     API_VERSION,
     KIND,
@@ -82,6 +91,8 @@ class Plan:
 def desired_state(body: Mapping[str, Any], config: OperatorConfig) -> Plan:
     """The objects recipe object ``body`` asks for, or the problems that prevent them."""
     metadata = body.get("metadata") or {}
+    if not isinstance(metadata, Mapping):
+        metadata = {}  # parse_recipe refuses it below, naming metadata
     name = metadata.get("name", "")
     namespace = metadata.get("namespace") or "default"
     generation = metadata.get("generation")
@@ -101,6 +112,7 @@ def desired_state(body: Mapping[str, Any], config: OperatorConfig) -> Plan:
     problems += option_problems
     if options.model_cache is not None:
         problems += _cache_problems(recipe)
+    problems += _env_problems(recipe, options)
     if problems:
         return dataclasses.replace(base, problems=tuple(problems), warnings=warnings)
 
@@ -132,6 +144,14 @@ def _network_problems(recipe: Recipe, config: OperatorConfig) -> list[str]:
         problems.append(f"spec.serving.port: {serving.port} is the multi-node rendezvous port (--dist-init-addr, "
                         f"the operator's distPort), which SGLang binds on the leader; choose another port")
     return problems
+
+
+def _env_problems(recipe: Recipe, options: DeploymentOptions) -> list[str]:
+    """Kubernetes keys a container's env by name: one set both by the recipe and by the operator
+    appears twice, which server-side apply refuses (and a plain write lets one silently win)."""
+    owned = operator_env_names(recipe, cached=options.model_cache is not None)
+    return [f"spec.env.{name}: the operator sets {name} in the server pod itself (model cache and "
+            f"download location); remove it from env" for name in sorted(owned & set(recipe.spec.env))]
 
 
 def _children(recipe: Recipe, name: str, namespace: str, config: OperatorConfig,
@@ -297,7 +317,7 @@ def _cache_hash(recipe: Recipe) -> str:
 
 def _cache_problems(recipe: Recipe) -> list[str]:
     path = recipe.spec.model.path
-    if path.startswith("/") or path.startswith(".") or ":" in path:
+    if not is_hub_id(path):
         return [f"spec.model.path: the model cache downloads a Hugging Face hub id "
                 f"(owner/name), got {path!r}; drop the {names.ANNOTATION_PREFIX}"
                 f"model-cache-size annotation for local or built-in models"]

@@ -2,12 +2,14 @@
 
 Recipes are reconciled on create, update and operator resume (kopf retries a handler that
 raises ``TemporaryError`` after the given delay, which gives transient API errors their
-backoff), and again on a slow timer that repairs drift. Workloads and pods carrying the
+backoff), and again by the controller's slow resync loop, which repairs drift. No handler needs
+a finalizer, so recipes delete whether or not the operator runs. Workloads and pods carrying the
 operator's labels are only observed: their changes rewrite the owning recipe's status.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import kopf
@@ -40,8 +42,19 @@ def register(registry: kopf.OperatorRegistry, controller: Controller,
     for decorator in (kopf.on.resume, kopf.on.create, kopf.on.update):
         decorator(*RECIPES, registry=registry, id="reconcile")(reconcile)
     if resync_seconds > 0:
-        kopf.timer(*RECIPES, registry=registry, id="resync", interval=resync_seconds,
-                   initial_delay=resync_seconds)(reconcile)
+        # The controller's own loop, not kopf.timer: a timer makes kopf put a finalizer on every
+        # recipe, which blocks deleting recipes while the operator is down (Controller.resync).
+        resync_task: list[asyncio.Task] = []
+
+        @kopf.on.startup(registry=registry, id="start-resync")
+        async def start_resync(**_: Any) -> None:
+            resync_task.append(asyncio.get_running_loop().create_task(
+                controller.resync_forever(resync_seconds)))
+
+        @kopf.on.cleanup(registry=registry, id="stop-resync")
+        async def stop_resync(**_: Any) -> None:
+            for task in resync_task:
+                task.cancel()
 
     @kopf.on.event(*RECIPES, registry=registry, id="observe-recipe")
     async def recipe_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:

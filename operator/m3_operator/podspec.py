@@ -17,7 +17,7 @@ import yaml
 
 from m3_operator.names import LEADER, ROLE_LABEL, model_cache_claim, recipe_labels
 from m3_operator.options import DeploymentOptions, OperatorConfig
-from m3_operator.recipe_api import TINY_MODEL_PATH, HardwareProfile, LaunchSpec, Recipe
+from m3_operator.recipe_api import TINY_MODEL_PATH, HardwareProfile, LaunchSpec, Recipe, dump_recipe
 
 CONTAINER_NAME = "sglang"
 HTTP_PORT_NAME = "http"
@@ -29,6 +29,8 @@ CACHE_MOUNT = "/models"
 #: rendered ``--model-path`` stays the hub id and needs no rewriting.
 HF_HOME = f"{CACHE_MOUNT}/hf"
 PROBE_PERIOD_SECONDS = 10
+#: Variable through which a tiny-model pod receives its recipe (see ``server_command``).
+RECIPE_ENV = "M3_RECIPE"
 
 
 def shm_size(profile: HardwareProfile, options: DeploymentOptions) -> str:
@@ -57,6 +59,14 @@ def host_offload_memory(recipe: Recipe) -> str | None:
     return f"{ranks_per_pod * offload.size_gb_per_rank}G"
 
 
+def is_hub_id(path: str) -> bool:
+    """Whether SGLang downloads ``path`` from the Hugging Face hub (``owner/name``), rather than
+    reading a directory in the image (``/models/m3``, ``./m3``), an object store (``s3://...``)
+    or the embedded tiny model. Only a download needs the writable cache volume: mounted over a
+    local path's folder (``/models``), it would hide the weights the image holds there."""
+    return not path.startswith(("/", ".", "~")) and ":" not in path
+
+
 def ready_marker(content_hash: str) -> str:
     """File the download Job writes last; servers start only once it exists."""
     return f"{CACHE_MOUNT}/.ready-{content_hash}"
@@ -80,7 +90,7 @@ def pod_template(
     port = recipe.spec.serving.port
 
     env = [{"name": key, "value": value} for key, value in sorted(launch.env.items())]
-    downloads_in_pod = cache_hash is None and recipe.spec.model.path != TINY_MODEL_PATH
+    downloads_in_pod = cache_hash is None and is_hub_id(recipe.spec.model.path)
     if cache_hash is not None:
         env += [{"name": "HF_HOME", "value": HF_HOME}, {"name": "HF_HUB_OFFLINE", "value": "1"}]
     elif downloads_in_pod:
@@ -157,11 +167,24 @@ def server_command(recipe: Recipe,
     """
     if recipe.spec.model.path != TINY_MODEL_PATH:
         return ["python3", "-m", "sglang.launch_server"], list(launch.argv), []
-    document = recipe.model_dump(mode="json", by_alias=True, exclude_none=True)
+    # Every field as the recipe holds it, explicit nulls included where they switch a default
+    # off (``reasoning: null``): the pod must serve the very launch the operator rendered.
+    document = dump_recipe(recipe)
     document["metadata"] = {"name": recipe.metadata.name}
-    script = 'printf "%s" "$M3_RECIPE" > /tmp/recipe.yaml && exec sglang-m3 serve /tmp/recipe.yaml'
+    script = f'printf "%s" "${RECIPE_ENV}" > /tmp/recipe.yaml && exec sglang-m3 serve /tmp/recipe.yaml'
     return (["/bin/sh", "-c", script], [],
-            [{"name": "M3_RECIPE", "value": yaml.safe_dump(document, sort_keys=False)}])
+            [{"name": RECIPE_ENV, "value": yaml.safe_dump(document, sort_keys=False)}])
+
+
+def operator_env_names(recipe: Recipe, cached: bool) -> set[str]:
+    """Environment variables the server container gets from the operator itself (besides the
+    rendered launch's): a recipe's ``spec.env`` naming one would put the name in the pod twice."""
+    names = {"HF_HOME", "HF_HUB_OFFLINE"} if cached else set()
+    if recipe.spec.model.path == TINY_MODEL_PATH:
+        names.add(RECIPE_ENV)
+    elif not cached and is_hub_id(recipe.spec.model.path):
+        names.add("HF_HOME")
+    return names
 
 
 def _probes(config: OperatorConfig) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from .crd import crd_openapi_schema, recipe_json_schema
 from .errors import Problem, RecipeLoadError
 from .findings import Finding, has_errors
 from .fit import FitReport, estimate_fit, fit_applies
-from .loader import load_recipe, load_recipe_text, parse_recipe, read_recipe_file
+from .loader import dump_recipe, load_recipe, load_recipe_text, parse_recipe, read_recipe_document, read_recipe_file
 from .model_geometry import MAX_CONTEXT_LENGTH, TINY_MODEL_PATH
 from .render import LaunchSpec, render_launch
 from .rules import validate_recipe
@@ -39,6 +39,7 @@ __all__ = [
     "RecipeLoadError",
     "RecipeSpec",
     "crd_openapi_schema",
+    "dump_recipe",
     "estimate_fit",
     "fit_applies",
     "get_profile",
@@ -46,6 +47,7 @@ __all__ = [
     "load_recipe",
     "load_recipe_text",
     "parse_recipe",
+    "read_recipe_document",
     "read_recipe_file",
     "recipe_json_schema",
     "render_launch",

@@ -284,10 +284,14 @@ def weight_bytes_per_gpu(variant: str, tp: int, pp: int, attention_dp: int = 1,
 def pipeline_stages(num_layers: int, pp: int) -> list[range]:
     """Layers of each pipeline stage as SGLang splits them: evenly, the remainder going one
     each to the last stages."""
+    pp = min(pp, num_layers)  # stages past one layer each hold no layer (refused by the rules)
     base, remainder = divmod(num_layers, pp)
-    sizes = [base + (stage >= pp - remainder) for stage in range(pp)]
-    starts = [sum(sizes[:stage]) for stage in range(pp)]
-    return [range(start, start + size) for start, size in zip(starts, sizes)]
+    stages, start = [], 0
+    for stage in range(pp):
+        size = base + (stage >= pp - remainder)
+        stages.append(range(start, start + size))
+        start += size
+    return stages
 
 
 def kv_bytes_per_token(kv_dtype: str, attention_tp: int, pp: int, geometry: M3Geometry = M3,
@@ -336,6 +340,18 @@ def runtime_reserve_bytes(recipe: Recipe, profile: HardwareProfile,
 
 def _fit_findings(report: FitReport) -> list[Finding]:
     findings = []
+    caches_took_it = report.block_cache_bytes and report.weight_bytes_per_gpu < report.static_budget_bytes
+    if report.kv_pool_bytes == 0 and caches_took_it:
+        # the weights fit: the sparse-offload block caches took what they left
+        room = report.static_budget_bytes - report.weight_bytes_per_gpu
+        findings.append(Finding(
+            "error", "spec.hostOffload.cacheBlocks",
+            f"the sparse-offload block caches need {report.block_cache_bytes / GB:,.1f} GB per GPU but the "
+            f"weights leave {room / GB:.1f} GB of the static budget, so no KV pool remains; lower "
+            f"cacheBlocks (one more block in every sparse layer costs "
+            f"{report.page_size * report.host_store_bytes_per_token / 10**6:.1f} MB per GPU)",
+            "fit.block-caches"))
+        return findings
     if report.kv_pool_bytes == 0:
         findings.append(Finding(
             "error", "spec.parallelism",

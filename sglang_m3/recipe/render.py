@@ -149,6 +149,11 @@ def render_launch(
     argv: list[str] = []
 
     def add(flag: str, value: object | None = None) -> None:
+        if isinstance(value, str) and value.startswith("-"):
+            # argparse reads a separate "-x" as an option and refuses the flag for want of its
+            # value ("expected one argument"); joined by "=" it is the value whatever it holds
+            argv.append(f"{flag}={value}")
+            return
         argv.append(flag)
         if value is not None:
             argv.append(str(value))

@@ -7,6 +7,7 @@ with the field at fault and the fix; ``RULES`` lists them in the order they repo
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 
 from .catalog import CATALOG, HardwareProfile, get_profile
@@ -20,6 +21,9 @@ from .render import (
     sparse_offload_selection_blocks,
 )
 from .schema import Recipe
+from .sglang_options import OPTIONS as SGLANG_OPTIONS
+from .sglang_options import SGLANG_VERSION as SGLANG_OPTIONS_VERSION
+from .sglang_options import is_option_token, resolve
 
 Rule = Callable[[Recipe, HardwareProfile], Iterator[Finding]]
 
@@ -124,6 +128,34 @@ def check_model_path_variant(recipe: Recipe, profile: HardwareProfile) -> Iterat
             "model.variant-path")
 
 
+#: URI schemes SGLang 0.5.23 streams weights from (Run:ai model streamer, ``runai_utils``); the
+#: colon of such a path does not count against the served model name.
+OBJECT_STORE_SCHEMES = ("s3://", "gs://", "az://")
+
+
+def check_served_model_name(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
+    """SGLang 0.5.23 refuses a served model name with a colon at start-up (it reserves
+    ``model:adapter`` for LoRA), and without ``--served-model-name`` it serves the model under
+    its path."""
+    model = recipe.spec.model
+    if model.served_model_name is not None:
+        if ":" in model.served_model_name and not model.served_model_name.lower().startswith(OBJECT_STORE_SCHEMES):
+            yield _error(
+                "spec.model.servedModelName",
+                f"{model.served_model_name!r} has a colon, which SGLang refuses in a served model name "
+                f"(it reserves 'model:adapter' for LoRA adapters); choose a name without ':'",
+                "model.served-name-colon")
+        return
+    if (":" in model.path and model.path != TINY_MODEL_PATH
+            and not model.path.lower().startswith(OBJECT_STORE_SCHEMES)):
+        yield _error(
+            "spec.model.path",
+            f"SGLang serves the model under its path when servedModelName is unset, and refuses "
+            f"{model.path!r} there for its colon (reserved for 'model:adapter' LoRA names); set "
+            f"servedModelName to a name without ':'",
+            "model.served-name-colon")
+
+
 # --- parallelism ------------------------------------------------------------------------------
 
 def check_gpu_count(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
@@ -139,6 +171,27 @@ def check_gpu_count(recipe: Recipe, profile: HardwareProfile) -> Iterator[Findin
             f"hardware gives gpusPerNode x nodes = {per_node} x {nodes} = {available}; make "
             f"them equal (change tp/pp/dp, gpusPerNode or nodes)",
             "parallelism.gpu-count")
+
+
+def check_node_layout(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
+    """How SGLang 0.5.23 places ranks on nodes (``engine._calculate_rank_ranges``): with fewer
+    nodes than pipeline stages each node runs pp / nodes whole stages, with more nodes each
+    stage's TP group spans nodes / pp nodes. Any other split leaves stages no node launches
+    (the group waits at start-up for ranks that never come)."""
+    pp, nodes = recipe.spec.parallelism.pp, recipe.spec.hardware.nodes
+    if nodes > 1 and pp > 1 and pp % nodes and nodes % pp:
+        if nodes < pp:  # each node runs pp // nodes stages: the last ones are left over
+            started = pp // nodes * nodes
+            left = f"{started}" if started == pp - 1 else f"{started} to {pp - 1}"
+            outcome = f"no node would run stage {left}, which the others wait for"
+        else:  # each stage gets nodes // pp nodes: the last node counts past the last stage
+            outcome = f"node {nodes - 1} would run stage {(nodes - 1) // (nodes // pp)}, which the model does not have"
+        yield _error(
+            "spec.hardware.nodes",
+            f"{nodes} nodes for pp {pp}: SGLang puts pp / nodes whole pipeline stages on each node, or "
+            f"spreads each stage over nodes / pp nodes, so one must divide the other ({outcome}); "
+            f"use a node count that divides pp or a multiple of it",
+            "parallelism.node-layout")
 
 
 def check_data_parallel(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
@@ -304,6 +357,21 @@ def check_typed_env(recipe: Recipe, profile: HardwareProfile) -> Iterator[Findin
                 "env.typed-field")
 
 
+#: Environment variable names a recipe may set: what a shell (``recipe render``'s output,
+#: ``sglang-m3 serve``) and a Kubernetes container both accept.
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def check_env_names(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
+    for name in recipe.spec.env:
+        if not _ENV_NAME.fullmatch(name):
+            yield _error(
+                f"spec.env.{name}",
+                f"{name!r} is not an environment variable name (letters, digits and '_', not starting "
+                f"with a digit): Kubernetes refuses the pod and a shell cannot set it",
+                "env.name")
+
+
 def check_index_key_dtype(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
     if recipe.spec.kv_cache.index_key_dtype == "fp8_e4m3" and profile.is_gpu and profile.vendor != "nvidia":
         yield _warning(
@@ -322,6 +390,13 @@ def check_context_length(recipe: Recipe, profile: HardwareProfile) -> Iterator[F
             f"set at most {MAX_CONTEXT_LENGTH}",
             "context.max")
     chunk = spec.serving.chunked_prefill_size
+    page = spec.kv_cache.page_size
+    if chunk is not None and chunk > 0 and chunk % page:
+        yield _error(
+            "spec.serving.chunkedPrefillSize",
+            f"chunkedPrefillSize {chunk} is not a multiple of pageSize {page}, which SGLang refuses at "
+            f"start-up (chunks end on page boundaries); use {max(page, chunk // page * page)}",
+            "context.chunk-page")
     if chunk is not None and 0 < spec.context_length < chunk:
         yield _warning(
             "spec.serving.chunkedPrefillSize",
@@ -340,6 +415,14 @@ TREE_VERIFY_BACKENDS = ("fa3", "triton", "flashinfer")
 #: Verify tokens per request a draft tree may have: the MSA plans' per-request ancestor bitmask
 #: (``msa_kernels.plan.DraftTree.MAX_TOKENS``; the plugin refuses more at start-up).
 MAX_DRAFT_TREE_TOKENS = 64
+
+
+def draft_tree_candidates(speculative) -> int:
+    """Draft tokens an EAGLE tree scores per verify step in SGLang 0.5.23
+    (``eagle_utils.organize_draft_results``): topk from the first step, topk x topk from each
+    later one; it keeps the best numDraftTokens - 1 of them."""
+    topk = speculative.eagle_topk
+    return topk + (speculative.num_steps - 1) * topk * topk
 
 
 def check_speculative(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
@@ -375,6 +458,14 @@ def check_speculative(recipe: Recipe, profile: HardwareProfile) -> Iterator[Find
             f"SGLang does not verify draft trees at page size 128 (only {', '.join(TREE_VERIFY_BACKENDS)}); "
             "set eagleTopk: 1 (a chain)",
             "speculative.tree-attention-backend")
+    elif speculative.eagle_topk > 1 and speculative.num_draft_tokens > draft_tree_candidates(speculative) + 1:
+        yield _error(
+            "spec.speculative.numDraftTokens",
+            f"a draft tree of {speculative.num_steps} steps with eagleTopk {speculative.eagle_topk} offers "
+            f"{draft_tree_candidates(speculative)} candidate tokens (topk + (numSteps - 1) x topk^2), and SGLang "
+            f"verifies numDraftTokens - 1 of them (it fails at its first decode when there are fewer); set "
+            f"numDraftTokens to at most {draft_tree_candidates(speculative) + 1}, or raise numSteps or eagleTopk",
+            "speculative.tree-candidates")
     elif speculative.eagle_topk > 1 and speculative.num_draft_tokens > MAX_DRAFT_TREE_TOKENS:
         yield _error(
             "spec.speculative.numDraftTokens",
@@ -482,6 +573,7 @@ def _check_pipeline_speculative(recipe: Recipe) -> Iterator[Finding]:
 # --- serving, parsers, offload ----------------------------------------------------------------
 
 def check_extra_args(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
+    yield from _check_extra_args_parse(recipe.spec.serving.extra_args)
     for index, flag in _extra_flags(recipe.spec.serving.extra_args):
         field = f"spec.serving.extraArgs[{index}]"
         if flag == "--config":
@@ -504,6 +596,58 @@ def check_extra_args(recipe: Recipe, profile: HardwareProfile) -> Iterator[Findi
                 f"at start-up as ambiguous, and each belongs to a typed field; set {' or '.join(owners)} "
                 f"instead and remove it from extraArgs",
                 "serving.extra-args-ambiguous")
+
+
+def _check_extra_args_parse(extra_args: list[str]) -> Iterator[Finding]:
+    """What SGLang's argument parser refuses at start-up: an option it does not have, an
+    abbreviation of several, a switch given a value, an option without its value, a word no
+    option takes. Options that spell a typed field's flag are the typed check's to report."""
+    takes = None  # arity of the option whose values may follow; None: no value may follow
+    for index, token in enumerate(extra_args):
+        field = f"spec.serving.extraArgs[{index}]"
+        if not is_option_token(token):
+            if takes in ("one", "optional"):
+                takes = None
+            elif takes != "many":
+                yield _error(field, f"{token!r} is not an option and no option before it takes a value, so "
+                                    f"SGLang refuses it as an unrecognized argument; remove it or put it "
+                                    f"after the option it belongs to",
+                             "sglang.stray-argument")
+            continue
+        resolved = resolve(token)
+        takes = "many"  # after an option that is refused, the tokens that follow it are not judged
+        if resolved.flag == "--config" or _flags_spelled(resolved.flag, TYPED_FLAGS):
+            continue  # refused by check_extra_args, naming the typed field
+        if not resolved.matches:
+            yield _error(field, f"{resolved.flag} is not a server option of SGLang {SGLANG_OPTIONS_VERSION} "
+                                f"(`python -m sglang.launch_server --help` lists them); the server refuses "
+                                f"it at start-up",
+                         "sglang.unknown-option")
+            continue
+        if len(resolved.matches) > 1:
+            shown = ", ".join(resolved.matches[:4]) + (", ..." if len(resolved.matches) > 4 else "")
+            yield _error(field, f"{resolved.flag} abbreviates {len(resolved.matches)} SGLang options ({shown}), "
+                                f"which SGLang refuses as ambiguous at start-up; spell the option out",
+                         "sglang.ambiguous-option")
+            continue
+        option = resolved.matches[0]
+        arity = SGLANG_OPTIONS[option]
+        following = extra_args[index + 1] if index + 1 < len(extra_args) else None
+        if arity == "none" and resolved.inline_value:
+            yield _error(field, f"{option} is a switch and takes no value; write it without "
+                                f"'={token.partition('=')[2]}'",
+                         "sglang.option-value")
+        elif arity == "one" and not resolved.inline_value and (following is None or is_option_token(following)):
+            yield _error(field, f"{option} needs a value, and none follows it; SGLang refuses it at start-up",
+                         "sglang.option-value")
+        elif arity == "none" and following is not None and not is_option_token(following):
+            yield _error(f"spec.serving.extraArgs[{index + 1}]",
+                         f"{option} is a switch and takes no value, so SGLang refuses {following!r} after it "
+                         f"as an unrecognized argument; remove {following!r}",
+                         "sglang.option-value")
+            continue  # reported here, not again as a stray word
+        else:
+            takes = None if resolved.inline_value or arity == "none" else arity
 
 
 def _extra_flags(extra_args: list[str]) -> Iterator[tuple[int, str]]:
@@ -684,7 +828,7 @@ def sparse_offload_blocks_needed(recipe: Recipe) -> int:
     query token's top-k for each KV head the rank holds (a verify step has numDraftTokens; under
     adaptive, the longest chain SGLang may switch to: the server sizes its rounds for that one)."""
     parallel, speculative = recipe.spec.parallelism, recipe.spec.speculative
-    attention_tp = parallel.tp // parallel.attention_dp
+    attention_tp = max(1, parallel.tp // parallel.attention_dp)  # attentionDp > tp: refused by check_heads
     kv_heads = max(1, M3.num_kv_heads // attention_tp)
     query_tokens = speculative.num_draft_tokens if speculative is not None else 1
     if speculative is not None and speculative.adaptive:
@@ -703,7 +847,9 @@ def check_provenance(recipe: Recipe, profile: HardwareProfile) -> Iterator[Findi
 
 
 def check_memory_fit(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
-    if fit_applies(recipe) and recipe.spec.model.variant in profile.variants:
+    # more stages than layers is check_pipeline's error; no stage layout to size then
+    if (fit_applies(recipe) and recipe.spec.model.variant in profile.variants
+            and recipe.spec.parallelism.pp <= M3.num_layers):
         yield from estimate_fit(recipe).findings()
 
 
@@ -712,7 +858,9 @@ RULES: tuple[Rule, ...] = (
     check_gpus_per_node,
     check_cpu_profile,
     check_model_path_variant,
+    check_served_model_name,
     check_gpu_count,
+    check_node_layout,
     check_data_parallel,
     check_heads,
     check_expert_parallel,
@@ -722,6 +870,7 @@ RULES: tuple[Rule, ...] = (
     check_page_size,
     check_kv_dtype,
     check_typed_env,
+    check_env_names,
     check_index_key_dtype,
     check_context_length,
     check_speculative,

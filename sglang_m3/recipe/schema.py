@@ -13,9 +13,11 @@ variants, memory) is the job of ``rules.validate_recipe``, which reports every p
 from __future__ import annotations
 
 import datetime
-from typing import Literal
+import types
+import typing
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic.alias_generators import to_camel
 
 from .catalog import ProfileName, Variant
@@ -35,8 +37,26 @@ SpeculativeAlgorithm = Literal["EAGLE3", "EAGLE", "NGRAM"]
 HostOffloadMode = Literal["hierarchical-cache", "sparse-offload", "hisparse"]
 
 
+#: Largest integer a Kubernetes object holds (the API server stores int64): a recipe the CLI
+#: accepts must also be one the cluster can store.
+INT64_MAX = 2**63 - 1
+
+
+def _scalar_kinds(annotation: Any) -> set[Any]:
+    """The types a field annotation admits, ``None`` left out (``int | None`` -> ``{int}``)."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return {arg for arg in typing.get_args(annotation) if arg is not type(None)}
+    return {annotation}
+
+
 class RecipeModel(BaseModel):
-    """Base of every recipe section: camelCase in YAML, closed to unknown fields, immutable."""
+    """Base of every recipe section: camelCase in YAML, closed to unknown fields, immutable.
+
+    Scalars are taken as written, the way the CRD's schema (which the API server enforces)
+    takes them: a number written as a string (``tp: "8"``), a boolean as a number or a string
+    (``trustRemoteCode: "yes"``), an infinite float (``.inf``) or an integer beyond int64 is
+    refused naming its field, where pydantic's lax mode would quietly convert it and the CLI
+    would accept a recipe that ``kubectl apply`` refuses."""
 
     model_config = ConfigDict(
         alias_generator=to_camel,
@@ -44,7 +64,28 @@ class RecipeModel(BaseModel):
         extra="forbid",
         frozen=True,
         use_attribute_docstrings=True,
+        allow_inf_nan=False,
     )
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _scalars_as_written(cls, value: Any, info: ValidationInfo) -> Any:
+        kinds = _scalar_kinds(cls.model_fields[info.field_name].annotation)
+        if bool in kinds:
+            if isinstance(value, (str, bytes, int, float)) and not isinstance(value, bool):
+                kind = "string" if isinstance(value, (str, bytes)) else "number"
+                raise ValueError(f"Input should be a valid boolean (true or false, unquoted), not a {kind}")
+        elif kinds & {int, float}:
+            wanted = "a valid integer" if int in kinds else "a valid number"
+            if isinstance(value, bool):
+                raise ValueError(f"Input should be {wanted}, not a boolean")
+            if isinstance(value, (str, bytes)):
+                raise ValueError(f"Input should be {wanted} written unquoted, not a string")
+            if int in kinds and isinstance(value, (int, float)) and abs(value) > INT64_MAX:
+                raise ValueError(f"Input should be at most {INT64_MAX} (Kubernetes stores 64-bit integers)")
+        elif str in kinds and isinstance(value, (bytes, bytearray)):
+            raise ValueError("Input should be text, not binary data")
+        return value
 
 
 class Verified(RecipeModel):
