@@ -15,6 +15,7 @@ from sglang.srt.function_call.minimax_m3 import MinimaxM3Detector as UpstreamToo
 from sglang_m3.parsers.m3_format import NAMESPACE as NS
 from sglang_m3.parsers.tool_call_detector import MiniMaxM3ToolCallDetector
 from tests.parsers import m3_strategies as m3
+from tests.parsers.test_differential_upstream import _streamed as streamed
 from tests.parsers.test_tool_call_properties import rendered_reply, sglang_tools
 
 AUDIT_SETTINGS = settings(max_examples=100, deadline=None)
@@ -48,15 +49,8 @@ def _one_shot(text, tools=TOOLS, detector=MiniMaxM3ToolCallDetector):
 
 
 def _streamed(chunks, tools=TOOLS):
-    detector = MiniMaxM3ToolCallDetector()
-    content, names, arguments = "", {}, {}
-    for result in [*(detector.parse_streaming_increment(chunk, tools) for chunk in chunks), detector.finish(tools)]:
-        content += result.normal_text
-        for item in result.calls:
-            if item.name:
-                names[item.tool_index] = item.name
-            arguments[item.tool_index] = arguments.get(item.tool_index, "") + item.parameters
-    return content, [(names[index], json.loads(arguments[index])) for index in sorted(names)]
+    """Content and calls of the project's detector fed ``chunks`` (the differential tests' reader)."""
+    return streamed(MiniMaxM3ToolCallDetector(), chunks, tools)
 
 
 def _assert_parses_to(text, expected, tools=TOOLS):
