@@ -13,7 +13,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from msa_kernels.plan import DecodePlan, DraftTree, PrefillPlan, Tiles
 from msa_kernels.triton_attention import sparse_attention_kernel
-from msa_kernels.triton_block_major import block_major_attention_kernel, merge_block_partials_kernel
+from msa_kernels.triton_block_major import block_major_attention_kernel, block_major_held_kv_kernel, merge_block_partials_kernel
 from msa_kernels.triton_index import (
     decode_index_scores_kernel,
     prefill_index_merge_kernel,
@@ -175,6 +175,7 @@ def _attention(
 _BLOCK_MAJOR_ROWS = 128
 _BLOCK_MAJOR_WARPS = 8
 _BLOCK_MAJOR_STAGES = 2
+_BLOCK_MAJOR_HOLD_KV = True
 
 
 def _sorted_pairs(page_table: torch.Tensor, token_req: torch.Tensor, selected: torch.Tensor, num_pages: int):
@@ -212,6 +213,15 @@ def _key_tiles(keys: torch.Tensor, sentinel: int, pairs_per_tile: int):
     return tile_first.to(torch.int32), tile_count.to(torch.int32), num_tiles
 
 
+def _key_runs(keys: torch.Tensor, tile_first: torch.Tensor):
+    """Per tile, ``(run_end, run_last)``: the first tile of the next key, and the last pair of this
+    tile's key (binary searches over the sorted keys and the tiles' keys, ascending likewise)."""
+    tile_keys = keys[tile_first.clamp(max=keys.numel() - 1).long()]
+    run_end = torch.searchsorted(tile_keys, tile_keys, right=True)
+    run_last = torch.searchsorted(keys, tile_keys, right=True) - 1
+    return run_end.to(torch.int32), run_last.to(torch.int32)
+
+
 def _attention_block_major(
     plan: PrefillPlan, q, k_cache, v_cache, selected, out, sm_scale: float, block_size: int,
     k_scale: float = 1.0, v_scale: float = 1.0, tokens: tuple[int, int] | None = None,
@@ -235,8 +245,11 @@ def _attention_block_major(
         )
         tile_first, tile_count, num_tiles = _key_tiles(keys, sentinel, pairs_per_tile)
         programs = min(triton.cdiv(keys.numel(), pairs_per_tile), plan.block_major_programs)
-        block_major_attention_kernel[(programs,)](
-            q, k_cache, v_cache, selected, plan.token_pos, keys, pairs, tile_first, tile_count, num_tiles,
+        kernel, runs = block_major_attention_kernel, ()
+        if _BLOCK_MAJOR_HOLD_KV:
+            kernel, runs = block_major_held_kv_kernel, _key_runs(keys, tile_first)
+        kernel[(programs,)](
+            q, k_cache, v_cache, selected, plan.token_pos, keys, pairs, tile_first, tile_count, num_tiles, *runs,
             part_o, part_lse,
             start, num_pages,
             q.stride(0), q.stride(1),

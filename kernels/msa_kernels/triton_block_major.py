@@ -75,6 +75,76 @@ def block_major_attention_kernel(
 
 
 @triton.jit
+def block_major_held_kv_kernel(
+    q_ptr, k_ptr, v_ptr, sel_ptr, tok_pos_ptr, key_ptr, pair_ptr, tile_first_ptr, tile_count_ptr, num_tiles_ptr,
+    run_end_ptr, run_last_ptr,
+    part_o_ptr, part_lse_ptr,
+    tok_base, num_pages,
+    s_q_t, s_q_h,
+    s_k_slot, s_k_h,
+    s_v_slot, s_v_h,
+    s_sel_t, s_sel_h,
+    s_po_p, s_po_g,
+    s_pl_p,
+    qk_scale_log2, v_scale,
+    HKV: tl.constexpr, TOPK: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
+    PAIRS: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Persistent programs over a contiguous range of tiles each, the K/V of a key loaded once per *run*.
+
+    Tiles are as in :func:`block_major_attention_kernel`. A run is the tiles of one key
+    (``run_end[t]``: the first tile of the next key; ``run_last[t]``: the run's last pair). The
+    run's K and V are loaded before its tiles and held while only each tile's Q is gathered and its
+    partials written: the K/V traffic falls from one block per tile to one per run (a 128K prefill
+    reads each (block, head) in runs of tens to hundreds of tiles). A page is one block of the
+    sequence, at the same index in every request sharing it, so the run's last pair gives its block
+    and, with the newest token of the run, the newest key any of its rows may see: no row past it
+    (unwritten, possibly garbage) is loaded.
+    """
+    ROWS: tl.constexpr = PAIRS * GP
+    rows = tl.arange(0, ROWS)
+    in_tile = rows // GP
+    g = rows % GP
+    d = tl.arange(0, D)
+    keys = tl.arange(0, BLOCK)
+    num_tiles = tl.load(num_tiles_ptr)
+    programs = tl.num_programs(0)
+    tile = (tl.program_id(0) * num_tiles) // programs
+    t_end = ((tl.program_id(0) + 1) * num_tiles) // programs
+    while tile < t_end:
+        key = tl.load(key_ptr + tl.load(tile_first_ptr + tile))
+        run_stop = tl.minimum(tl.load(run_end_ptr + tile), t_end)
+        last_pair = tl.load(pair_ptr + tl.load(run_last_ptr + tile))
+        last_tok = tok_base + last_pair // (HKV * TOPK)
+        head = key // num_pages
+        blk = tl.load(sel_ptr + last_tok * s_sel_t + head * s_sel_h + last_pair % TOPK)
+        newest = tl.load(tok_pos_ptr + last_tok) - blk * BLOCK
+        slots = (key % num_pages).to(tl.int64) * BLOCK + keys
+        key_ok = keys <= newest
+        k_t = tl.load(k_ptr + slots[None, :] * s_k_slot + head * s_k_h + d[:, None], mask=key_ok[None, :], other=0.0)
+        v = tl.load(v_ptr + slots[:, None] * s_v_slot + head * s_v_h + d[None, :], mask=key_ok[:, None], other=0.0)
+        for t in range(tile, run_stop):
+            first = tl.load(tile_first_ptr + t)
+            live = in_tile < tl.load(tile_count_ptr + t)
+            row_ok = live & (g < G)
+            pair = tl.load(pair_ptr + first + in_tile, mask=live, other=0)
+            tok = tok_base + pair // (HKV * TOPK)
+            limit = tl.where(live, tl.load(tok_pos_ptr + tok, mask=live, other=0) - blk * BLOCK, -1)
+            q = tl.load(q_ptr + tok[:, None] * s_q_t + (head * G + g)[:, None] * s_q_h + d[None, :], mask=row_ok[:, None], other=0.0)
+            s = tl.dot(q, k_t.to(q.dtype)) * qk_scale_log2
+            s = tl.where(keys[None, :] <= limit[:, None], s, float("-inf"))
+            m = tl.max(s, axis=1)
+            m_safe = tl.where(m == float("-inf"), 0.0, m)
+            p = tl.exp2(s - m_safe[:, None])
+            l_sum = tl.sum(p, axis=1)
+            l_safe = tl.where(l_sum > 0, l_sum, 1.0)
+            o = tl.dot(p.to(q.dtype), v.to(q.dtype)) / l_safe[:, None] * v_scale
+            tl.store(part_o_ptr + pair[:, None] * s_po_p + g[:, None] * s_po_g + d[None, :], o.to(part_o_ptr.dtype.element_ty), mask=row_ok[:, None])
+            tl.store(part_lse_ptr + pair * s_pl_p + g, m_safe + tl.log2(l_safe), mask=row_ok)
+        tile = run_stop
+
+
+@triton.jit
 def merge_block_partials_kernel(
     part_o_ptr, part_lse_ptr, sel_ptr, out_ptr,
     tok_base,
