@@ -18,51 +18,40 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 import msa_kernel_bench as bench  # noqa: E402
-from msa_kernels import api  # noqa: E402
 from msa_kernels.api import run_prefill  # noqa: E402
-from msa_kernels.plan import page_table_from_req_to_token, plan_prefill  # noqa: E402
+from msa_kernels.plan import BLOCK_MAJOR_CHUNK_TOKENS, page_table_from_req_to_token, plan_prefill  # noqa: E402
 from provenance import commit  # noqa: E402
 
 K = 1024
-NEW_TOKENS = [32 * K, 64 * K, 128 * K, 192 * K, 256 * K]
+NEW_TOKENS = [8 * K, 16 * K, 32 * K, 64 * K, 128 * K, 192 * K]
 ROUNDS = 3
-#: form -> (block-major plan, K/V held over a key's run of tiles)
-FORMS = {"query_major": (False, False), "block_major": (True, False), "block_major_held": (True, True)}
-
-
-def timed_run(plan, hold: bool, *args):
-    """``run_prefill`` with block-major's K/V held or not (the module switch, restored after)."""
-    shipped = api._BLOCK_MAJOR_HOLD_KV
-    api._BLOCK_MAJOR_HOLD_KV = hold
-    try:
-        return run_prefill(plan, *args)
-    finally:
-        api._BLOCK_MAJOR_HOLD_KV = shipped
+FORMS = ("query_major", "block_major")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, nargs="+", default=NEW_TOKENS, help="new tokens of the one request")
-    new_tokens = parser.parse_args().n
+    parser.add_argument("--chunk", type=int, default=BLOCK_MAJOR_CHUNK_TOKENS, help="tokens per block-major pass")
+    args = parser.parse_args()
+    new_tokens = args.n
     pool = bench.Pool(tokens=(max(new_tokens) // K + 4) * K)
     rows = []
     for n in new_tokens:
         table = page_table_from_req_to_token(pool.req_to_token([n], n), torch.arange(1, device="cuda"), n, bench.BLOCK)
         q = torch.randn(n, bench.HQ, bench.D, device="cuda", dtype=torch.bfloat16)
         iq = torch.randn(n, bench.HKV, bench.DI, device="cuda", dtype=torch.bfloat16)
-        plans = {form: (plan_prefill(bench.PARAMS, table, [n], [n], num_index_heads=bench.HKV, block_major=major), hold)
-                 for form, (major, hold) in FORMS.items()}
-        outs = {form: timed_run(plan, hold, q, pool.k, pool.v, iq, pool.ik) for form, (plan, hold) in plans.items()}
-        same_blocks = all(torch.equal(outs["query_major"][1], out[1]) for out in outs.values())
-        max_abs_diff = {form: (outs["query_major"][0].float() - out[0].float()).abs().max().item() for form, out in outs.items()}
-        held_equal = torch.equal(outs["block_major"][0], outs["block_major_held"][0])
+        plans = {form: plan_prefill(bench.PARAMS, table, [n], [n], num_index_heads=bench.HKV, block_major=form == "block_major",
+                                   block_major_chunk=args.chunk)
+                 for form in FORMS}
+        outs = {form: run_prefill(plan, q, pool.k, pool.v, iq, pool.ik) for form, plan in plans.items()}
+        same_blocks = torch.equal(outs["query_major"][1], outs["block_major"][1])
+        max_abs_diff = (outs["query_major"][0].float() - outs["block_major"][0].float()).abs().max().item()
         ms = {form: [] for form in plans}
         for _ in range(ROUNDS):
-            for form, (plan, hold) in plans.items():
-                ms[form].append(bench.bench_ms(lambda p=plan, h=hold: timed_run(p, h, q, pool.k, pool.v, iq, pool.ik),
-                                               min_reps=3, budget_ms=300))
-        row = {"N": n, "ms": ms, "median_ms": {form: statistics.median(v) for form, v in ms.items()},
-               "same_blocks": same_blocks, "max_abs_diff_vs_query_major": max_abs_diff, "held_bit_equal": held_equal}
+            for form, plan in plans.items():
+                ms[form].append(bench.bench_ms(lambda p=plan: run_prefill(p, q, pool.k, pool.v, iq, pool.ik), min_reps=3, budget_ms=300))
+        row = {"N": n, "block_major_chunk": args.chunk, "ms": ms, "median_ms": {form: statistics.median(v) for form, v in ms.items()},
+               "same_blocks": same_blocks, "max_abs_diff": max_abs_diff}
         print(json.dumps(row), flush=True)
         rows.append(row)
         del q, iq, outs

@@ -13,7 +13,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from msa_kernels.plan import DecodePlan, DraftTree, PrefillPlan, Tiles
 from msa_kernels.triton_attention import sparse_attention_kernel
-from msa_kernels.triton_block_major import block_major_attention_kernel, block_major_held_kv_kernel, merge_block_partials_kernel
+from msa_kernels.triton_block_major import block_major_attention_kernel, merge_block_partials_kernel
 from msa_kernels.triton_index import (
     decode_index_scores_kernel,
     prefill_index_merge_kernel,
@@ -170,12 +170,13 @@ def _attention(
 
 
 # Query rows per block-major tile ((token, slot) pairs x query heads of the group), the warps of
-# its program and its pipeline stages. The fastest of the launches swept on an H200; 3 stages of
-# 128-row tiles do not fit in shared memory (benchmarks/results/prefill_attention_corun_h200/).
-_BLOCK_MAJOR_ROWS = 128
-_BLOCK_MAJOR_WARPS = 8
+# its program and its pipeline stages. The fastest of the launches swept on an H200 since a key's
+# K/V is held over its run of tiles: 64-row tiles on 4 warps, two programs per SM (attention at 128K
+# 50.1 ms against 58.9 for 128-row tiles on 8 warps, one per SM; benchmarks/results/
+# block_major_held_kv_h200/). Before, each tile loaded its K/V and larger tiles won.
+_BLOCK_MAJOR_ROWS = 64
+_BLOCK_MAJOR_WARPS = 4
 _BLOCK_MAJOR_STAGES = 2
-_BLOCK_MAJOR_HOLD_KV = True
 
 
 def _sorted_pairs(page_table: torch.Tensor, token_req: torch.Tensor, selected: torch.Tensor, num_pages: int):
@@ -245,11 +246,9 @@ def _attention_block_major(
         )
         tile_first, tile_count, num_tiles = _key_tiles(keys, sentinel, pairs_per_tile)
         programs = min(triton.cdiv(keys.numel(), pairs_per_tile), plan.block_major_programs)
-        kernel, runs = block_major_attention_kernel, ()
-        if _BLOCK_MAJOR_HOLD_KV:
-            kernel, runs = block_major_held_kv_kernel, _key_runs(keys, tile_first)
-        kernel[(programs,)](
-            q, k_cache, v_cache, selected, plan.token_pos, keys, pairs, tile_first, tile_count, num_tiles, *runs,
+        run_end, run_last = _key_runs(keys, tile_first)
+        block_major_attention_kernel[(programs,)](
+            q, k_cache, v_cache, selected, plan.token_pos, keys, pairs, tile_first, tile_count, num_tiles, run_end, run_last,
             part_o, part_lse,
             start, num_pages,
             q.stride(0), q.stride(1),

@@ -127,7 +127,7 @@ class PrefillPlan:
     max_blocks: int
     block_major: bool  # attention form: KV-block-major (long extends) or query-major (short ones)
     block_major_chunk: int  # tokens per block-major pass (bounds the partial-output scratch)
-    block_major_programs: int  # persistent programs of the block-major attention (one per SM)
+    block_major_programs: int  # persistent programs of the block-major attention (_BLOCK_MAJOR_PROGRAMS_PER_SM per SM)
     # [num_tokens] int32, request and absolute position of each q row; block-major only (else None)
     token_req: torch.Tensor | None
     token_pos: torch.Tensor | None
@@ -330,19 +330,17 @@ def _tiles_for(
 
 
 # Below this many new tokens in a batch the query-major attention wins. Block-major pays a sort,
-# a partial output per (token, block) written and read back, and a merge. Since the query-major
-# kernel loads a token's older blocks by descriptor (v12), on an H200 (whole extend step, random
-# inputs, one request, alternating rounds) it was faster up to 128K new tokens (75.8 against
-# 79.5 ms) and block-major from 192K (131.8 against 135.0 ms; 256K 193 against 212 ms):
-# benchmarks/results/prefill_attention_forms_h200/. A second run put the crossing between 160K
-# (even: 103.8 against 104.5 ms) and 176K (block-major 118.1 against 119.1 ms).
-BLOCK_MAJOR_MIN_TOKENS = 160 * 1024
+# a partial output per (token, block) written and read back, and a merge. Since it holds a key's
+# K/V over its run of tiles, on an H200 (whole extend step, random inputs, one request, alternating
+# rounds) it was faster from 16K new tokens (6.53 against 7.22 ms; 32K 13.0 / 15.2, 128K 64.4 /
+# 76.5) and slower at 8K (3.58 against 3.29 ms): benchmarks/results/block_major_held_kv_h200/.
+BLOCK_MAJOR_MIN_TOKENS = 16 * 1024
 # Block-major passes of at most this many tokens: the partial outputs take
 # tokens x kv_heads x topk x group x head_dim elements (4 GiB in bf16 at M3 geometry and 16K).
 BLOCK_MAJOR_CHUNK_TOKENS = 16384
-# Persistent block-major programs per SM: one (its 128x128 fp32 tiles fill the register file);
-# 2 and 4 measured slower on an H100.
-_BLOCK_MAJOR_PROGRAMS_PER_SM = 1
+# Persistent block-major programs per SM: two programs of 64-row tiles (api._BLOCK_MAJOR_ROWS), so
+# one's Q gathers overlap the other's math; 4 measured even (H200, block_major_held_kv_h200/).
+_BLOCK_MAJOR_PROGRAMS_PER_SM = 2
 
 
 def _token_positions(seq_lens: list[int], extend_lens: list[int], device) -> tuple[torch.Tensor, torch.Tensor]:

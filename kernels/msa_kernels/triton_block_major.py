@@ -4,10 +4,10 @@ Query-major attention (``triton_attention``) loads each chosen K/V block once pe
 at prefill every block is re-read by the ~2K tokens that chose it, and the kernel is bound by
 L2-to-SM bandwidth at ~16 FLOP per byte (benchmarks/KERNEL_NOTES.md). Here the query->block map
 is inverted: the (token, kv head, slot) *pairs* of a chunk are sorted by (kv head, page) and cut
-into tiles of at most ``PAIRS`` pairs of one block. A tile loads its block's K and V once for all
-``PAIRS x group`` query rows and writes one partial output per pair (its softmax normalised over
-that block, plus the base-2 log-sum-exp); ``merge_splits`` then combines a token's partials, one
-per chosen block. fp8 K/V caches are read as in ``triton_attention`` (widened after the load, the
+into tiles of at most ``PAIRS`` pairs of one block. A program loads a block's K and V once for
+the whole run of tiles that share it, and per tile gathers the ``PAIRS x group`` query rows and
+writes one partial output per pair (its softmax normalised over that block, plus the base-2
+log-sum-exp); ``merge_splits`` then combines a token's partials, one per chosen block. fp8 K/V caches are read as in ``triton_attention`` (widened after the load, the
 K scale folded into ``qk_scale_log2``, the V scale applied to each partial output).
 """
 
@@ -19,63 +19,6 @@ from msa_kernels.triton_attention import merge_splits
 
 @triton.jit
 def block_major_attention_kernel(
-    q_ptr, k_ptr, v_ptr, sel_ptr, tok_pos_ptr, key_ptr, pair_ptr, tile_first_ptr, tile_count_ptr, num_tiles_ptr,
-    part_o_ptr, part_lse_ptr,
-    tok_base, num_pages,
-    s_q_t, s_q_h,
-    s_k_slot, s_k_h,
-    s_v_slot, s_v_h,
-    s_sel_t, s_sel_h,
-    s_po_p, s_po_g,
-    s_pl_p,
-    qk_scale_log2, v_scale,
-    HKV: tl.constexpr, TOPK: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
-    PAIRS: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
-):
-    """Persistent programs over *tiles*: up to ``PAIRS`` sorted pairs that share one key.
-
-    ``key[i] = head * num_pages + page`` (ascending); ``pair[i] = (token - tok_base) * HKV * TOPK
-    + head * TOPK + slot``; tile ``t`` covers pairs ``tile_first[t] ..`` ``+ tile_count[t]``. The
-    loop over tiles lets the compiler prefetch the next tile's Q, K and V during this one's math.
-    """
-    ROWS: tl.constexpr = PAIRS * GP
-    rows = tl.arange(0, ROWS)
-    in_tile = rows // GP
-    g = rows % GP
-    d = tl.arange(0, D)
-    keys = tl.arange(0, BLOCK)
-    num_tiles = tl.load(num_tiles_ptr)
-    for tile in range(tl.program_id(0), num_tiles, tl.num_programs(0)):
-        first = tl.load(tile_first_ptr + tile)
-        live = in_tile < tl.load(tile_count_ptr + tile)
-        row_ok = live & (g < G)
-        key = tl.load(key_ptr + first)
-        pair = tl.load(pair_ptr + first + in_tile, mask=live, other=0)
-        tok = tok_base + pair // (HKV * TOPK)
-        head = key // num_pages
-        blk = tl.load(sel_ptr + tok * s_sel_t + head * s_sel_h + pair % TOPK, mask=live, other=0)
-        # The newest key each row may see inside the block (the causal bound of its own block).
-        limit = tl.where(live, tl.load(tok_pos_ptr + tok, mask=live, other=0) - blk * BLOCK, -1)
-        q = tl.load(q_ptr + tok[:, None] * s_q_t + (head * G + g)[:, None] * s_q_h + d[None, :], mask=row_ok[:, None], other=0.0)
-        slots = (key % num_pages).to(tl.int64) * BLOCK + keys
-        # Rows past a block's newest visible token may hold another request's garbage: never load them.
-        key_ok = keys <= tl.max(limit, 0)
-        k_t = tl.load(k_ptr + slots[None, :] * s_k_slot + head * s_k_h + d[:, None], mask=key_ok[None, :], other=0.0)
-        s = tl.dot(q, k_t.to(q.dtype)) * qk_scale_log2
-        s = tl.where(keys[None, :] <= limit[:, None], s, float("-inf"))
-        m = tl.max(s, axis=1)
-        m_safe = tl.where(m == float("-inf"), 0.0, m)
-        p = tl.exp2(s - m_safe[:, None])
-        l_sum = tl.sum(p, axis=1)
-        l_safe = tl.where(l_sum > 0, l_sum, 1.0)
-        v = tl.load(v_ptr + slots[:, None] * s_v_slot + head * s_v_h + d[None, :], mask=key_ok[:, None], other=0.0)
-        o = tl.dot(p.to(q.dtype), v.to(q.dtype)) / l_safe[:, None] * v_scale
-        tl.store(part_o_ptr + pair[:, None] * s_po_p + g[:, None] * s_po_g + d[None, :], o.to(part_o_ptr.dtype.element_ty), mask=row_ok[:, None])
-        tl.store(part_lse_ptr + pair * s_pl_p + g, m_safe + tl.log2(l_safe), mask=row_ok)
-
-
-@triton.jit
-def block_major_held_kv_kernel(
     q_ptr, k_ptr, v_ptr, sel_ptr, tok_pos_ptr, key_ptr, pair_ptr, tile_first_ptr, tile_count_ptr, num_tiles_ptr,
     run_end_ptr, run_last_ptr,
     part_o_ptr, part_lse_ptr,
@@ -90,9 +33,11 @@ def block_major_held_kv_kernel(
     HKV: tl.constexpr, TOPK: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
     PAIRS: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    """Persistent programs over a contiguous range of tiles each, the K/V of a key loaded once per *run*.
+    """Persistent programs over a contiguous range of *tiles* each, the K/V of a key loaded once per *run*.
 
-    Tiles are as in :func:`block_major_attention_kernel`. A run is the tiles of one key
+    A tile is up to ``PAIRS`` sorted pairs that share one key: ``key[i] = head * num_pages + page``
+    (ascending); ``pair[i] = (token - tok_base) * HKV * TOPK + head * TOPK + slot``; tile ``t``
+    covers pairs ``tile_first[t] ..`` ``+ tile_count[t]``. A run is the tiles of one key
     (``run_end[t]``: the first tile of the next key; ``run_last[t]``: the run's last pair). The
     run's K and V are loaded before its tiles and held while only each tile's Q is gathered and its
     partials written: the K/V traffic falls from one block per tile to one per run (a 128K prefill
