@@ -106,7 +106,6 @@ def desired_state(body: Mapping[str, Any], config: OperatorConfig) -> Plan:
     findings = validate_recipe(recipe)
     problems = [str(f) for f in findings if f.severity == "error"]
     warnings = tuple(str(f) for f in findings if f.severity != "error")
-    problems += [f"metadata.name: {text}" for text in names.name_problems(name)]
     problems += _network_problems(recipe, config)
     options, option_problems = parse_deployment_options(metadata.get("annotations") or {})
     problems += option_problems

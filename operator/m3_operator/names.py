@@ -8,8 +8,7 @@ the leader runs SGLang's HTTP server.
 
 from __future__ import annotations
 
-import re
-
+from m3_operator import recipe_api
 from m3_operator.recipe_api import GROUP
 
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
@@ -30,13 +29,10 @@ ANNOTATION_PREFIX = f"{GROUP}/"
 #: kopf bookkeeping annotations live under the operator's own prefix, not kopf's default.
 KOPF_ANNOTATION_PREFIX = f"operator.{GROUP}"
 
-#: The longest recipe name whose children all get valid names: the model-download Job
-#: ``<name>-download-<10-hex hash>`` must fit 63 characters (it becomes a pod label), and a
-#: LeaderWorkerSet ``<name>-lws`` names StatefulSets ``<name>-lws-<group>`` whose pods carry
-#: ``controller-revision-hash: <statefulset>-<10 characters>``, also a 63-character label.
-MAX_RECIPE_NAME = 43
-
-_DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+#: Longest recipe name the operator is given: the recipe layer refuses longer ones (and so does
+#: the CRD), sized so that the suffixes of ``model_download_job`` and ``leader_worker_set`` keep
+#: every child's name and pod labels within 63 characters. Change a suffix and the limit together.
+MAX_RECIPE_NAME = recipe_api.MAX_RECIPE_NAME
 
 
 def recipe_labels(name: str, component: str = "server") -> dict[str, str]:
@@ -56,20 +52,6 @@ def pod_selector(name: str, role: str | None = None) -> dict[str, str]:
     if role is not None:
         selector[ROLE_LABEL] = role
     return selector
-
-
-def name_problems(name: str) -> list[str]:
-    """Why ``name`` cannot name the children (Service names must start with a letter)."""
-    problems = []
-    if not _DNS_1035.match(name):
-        problems.append(
-            "must start with a letter and hold only lower-case letters, digits and '-' "
-            "(it names the Service, which Kubernetes requires to be a DNS-1035 label)")
-    if len(name) > MAX_RECIPE_NAME:
-        problems.append(
-            f"at most {MAX_RECIPE_NAME} characters (the model-download Job and a multi-node "
-            f"group's StatefulSets append suffixes, and their pod labels must fit 63), got {len(name)}")
-    return problems
 
 
 def leader_worker_set(name: str) -> str:

@@ -167,8 +167,8 @@ def server_command(recipe: Recipe,
     """
     if recipe.spec.model.path != TINY_MODEL_PATH:
         return ["python3", "-m", "sglang.launch_server"], list(launch.argv), []
-    # Every field as the recipe holds it, explicit nulls included where they switch a default
-    # off (``reasoning: null``): the pod must serve the very launch the operator rendered.
+    # Every field as the recipe holds it (``reasoning: none`` included): the pod must serve the
+    # very launch the operator rendered.
     document = dump_recipe(recipe)
     document["metadata"] = {"name": recipe.metadata.name}
     script = f'printf "%s" "${RECIPE_ENV}" > /tmp/recipe.yaml && exec sglang-m3 serve /tmp/recipe.yaml'

@@ -29,12 +29,13 @@ from sglang_m3.recipe import (
     render_launch,
     validate_recipe,
 )
-from sglang_m3.recipe.schema import SHORT_NAMES, SINGULAR
+from sglang_m3.recipe.schema import MAX_RECIPE_NAME, SHORT_NAMES, SINGULAR
 
 __all__ = [
     "API_VERSION",
     "GROUP",
     "KIND",
+    "MAX_RECIPE_NAME",
     "PLURAL",
     "SHORT_NAMES",
     "SINGULAR",

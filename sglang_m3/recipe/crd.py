@@ -32,9 +32,16 @@ def crd_openapi_schema() -> dict[str, Any]:
     source = recipe_json_schema()
     definitions = source.get("$defs", {})
     schema = _structural(source, definitions)
-    # Kubernetes validates metadata itself and allows no constraints on it beyond its type.
-    schema["properties"]["metadata"] = {"type": "object"}
+    schema["properties"]["metadata"] = _metadata(schema["properties"]["metadata"])
     return schema
+
+
+def _metadata(metadata: dict[str, Any]) -> dict[str, Any]:
+    """Kubernetes validates metadata itself and lets a CRD constrain ``name`` and
+    ``generateName`` only (no other field, not even a description). The name keeps its pattern
+    and length, so the API server refuses a name the operator could not use at ``kubectl
+    apply``, as ``recipe validate`` does."""
+    return {"type": "object", "properties": {"name": metadata["properties"]["name"]}}
 
 
 def _structural(node: Any, definitions: dict[str, Any]) -> Any:

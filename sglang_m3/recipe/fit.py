@@ -330,7 +330,7 @@ def runtime_reserve_bytes(recipe: Recipe, profile: HardwareProfile,
     """Activations of one prefill chunk + fp32 logits of a full batch + CUDA graphs."""
     serving = recipe.spec.serving
     chunk = serving.chunked_prefill_size
-    if chunk is None or chunk <= 0:
+    if chunk <= 0:
         chunk = recipe.spec.context_length  # unchunked: a whole prompt at once
     activations = chunk * geometry.hidden_size * 2 * ACTIVATION_HIDDEN_STATES
     logits = serving.max_running_requests * geometry.vocab_size * 4

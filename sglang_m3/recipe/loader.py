@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from .errors import Problem, RecipeLoadError
 from .schema import API_VERSION, KIND, Recipe
@@ -138,20 +138,9 @@ def parse_recipe(data: Any, source: str = "<object>") -> Recipe:
 
 def dump_recipe(recipe: Recipe) -> dict[str, Any]:
     """The recipe as plain data (YAML spelling) that ``parse_recipe`` reads back into an equal
-    recipe. A null is written only where it differs from the field's default (``reasoning:
-    null`` turns the default parser off; ``revision: null`` is the default and is left out)."""
-    return _without_default_nulls(recipe, recipe.model_dump(mode="json", by_alias=True))
-
-
-def _without_default_nulls(model: BaseModel, data: dict[str, Any]) -> dict[str, Any]:
-    for name, field in type(model).model_fields.items():
-        key = field.alias or name
-        value = getattr(model, name)
-        if value is None and field.default is None:
-            data.pop(key, None)
-        elif isinstance(value, BaseModel):
-            _without_default_nulls(value, data[key])
-    return data
+    recipe. Nulls are left out: wherever a recipe accepts null it means the field left out (the
+    schema refuses the others, since kubectl apply drops nulls)."""
+    return recipe.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
 def _check_envelope(data: dict) -> list[Problem]:
@@ -185,7 +174,7 @@ def _describe_item(item: dict) -> str:
         return "unknown field (check the spelling; fields are camelCase)"
     if item["type"] == "missing":
         return "required field is missing"
-    shown = _SHORT_REPR.repr(item["input"])
+    shown = "null" if item["input"] is None else _SHORT_REPR.repr(item["input"])  # YAML's spelling
     if len(shown) > 60:
         shown = shown[:57] + "..."
     # a validator's own ValueError reads as its message, without pydantic's "Value error, "

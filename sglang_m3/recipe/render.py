@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 
 from .catalog import HardwareProfile, get_profile
-from .schema import Recipe
+from .schema import NO_PARSER, Recipe
 
 #: Address of the group leader inside a LeaderWorkerSet; Kubernetes expands ``$(VAR)`` in
 #: container arguments, so the rendered multi-node command works unchanged in a pod.
@@ -236,9 +236,9 @@ def _add_speculative(add, recipe: Recipe) -> None:
 
 def _add_parsers(add, recipe: Recipe) -> None:
     parsers = recipe.spec.parsers
-    if parsers.reasoning:
+    if parsers.reasoning != NO_PARSER:
         add("--reasoning-parser", parsers.reasoning)
-    if parsers.tool_call:
+    if parsers.tool_call != NO_PARSER:
         add("--tool-call-parser", parsers.tool_call)
     add("--default-chat-template-kwargs",
         json.dumps({"thinking_mode": parsers.default_thinking_mode}))
@@ -316,8 +316,7 @@ def _sparse_offload_env(recipe: Recipe) -> dict[str, str]:
 def _add_serving(add, recipe: Recipe) -> None:
     serving = recipe.spec.serving
     add("--mem-fraction-static", serving.mem_fraction_static)
-    if serving.chunked_prefill_size is not None:
-        add("--chunked-prefill-size", serving.chunked_prefill_size)
+    add("--chunked-prefill-size", serving.chunked_prefill_size)
     add("--max-running-requests", serving.max_running_requests)
     if serving.max_total_tokens is not None:
         add("--max-total-tokens", serving.max_total_tokens)

@@ -20,7 +20,7 @@ from .render import (
     attention_backend_for,
     sparse_offload_selection_blocks,
 )
-from .schema import Recipe
+from .schema import NO_PARSER, Recipe
 from .sglang_options import OPTIONS as SGLANG_OPTIONS
 from .sglang_options import SGLANG_VERSION as SGLANG_OPTIONS_VERSION
 from .sglang_options import is_option_token, resolve
@@ -391,13 +391,13 @@ def check_context_length(recipe: Recipe, profile: HardwareProfile) -> Iterator[F
             "context.max")
     chunk = spec.serving.chunked_prefill_size
     page = spec.kv_cache.page_size
-    if chunk is not None and chunk > 0 and chunk % page:
+    if chunk > 0 and chunk % page:
         yield _error(
             "spec.serving.chunkedPrefillSize",
             f"chunkedPrefillSize {chunk} is not a multiple of pageSize {page}, which SGLang refuses at "
             f"start-up (chunks end on page boundaries); use {max(page, chunk // page * page)}",
             "context.chunk-page")
-    if chunk is not None and 0 < spec.context_length < chunk:
+    if 0 < spec.context_length < chunk:
         yield _warning(
             "spec.serving.chunkedPrefillSize",
             f"chunkedPrefillSize {chunk} exceeds contextLength {spec.context_length}; set it "
@@ -727,7 +727,7 @@ def check_parser_names(recipe: Recipe, profile: HardwareProfile) -> Iterator[Fin
     parsers = recipe.spec.parsers
     for field, name, known in (("reasoning", parsers.reasoning, SGLANG_REASONING_PARSERS),
                                ("toolCall", parsers.tool_call, SGLANG_TOOL_CALL_PARSERS)):
-        if name is None or name == M3_PARSER:
+        if name in (NO_PARSER, M3_PARSER):
             continue
         if name not in known:
             yield _error(f"spec.parsers.{field}",
@@ -736,12 +736,12 @@ def check_parser_names(recipe: Recipe, profile: HardwareProfile) -> Iterator[Fin
         else:
             yield _warning(f"spec.parsers.{field}",
                            f"{name} parses another model's output format, not M3's; set {field}: "
-                           f"{M3_PARSER} (or null to leave the text as it is)", "parsers.other-model")
+                           f"{M3_PARSER} (or {NO_PARSER} to leave the text as it is)", "parsers.other-model")
 
 
 def check_parsers(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
     parsers = recipe.spec.parsers
-    if parsers.reasoning is None and parsers.default_thinking_mode != "disabled":
+    if parsers.reasoning == NO_PARSER and parsers.default_thinking_mode != "disabled":
         yield _warning(
             "spec.parsers.reasoning",
             f"with thinking mode {parsers.default_thinking_mode} and no reasoning parser, "

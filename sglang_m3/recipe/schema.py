@@ -13,6 +13,7 @@ variants, memory) is the job of ``rules.validate_recipe``, which reports every p
 from __future__ import annotations
 
 import datetime
+import re
 import types
 import typing
 from typing import Any, Literal
@@ -40,6 +41,33 @@ HostOffloadMode = Literal["hierarchical-cache", "sparse-offload", "hisparse"]
 #: Largest integer a Kubernetes object holds (the API server stores int64): a recipe the CLI
 #: accepts must also be one the cluster can store.
 INT64_MAX = 2**63 - 1
+
+#: The longest recipe name whose children all get valid names: the operator's model-download
+#: Job ``<name>-download-<10-hex hash>`` must fit 63 characters (it becomes a pod label), and a
+#: multi-node recipe's LeaderWorkerSet ``<name>-lws`` names StatefulSets ``<name>-lws-<group>``
+#: whose pods carry ``controller-revision-hash: <statefulset>-<10 characters>``, also a
+#: 63-character label. It lives here, not in the operator, so that ``recipe validate`` refuses
+#: such names too (this layer does not import the operator; the operator imports this).
+MAX_RECIPE_NAME = 43
+
+#: A recipe name is a DNS-1035 label: it names the recipe's Service, which Kubernetes requires
+#: to start with a letter.
+RECIPE_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+
+#: Parser name that turns a parser off (``parsers.reasoning: none``). A null cannot: kubectl
+#: apply drops null fields, so the cluster would run the default parser.
+NO_PARSER = "none"
+
+
+def _refuse_null(value: Any, default: Any, instead: str) -> Any:
+    """``value``, unless it is an explicit null. Client-side ``kubectl apply`` deletes null fields,
+    server-side apply takes null for removal and the API server prunes nulls the CRD does not
+    declare nullable: the cluster deploys the field's default. A null the CLI accepted would
+    deploy something other than what ``recipe validate`` and ``recipe render`` showed."""
+    if value is None:
+        raise ValueError(f"null is dropped by kubectl apply, so the cluster would deploy the default "
+                         f"{default}; {instead}, or leave the field out for {default}")
+    return value
 
 
 def _scalar_kinds(annotation: Any) -> set[Any]:
@@ -210,13 +238,20 @@ class Speculative(RecipeModel):
 class Parsers(RecipeModel):
     """Output parsing and the default reasoning behaviour."""
 
-    reasoning: str | None = "minimax-m3"
-    """SGLang reasoning parser (--reasoning-parser); null leaves reasoning in the content."""
-    tool_call: str | None = "minimax-m3"
-    """SGLang tool-call parser (--tool-call-parser); null disables tool-call parsing."""
+    reasoning: str = "minimax-m3"
+    """SGLang reasoning parser (--reasoning-parser); none leaves reasoning in the content."""
+    tool_call: str = "minimax-m3"
+    """SGLang tool-call parser (--tool-call-parser); none disables tool-call parsing."""
     default_thinking_mode: ThinkingMode = "adaptive"
     """thinking_mode applied when a request sets none: adaptive lets the model decide,
     enabled starts every reply inside reasoning, disabled skips reasoning."""
+
+    @field_validator("reasoning", "tool_call", mode="before")
+    @classmethod
+    def _off_is_none_not_null(cls, value: Any, info: ValidationInfo) -> Any:
+        """Null cannot turn a parser off: kubectl would drop it and the cluster run the default."""
+        default = cls.model_fields[info.field_name].default
+        return _refuse_null(value, default, f"write {NO_PARSER} to turn the parser off")
 
 
 class MediaLimits(RecipeModel):
@@ -285,9 +320,8 @@ class Serving(RecipeModel):
     """Share of GPU memory for weights plus KV pool (--mem-fraction-static); the rest holds
     activations and CUDA graphs. The SGLang cookbook uses 0.75 on NVIDIA Blackwell and 0.80 on
     AMD for MXFP8; the BF16 weights on Hopper need more."""
-    chunked_prefill_size: int | None = Field(default=8192, ge=-1)
-    """Tokens per prefill chunk (--chunked-prefill-size); -1 disables chunking; null keeps
-    SGLang's default."""
+    chunked_prefill_size: int = Field(default=8192, ge=-1)
+    """Tokens per prefill chunk (--chunked-prefill-size); -1 disables chunking."""
     max_running_requests: int = Field(default=64, ge=1)
     """Concurrent requests per replica (--max-running-requests); the memory fit sizes the KV
     pool for this many requests at full context."""
@@ -302,6 +336,14 @@ class Serving(RecipeModel):
     extra_args: list[str] = Field(default_factory=list)
     """Further SGLang arguments, appended verbatim. Arguments that duplicate a typed field are
     refused: set the typed field instead."""
+
+    @field_validator("chunked_prefill_size", mode="before")
+    @classmethod
+    def _chunk_not_null(cls, value: Any) -> Any:
+        """Null cannot mean "SGLang's own chunk size": kubectl would drop it and the cluster run
+        the default."""
+        return _refuse_null(value, cls.model_fields["chunked_prefill_size"].default,
+                            "write the chunk size in tokens (-1 disables chunking)")
 
 
 class RecipeSpec(RecipeModel):
@@ -339,14 +381,36 @@ class ObjectMeta(BaseModel):
 
     model_config = ConfigDict(extra="ignore", frozen=True, use_attribute_docstrings=True)
 
-    name: str = Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-    """Recipe name: lower-case letters, digits and '-', at most 63 characters."""
+    name: str = Field(json_schema_extra={"maxLength": MAX_RECIPE_NAME, "pattern": RECIPE_NAME_PATTERN})
+    """Recipe name: lower-case letters, digits and '-', starting with a letter (it names the
+    Service), and short enough that the names and pod labels the operator derives from it fit
+    63 characters (see maxLength)."""
     namespace: str | None = None
     """Namespace of the custom resource; ignored by the CLI."""
     labels: dict[str, str] = Field(default_factory=dict)
     """Kubernetes labels."""
     annotations: dict[str, str] = Field(default_factory=dict)
     """Kubernetes annotations."""
+
+    @field_validator("name")
+    @classmethod
+    def _names_every_child(cls, name: str) -> str:
+        """A name the operator cannot give its children is refused here, with the reason, rather
+        than accepted by ``recipe validate`` and refused once applied. The CRD carries the same
+        pattern and length (``crd_openapi_schema``), so the API server refuses it as well."""
+        problems = []
+        if not re.fullmatch(RECIPE_NAME_PATTERN, name):
+            problems.append("must start with a letter and hold only lower-case letters, digits and '-', "
+                            "ending in a letter or digit (it names the recipe's Service, which Kubernetes "
+                            "requires to be a DNS-1035 label)")
+        if len(name) > MAX_RECIPE_NAME:
+            problems.append(f"is {len(name)} characters; at most {MAX_RECIPE_NAME} fit, because the operator "
+                            f"names the model-download Job <name>-download-<hash> and a multi-node group's "
+                            f"StatefulSets <name>-lws-<group> after the recipe, and their pod labels must fit "
+                            f"63 characters; shorten the name")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return name
 
 
 class Recipe(RecipeModel):

@@ -5,9 +5,10 @@
   it. The periodic re-apply is the controller's own loop, shown here to re-apply.
 - A recipe whose ``spec.env`` names a variable the operator sets in the pod (HF_HOME, ...) is
   refused naming the field instead of rendering a container with the name twice.
-- The tiny-model pod receives its recipe through an environment variable: explicit nulls that
-  turn a default off (``reasoning: null``) reach it, so it serves the launch the operator
-  rendered (they were dropped, and the pod served the defaults).
+- The tiny-model pod receives its recipe through an environment variable: values that turn a
+  default off (``reasoning: none``, ``chunkedPrefillSize: -1``) reach it, so it serves the
+  launch the operator rendered (explicit nulls, which did that before, were dropped, and the pod
+  served the defaults).
 - ``operator render`` reads a file as ``recipe validate`` does (a repeated key, an impossible
   date, a second document: refused, never the last key winning nor a traceback), and a recipe
   with a string, boolean or list where ``metadata`` belongs is refused, not a crash.
@@ -143,8 +144,8 @@ def test_env_names_stay_unique_in_every_container():
 # --- the tiny-model pod serves what was rendered -----------------------------------------------
 
 @pytest.mark.parametrize("spec_changes", [
-    {"parsers": {"reasoning": None, "toolCall": None, "defaultThinkingMode": "disabled"}},
-    {"serving": {"maxTotalTokens": 8192, "maxRunningRequests": 4, "chunkedPrefillSize": None}},
+    {"parsers": {"reasoning": "none", "toolCall": "none", "defaultThinkingMode": "disabled"}},
+    {"serving": {"maxTotalTokens": 8192, "maxRunningRequests": 4, "chunkedPrefillSize": -1}},
     {},
 ])
 def test_the_tiny_pod_gets_the_recipe_it_was_rendered_from(spec_changes):

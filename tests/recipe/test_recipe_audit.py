@@ -201,7 +201,7 @@ def test_the_served_name_rule_agrees_with_sglang():
 
 
 @pytest.mark.parametrize("chunk, page, refused", [
-    (1000, 128, True), (8192, 128, False), (-1, 128, False), (None, 128, False), (1000, 1, False),
+    (1000, 128, True), (8192, 128, False), (-1, 128, False), (0, 128, False), (1000, 1, False),
 ])
 def test_chunked_prefill_must_be_whole_pages(chunk, page, refused):
     """check_server_args: chunked_prefill_size % page_size == 0 when chunking is on."""

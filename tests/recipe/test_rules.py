@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from sglang_m3.recipe import CATALOG, MAX_CONTEXT_LENGTH, validate_recipe
 from sglang_m3.recipe.render import TYPED_FLAGS
 from sglang_m3.recipe.rules import ADAPTIVE_DROPPED_BY
+from sglang_m3.recipe.schema import NO_PARSER
 from tests.recipe.recipe_factory import make_recipe
 
 DIVISORS_OF_64 = {1, 2, 4, 8, 16, 32, 64}
@@ -63,7 +64,7 @@ def test_expert_parallel_rules(tp, ep, profile):
 @given(context=st.integers(1, 4 * MAX_CONTEXT_LENGTH))
 def test_context_rule_fires_exactly_beyond_one_million(context):
     recipe = make_recipe(spec__contextLength=context, spec__serving={"maxRunningRequests": 1,
-                                                                     "chunkedPrefillSize": None})
+                                                                     "chunkedPrefillSize": -1})
     assert ("context.max" in rules_fired(recipe)) == (context > MAX_CONTEXT_LENGTH)
 
 
@@ -271,9 +272,9 @@ def test_tp_across_nodes_warns_except_inside_an_nvl72_rack():
 
 def test_other_warnings_and_errors():
     assert "kv.fp8-e5m2" in rules_fired(make_recipe(spec__kvCache={"dtype": "fp8_e5m2"}))
-    assert "parsers.reasoning" in rules_fired(make_recipe(spec__parsers={"reasoning": None}))
+    assert "parsers.reasoning" in rules_fired(make_recipe(spec__parsers={"reasoning": NO_PARSER}))
     assert "parsers.reasoning" not in rules_fired(make_recipe(
-        spec__parsers={"reasoning": None, "defaultThinkingMode": "disabled"}))
+        spec__parsers={"reasoning": NO_PARSER, "defaultThinkingMode": "disabled"}))
     assert "parallelism.pp-uneven" in rules_fired(make_recipe(
         spec__hardware={"profile": "b200", "gpusPerNode": 7},
         spec__parallelism={"tp": 1, "pp": 7}))
@@ -313,7 +314,7 @@ def test_every_finding_names_a_spec_field_and_a_fix(profile, tp, pp, context, pa
 def test_max_total_tokens_rule_fires_exactly_below_the_context(cap, context):
     recipe = make_recipe(spec__contextLength=context,
                          spec__serving={"maxTotalTokens": cap, "maxRunningRequests": 1,
-                                        "chunkedPrefillSize": None})
+                                        "chunkedPrefillSize": -1})
     assert ("serving.max-total-tokens" in rules_fired(recipe)) == (cap < context)
 
 

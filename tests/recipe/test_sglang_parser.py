@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from sglang_m3.recipe import get_profile, load_recipe, parse_recipe, render_launch
 from sglang_m3.recipe.render import TYPED_FLAGS, attention_backend_for
+from sglang_m3.recipe.schema import NO_PARSER
 from tests.recipe.recipe_factory import library_files, recipe_document
 
 server_args_module = pytest.importorskip("sglang.srt.server_args")
@@ -51,8 +52,8 @@ def expected_fields(recipe) -> dict:
         "page_size": spec.kv_cache.page_size,
         "kv_cache_dtype": spec.kv_cache.dtype,
         "quantization": "mxfp8" if spec.model.variant == "mxfp8" else None,
-        "reasoning_parser": spec.parsers.reasoning,
-        "tool_call_parser": spec.parsers.tool_call,
+        "reasoning_parser": None if spec.parsers.reasoning == NO_PARSER else spec.parsers.reasoning,
+        "tool_call_parser": None if spec.parsers.tool_call == NO_PARSER else spec.parsers.tool_call,
         "default_chat_template_kwargs": {"thinking_mode": spec.parsers.default_thinking_mode},
         "enable_multimodal": spec.multimodal.enabled or None,
         "language_model_only": not spec.multimodal.enabled,
@@ -62,11 +63,10 @@ def expected_fields(recipe) -> dict:
         "host": spec.serving.host,
         "port": spec.serving.port,
         "nnodes": spec.hardware.nodes,
+        "chunked_prefill_size": spec.serving.chunked_prefill_size,
     }
     if parallel.attention_dp > 1:
         expected["attn_dp_size"] = parallel.attention_dp
-    if spec.serving.chunked_prefill_size is not None:
-        expected["chunked_prefill_size"] = spec.serving.chunked_prefill_size
     if spec.serving.watchdog_timeout is not None:
         expected["watchdog_timeout"] = spec.serving.watchdog_timeout
     if spec.hardware.nodes > 1:
@@ -150,14 +150,14 @@ def recipes(draw):
         spec__kvCache={"pageSize": 128,
                        "dtype": draw(st.sampled_from(["auto", "bf16", "fp8_e4m3", "fp8_e5m2"]))},
         spec__speculative=speculative,
-        spec__parsers={"reasoning": draw(st.sampled_from(["minimax-m3", None])),
-                       "toolCall": draw(st.sampled_from(["minimax-m3", None])),
+        spec__parsers={"reasoning": draw(st.sampled_from(["minimax-m3", NO_PARSER])),
+                       "toolCall": draw(st.sampled_from(["minimax-m3", NO_PARSER])),
                        "defaultThinkingMode": draw(st.sampled_from(
                            ["adaptive", "enabled", "disabled"]))},
         spec__multimodal={"enabled": draw(st.booleans())},
         spec__serving={
             "memFractionStatic": draw(st.floats(0.5, 0.95)),
-            "chunkedPrefillSize": draw(st.sampled_from([None, -1, 4096, 16384])),
+            "chunkedPrefillSize": draw(st.sampled_from([-1, 4096, 8192, 16384])),
             "maxRunningRequests": draw(st.integers(1, 512)),
             "maxTotalTokens": draw(st.one_of(st.none(), st.integers(1024, 10**7))),
             "watchdogTimeout": draw(st.one_of(st.none(), st.floats(10, 7200))),
