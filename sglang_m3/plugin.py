@@ -92,9 +92,10 @@ HOOKS: tuple[Hook, ...] = (
         "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator.config_from_budget",
         "AROUND",
         hooks.reserve_block_caches,
-        "Under sparse offload the per-layer block caches are device memory of a fixed size: taken "
-        "off the KV budget before the slot pool is sized, or pool and caches together would overrun "
-        "it; caches larger than the budget are refused naming SGLANG_M3_SPARSE_OFFLOAD_BLOCKS.",
+        "Under sparse offload the per-layer block caches are device memory beside the slot pool (a "
+        "fixed part and a page table that grows with the pool): taken off the KV budget before the "
+        "pool is sized, or pool and caches together would overrun it; caches larger than the budget, "
+        "and SGLang's post-capture resize (which would take them off twice), are refused by name.",
     ),
     Hook(
         "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._apply_token_constraints",

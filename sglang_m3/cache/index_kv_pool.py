@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from msa_kernels.reference import quantize_index_keys
 from msa_kernels.triton_cache_insert import insert_kv_and_index
+from sglang.srt.constants import GPU_MEMORY_TYPE_KV_CACHE
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
 from sglang_m3.cache.index_key_dtype import index_key_bytes, index_key_fp8
@@ -45,13 +46,17 @@ class M3IndexedKVPool(MHATokenToKVPool):
             self.index_dtype = index_key_storage_dtype(self.dtype, self.model_dtype)
         layers = self.local_sparse_layer_ids()
         rows = self.size + self.page_size
-        self.index_k_buffer = {
-            layer_id: torch.zeros((rows, self.index_head_dim), dtype=self.index_dtype, device=self.device) for layer_id in layers
-        }
-        # {} for 16-bit keys, so every copy below can loop over both dicts
-        self.index_k_scale_buffer = {
-            layer_id: torch.zeros(rows, dtype=torch.float32, device=self.device) for layer_id in layers if self.index_key_fp8
-        }
+        # in SGLang's memory-saver region of the KV cache, as its K/V: --enable-memory-saver releases them together
+        with self.memory_saver_adapter.region(GPU_MEMORY_TYPE_KV_CACHE):
+            self.index_k_buffer = {
+                layer_id: torch.zeros((rows, self.index_head_dim), dtype=self.index_dtype, device=self.device)
+                for layer_id in layers
+            }
+            # {} for 16-bit keys, so every copy below can loop over both dicts
+            self.index_k_scale_buffer = {
+                layer_id: torch.zeros(rows, dtype=torch.float32, device=self.device)
+                for layer_id in layers if self.index_key_fp8
+            }
 
     def local_sparse_layer_ids(self) -> list[int]:
         """The sparse layers (global ids) whose KV this rank's pool holds."""

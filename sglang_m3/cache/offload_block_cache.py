@@ -41,6 +41,15 @@ def block_cache_fixed_bytes(num_entries: int, block_size: int, head_num: int, he
     return pages + tables * torch.int64.itemsize
 
 
+def block_cache_bytes(num_entries: int, num_pages: int, block_size: int, head_num: int, head_dim: int,
+                      v_head_dim: int, element_bytes: int) -> int:
+    """Device bytes one :class:`SparseBlockCache` over a host store of ``num_pages`` pages allocates:
+    the fixed part and its page table (``page_entry``: one entry per page, and one for ``num_pages``,
+    the page id an empty entry holds)."""
+    fixed = block_cache_fixed_bytes(num_entries, block_size, head_num, head_dim, v_head_dim, element_bytes)
+    return fixed + (num_pages + 1) * torch.int64.itemsize
+
+
 class SparseBlockCache:
     def __init__(self, num_entries: int, num_pages: int, block_size: int, head_num: int, head_dim: int,
                  v_head_dim: int, dtype: torch.dtype, device, kernel_copies: bool = False):

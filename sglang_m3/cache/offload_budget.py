@@ -10,7 +10,8 @@ admission then works on those slots: an input longer than the pool gets its "Inp
 exceeds the maximum allowed length" error, concurrent requests that do not fit together wait in
 the queue. A budget that cannot hold one request of ``--context-length`` is refused at start-up:
 such a request would otherwise be cut short when the pool runs out mid-answer. So are block caches
-that take the whole device budget, and a host budget set while sparse offload is off.
+that take the whole device budget, a host budget set while sparse offload is off, and SGLang's
+post-capture KV sizing (``SGLANG_ENABLE_POST_CAPTURE_KV_SIZING``).
 """
 
 from __future__ import annotations
@@ -45,6 +46,22 @@ def check_block_caches_fit(cache_blocks: int, cache_bytes: int, budget_bytes: in
             f"{SPARSE_OFFLOAD_BLOCKS_ENV}={cache_blocks}: the block caches take {cache_bytes / 10**9:.3f} GB of device "
             f"memory, the whole KV budget of {max(budget_bytes, 0) / 10**9:.3f} GB; lower {SPARSE_OFFLOAD_BLOCKS_ENV} "
             "or raise --mem-fraction-static")
+
+
+#: SGLang's switch (``sglang.srt.environ``) that sizes the KV pool a second time after CUDA-graph capture
+POST_CAPTURE_KV_SIZING_ENV = "SGLANG_ENABLE_POST_CAPTURE_KV_SIZING"
+
+
+def check_no_post_capture_sizing(cache_blocks: int, post_capture_active: bool) -> None:
+    """Refuse SGLang's post-capture KV sizing under sparse offload. It sizes the pool again from the
+    memory free after capture, where the block caches are allocated already, so they would come off
+    the budget twice; and its pool backs every layer's K/V in device memory, bypassing the host store."""
+    if post_capture_active:
+        raise ValueError(
+            f"{SPARSE_OFFLOAD_BLOCKS_ENV}={cache_blocks} cannot run with {POST_CAPTURE_KV_SIZING_ENV}=1: SGLang's "
+            "post-capture resize sizes the KV pool again from the memory left once the block caches are allocated "
+            "(they would come off the budget twice) and backs every layer's K/V in device memory, where sparse "
+            "offload keeps the sparse layers' K/V in the host store; unset one of them")
 
 
 def offloaded_bytes_per_token(sparse_layers: int, kv_heads: int, head_dim: int, v_head_dim: int, element_bytes: int) -> int:

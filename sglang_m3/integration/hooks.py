@@ -195,10 +195,23 @@ def refuse_attention_data_parallel(attn_dp_size: int) -> None:
         )
 
 
+def refuse_disaggregation(disaggregation_mode: str) -> None:
+    """Refuse ``--disaggregation-mode prefill`` / ``decode`` before the KV pool is built: SGLang's
+    prefill -> decode transfer lists an MHA pool's buffers as every layer's K then every layer's V and
+    splits that list by halves, layers and heads (pipeline stages, differing TP), which the index keys
+    beside them fit none of; a decode instance would select blocks from index keys it never received."""
+    if disaggregation_mode in ("prefill", "decode"):
+        raise ValueError(
+            f"--disaggregation-mode {disaggregation_mode}: SGLang's KV transfer moves each layer's K and V but not "
+            "the index keys sglang-m3 keeps beside them, so the decode instance would choose M3's sparse blocks from "
+            "index keys it never received; serve M3 without prefill/decode disaggregation (--disaggregation-mode null)"
+        )
+
+
 def _m3_pool_class(configurator, spec):
     """The sparse-offload pool when ``SGLANG_M3_SPARSE_OFFLOAD_BLOCKS`` asks for it (checked against
     the server's settings), else the index-key pool."""
-    from sglang.srt.runtime_context import get_parallel
+    from sglang.srt.runtime_context import get_disagg, get_parallel
 
     from sglang_m3.cache.index_kv_pool import indexed_pool_class
     from sglang_m3.cache.offload_pool import offload_pool_class
@@ -206,6 +219,7 @@ def _m3_pool_class(configurator, spec):
 
     parallel = get_parallel()
     refuse_attention_data_parallel(parallel.attn_dp_size)
+    refuse_disaggregation(get_disagg().disaggregation_mode)
     blocks = sparse_offload_blocks()
     if not blocks:
         return indexed_pool_class(spec, configurator.model_dtype)
@@ -231,36 +245,54 @@ def add_index_key_bytes(cell_size, pool_configurator, kvc, num_layers):
     return cell_size + index_bytes - offloaded
 
 
-def reserve_block_caches(original, kvc, budget_bytes, *args, **kwargs):
+def reserve_block_caches(original, kvc, budget_bytes, *, cap_tokens=None):
     """AROUND SGLang's pool sizing from a byte budget: under sparse offload the block caches are
-    device memory of a fixed size, taken off the KV budget before the slot pool is sized (or pool
-    and caches together would overrun it); caches that take the whole budget are refused by name."""
-    if not is_m3(kvc.model_config.hf_config):
-        return original(kvc, budget_bytes, *args, **kwargs)
-    from sglang_m3.cache.offload_budget import check_block_caches_fit
+    device memory beside the slot pool, taken off the KV budget before the pool is sized (or pool and
+    caches together would overrun it). What comes off is what they allocate: a fixed part and a page
+    table that grows with the pool (``_block_caches_bytes``). The tables of the largest pool the rest
+    of the budget holds bound those of any smaller one; the pool sized beside those is then held to
+    its size with its own tables taken off. Caches that take the whole budget, and SGLang's
+    post-capture resize (which would take them off twice), are refused by name."""
+    blocks = _sparse_offload_blocks(kvc)
+    if not blocks:
+        return original(kvc, budget_bytes, cap_tokens=cap_tokens)
+    from sglang_m3.cache.offload_budget import check_block_caches_fit, check_no_post_capture_sizing
+
+    check_no_post_capture_sizing(blocks, kvc.post_capture_kv_active)
+    caches_bytes = _block_caches_bytes(kvc, spec_of(kvc.model_config), blocks)
+    check_block_caches_fit(blocks, caches_bytes(0), budget_bytes)
+    most = original(kvc, budget_bytes - caches_bytes(0), cap_tokens=cap_tokens).max_total_num_tokens
+    tokens = original(kvc, budget_bytes - caches_bytes(most), cap_tokens=cap_tokens).max_total_num_tokens
+    return original(kvc, budget_bytes - caches_bytes(tokens), cap_tokens=tokens)
+
+
+def _sparse_offload_blocks(kvc) -> int:
+    """Block-cache entries per sparse layer of this configurator's model: 0 unless M3 under sparse offload."""
     from sglang_m3.cache.offload_settings import sparse_offload_blocks
 
-    blocks = sparse_offload_blocks()
-    if blocks:
-        reserved = _block_cache_bytes(kvc, spec_of(kvc.model_config), blocks)
-        check_block_caches_fit(blocks, reserved, budget_bytes)
-        budget_bytes -= reserved
-    return original(kvc, budget_bytes, *args, **kwargs)
+    return sparse_offload_blocks() if is_m3(kvc.model_config.hf_config) else 0
 
 
-def _block_cache_bytes(kvc, spec, blocks: int) -> int:
-    """Device bytes of this rank's block caches: one per local sparse layer, as the offload pool builds them."""
-    from sglang.srt.runtime_context import get_parallel
+def _block_caches_bytes(kvc, spec, blocks: int):
+    """Device bytes of this rank's block caches (one per local sparse layer, as the offload pool builds
+    them) as a function of the slot pool's tokens: each cache's page table spans the pool's slots,
+    its padding page included, in MSA blocks."""
+    from sglang.srt.runtime_context import get_parallel, get_schedule
 
-    from sglang_m3.cache.offload_block_cache import block_cache_fixed_bytes
+    from sglang_m3.cache.offload_block_cache import block_cache_bytes
 
     parallel = get_parallel()
     info = kvc.layer_info
     sparse = sum(1 for layer in spec.sparse_layer_ids if info.start_layer <= layer < info.end_layer)
     kv_heads = kvc.model_config.get_num_kv_heads(parallel.attn_tp_size, parallel.attn_dcp_size)
-    per_layer = block_cache_fixed_bytes(blocks, spec.index_block_size, kv_heads, spec.head_dim, spec.head_dim,
-                                        kvc.kv_cache_dtype.itemsize)
-    return sparse * per_layer
+    page_size = get_schedule().page_size
+
+    def caches_bytes(pool_tokens: int) -> int:
+        pages = (pool_tokens + page_size) // spec.index_block_size
+        return sparse * block_cache_bytes(blocks, pages, spec.index_block_size, kv_heads, spec.head_dim, spec.head_dim,
+                                          kvc.kv_cache_dtype.itemsize)
+
+    return caches_bytes
 
 
 def _offloaded_bytes_per_token(kvc, spec) -> int:

@@ -18,9 +18,10 @@ import pytest
 import torch
 from sglang.srt.plugins.hook_registry import HookType, _wrap_fn
 
-from sglang_m3.cache.offload_block_cache import SparseBlockCache, block_cache_fixed_bytes
+from sglang_m3.cache.offload_block_cache import SparseBlockCache, block_cache_bytes, block_cache_fixed_bytes
 from sglang_m3.cache.offload_pool import offload_pool_class
 from sglang_m3.cache.offload_settings import OffloadShape
+from sglang_m3.integration.hooks import reserve_block_caches, spec_of
 from sglang_m3.plugin import HOOKS
 from sglang_m3.recipe.render import SPARSE_OFFLOAD_BLOCKS_ENV
 from tests.recipe.test_fit_matches_sglang import m3_config
@@ -85,7 +86,7 @@ def kv_configurator(model_config):
         model_config=model_config, kv_cache_dtype=torch.bfloat16, kv_cache_dtype_str="auto", model_dtype=torch.bfloat16,
         layer_info=types.SimpleNamespace(start_layer=0, end_layer=layers, num_effective_layers=layers),
         server_args=types.SimpleNamespace(enable_hisparse=False), use_mla_backend=False, is_draft_worker=False,
-        is_hybrid_swa=False, pp_size=1, page_size=PAGE,
+        is_hybrid_swa=False, pp_size=1, page_size=PAGE, post_capture_kv_active=False,
         spec_algorithm=types.SimpleNamespace(is_eagle=lambda: False, is_standalone=lambda: False,
                                              is_dflash_family=lambda: False))
     for name, value in fields.items():
@@ -102,21 +103,22 @@ def device_bytes(pool) -> int:
     return kv + pool.index_k_size_bytes() + caches
 
 
-def test_the_pool_sglang_sizes_under_offload_fits_its_budget(sglang_runtime, model_config, monkeypatch):
-    from sglang_m3.integration.hooks import spec_of
+def offload_pool(model_config, tokens):
+    """The offload pool SGLang builds for one TP8 rank of M3 at ``tokens`` slots (CPU tensors)."""
+    spec = spec_of(model_config)
+    shape = OffloadShape(cache_blocks=CACHE_BLOCKS, block_size=PAGE, topk=spec.index_topk_blocks, kv_heads=1,
+                         max_query_tokens=1)
+    return offload_pool_class(spec, torch.bfloat16, shape)(
+        size=tokens, page_size=PAGE, dtype=torch.bfloat16, head_num=1, head_dim=spec.head_dim,
+        layer_num=model_config.num_hidden_layers, device="cpu", enable_memory_saver=False)
 
+
+def test_the_pool_sglang_sizes_under_offload_fits_its_budget(sglang_runtime, model_config, monkeypatch):
     monkeypatch.setenv(SPARSE_OFFLOAD_BLOCKS_ENV, str(CACHE_BLOCKS))
     kvc = kv_configurator(model_config)
     tokens = kvc.config_from_budget(BUDGET_BYTES).max_total_num_tokens
     cell = pool_configurator.DefaultPoolConfigurator(kvc)._cell_size
-
-    spec = spec_of(model_config)
-    shape = OffloadShape(cache_blocks=CACHE_BLOCKS, block_size=PAGE, topk=spec.index_topk_blocks, kv_heads=1,
-                         max_query_tokens=1)
-    pool = offload_pool_class(spec, torch.bfloat16, shape)(
-        size=tokens, page_size=PAGE, dtype=torch.bfloat16, head_num=1, head_dim=spec.head_dim,
-        layer_num=model_config.num_hidden_layers, device="cpu", enable_memory_saver=False)
-    used = device_bytes(pool)
+    used = device_bytes(offload_pool(model_config, tokens))
     # SGLang also allocates one padding page it does not charge (its MHA sizing does the same)
     padding_page = PAGE * cell
     assert used <= BUDGET_BYTES + padding_page, (
@@ -124,6 +126,41 @@ def test_the_pool_sglang_sizes_under_offload_fits_its_budget(sglang_runtime, mod
         f"{BUDGET_BYTES:,} it was sized for")
     # and nothing is charged twice: the pool uses the budget up to SGLang's rounding to whole pages
     assert used >= BUDGET_BYTES - 2 * padding_page
+
+
+@pytest.mark.parametrize("budget_mib", [160, 161, 600])
+def test_the_budget_gives_the_block_caches_exactly_what_they_allocate(sglang_runtime, model_config, monkeypatch,
+                                                                      budget_mib):
+    """What comes off the KV budget is the caches' whole allocation on CPU tensors: entries, scratch entry,
+    entry tables and counters, and the page table of the very pool sized beside them (it grows with it)."""
+    monkeypatch.setenv(SPARSE_OFFLOAD_BLOCKS_ENV, str(CACHE_BLOCKS))
+    sglang_sizing = kv_cache_configurator.KVCacheConfigurator.config_from_budget.__wrapped__  # without the reserve
+    budgets = []
+
+    def recorded_sizing(kvc, budget_bytes, *, cap_tokens=None):
+        budgets.append(budget_bytes)
+        return sglang_sizing(kvc, budget_bytes, cap_tokens=cap_tokens)
+
+    budget = budget_mib * 2**20
+    tokens = reserve_block_caches(recorded_sizing, kv_configurator(model_config), budget).max_total_num_tokens
+    pool = offload_pool(model_config, tokens)
+    allocated = sum(cache.device_bytes() for cache in pool.block_caches.values())
+    assert budget - budgets[-1] == allocated  # the sizing whose pool the hook returns
+
+
+def test_post_capture_kv_sizing_under_offload_is_refused_naming_both(sglang_runtime, model_config, monkeypatch):
+    """SGLang's post-capture resize sizes the pool a second time from the memory left after capture,
+    with the block caches already allocated: the reserve would take them off twice, and the pool it
+    builds backs every layer's K/V on the device, where sparse offload keeps the sparse layers' in
+    the host store."""
+    monkeypatch.setenv(SPARSE_OFFLOAD_BLOCKS_ENV, str(CACHE_BLOCKS))
+    kvc = kv_configurator(model_config)
+    kvc.post_capture_kv_active = True
+    with pytest.raises(ValueError, match=f"^{SPARSE_OFFLOAD_BLOCKS_ENV}={CACHE_BLOCKS} cannot run with "
+                                         "SGLANG_ENABLE_POST_CAPTURE_KV_SIZING=1: .* unset one of them$"):
+        kvc.config_from_budget(BUDGET_BYTES)
+    monkeypatch.delenv(SPARSE_OFFLOAD_BLOCKS_ENV)
+    assert kvc.config_from_budget(BUDGET_BYTES).max_total_num_tokens > 0  # without offload: no block caches to count
 
 
 def test_block_caches_larger_than_the_budget_are_refused_by_name(sglang_runtime, model_config, monkeypatch):
@@ -164,3 +201,4 @@ def test_fixed_bytes_are_what_a_block_cache_allocates_besides_its_page_table(dty
     page_table = cache.page_entry.nbytes  # the one part that grows with the slot pool: 8 bytes a page
     assert page_table == 8 * (pages + 1)
     assert block_cache_fixed_bytes(entries, 16, heads, 8, 8, dtype.itemsize) == allocated - page_table
+    assert block_cache_bytes(entries, pages, 16, heads, 8, 8, dtype.itemsize) == allocated == cache.device_bytes()
