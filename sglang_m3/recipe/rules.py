@@ -573,9 +573,16 @@ def _check_pipeline_speculative(recipe: Recipe) -> Iterator[Finding]:
 # --- serving, parsers, offload ----------------------------------------------------------------
 
 def check_extra_args(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
-    yield from _check_extra_args_parse(recipe.spec.serving.extra_args)
-    for index, flag in _extra_flags(recipe.spec.serving.extra_args):
+    extra_args = recipe.spec.serving.extra_args
+    yield from _check_extra_args_parse(extra_args)
+    for index, flag in _extra_flags(extra_args):
         field = f"spec.serving.extraArgs[{index}]"
+        if _flags_spelled(flag, {DISAGGREGATION_FLAG: ""}) and _option_value(extra_args, index) in ("prefill", "decode"):
+            yield _error(field, f"{DISAGGREGATION_FLAG} {_option_value(extra_args, index)}: the server refuses "
+                                f"prefill/decode disaggregation for M3, since SGLang's KV transfer moves K and V "
+                                f"but not the index keys its sparse attention selects blocks with; remove it",
+                         "serving.disaggregation-unsupported")
+            continue
         if flag == "--config":
             yield _error(field, "--config would override typed fields from another file; "
                                 "put the settings in the recipe instead",
@@ -648,6 +655,18 @@ def _check_extra_args_parse(extra_args: list[str]) -> Iterator[Finding]:
             continue  # reported here, not again as a stray word
         else:
             takes = None if resolved.inline_value or arity == "none" else arity
+
+
+#: SGLang's prefill/decode disaggregation switch, which the plugin refuses for M3 (``hooks.refuse_disaggregation``).
+DISAGGREGATION_FLAG = "--disaggregation-mode"
+
+
+def _option_value(extra_args: list[str], index: int) -> str | None:
+    """The value of the option at ``index``: after its ``=``, else the next argument."""
+    flag, equals, value = extra_args[index].partition("=")
+    if equals:
+        return value
+    return extra_args[index + 1] if index + 1 < len(extra_args) else None
 
 
 def _extra_flags(extra_args: list[str]) -> Iterator[tuple[int, str]]:

@@ -126,6 +126,21 @@ def test_an_abbreviation_of_options_of_one_field_duplicates_that_field():
         assert owner in next(f.message for f in findings if f.rule == "serving.extra-args-duplicate")
 
 
+@pytest.mark.parametrize("arguments", [["--disaggregation-mode", "prefill"], ["--disaggregation-mode=decode"],
+                                       ["--disaggregation-mo", "decode"]])
+def test_prefill_decode_disaggregation_is_refused_as_the_server_refuses_it(arguments):
+    """The server refuses it at pool build (the index keys are not transferred): validate says so first."""
+    findings = validate_recipe(make_recipe(spec__serving__extraArgs=arguments))
+    refused = [f for f in findings if f.rule == "serving.disaggregation-unsupported"]
+    assert [f.field for f in refused] == ["spec.serving.extraArgs[0]"]
+    assert "index keys" in refused[0].message
+
+
+def test_disaggregation_mode_null_passes():
+    findings = validate_recipe(make_recipe(spec__serving__extraArgs=["--disaggregation-mode", "null"]))
+    assert not [f for f in findings if f.rule == "serving.disaggregation-unsupported"]
+
+
 @settings(max_examples=100, deadline=None)
 @given(name=st.from_regex(r"--[a-z][a-z0-9-]{3,20}", fullmatch=True))
 def test_extra_args_that_own_no_typed_field_pass(name):
