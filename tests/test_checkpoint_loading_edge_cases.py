@@ -265,3 +265,61 @@ def test_an_integer_vision_weight_is_refused_by_name(vl_dir):
     tensors[name] = tensors[name].to(torch.int32)
     with pytest.raises(ValueError, match=rf"{name.replace('.', '[.]')}: torch.int32, expected a floating-point weight"):
         loaded(build(MiniMaxM3SparseForConditionalGeneration, vl_dir), tensors.items())
+
+
+def test_a_missing_dense_mlp_tensor_is_named_as_the_checkpoint_spells_it(reference):
+    """transformers saves a dense layer's MLP under ``block_sparse_moe.``; the loader takes it
+    under ``mlp.`` too. A missing one was named only as ``mlp.``, a name such a checkpoint never holds."""
+    model_class, model_dir, tensors, _ = reference
+    missing = LAYER + "0.block_sparse_moe.gate_proj.weight"
+    assert missing in tensors
+    with pytest.raises(CheckpointError, match=r"missing 1 tensor\(s\): ") as error:
+        loaded(build(model_class, model_dir), [(n, t) for n, t in tensors.items() if n != missing])
+    assert "model.layers.0.block_sparse_moe.gate_proj.weight" in str(error.value)
+    assert "model.layers.0.mlp.gate_proj.weight" in str(error.value)
+
+
+VISION_FC1 = "vision_tower.vision_model.encoder.layers.1.block_sparse_moe.fc1.weight"
+
+
+def test_a_missing_vision_mlp_tensor_is_named_as_the_checkpoint_spells_it(vl_dir):
+    tensors = read_tensors(vl_dir)
+    assert VISION_FC1 in tensors
+    with pytest.raises(ValueError, match="missing vision tensor") as error:
+        loaded(build(MiniMaxM3SparseForConditionalGeneration, vl_dir), [(n, t) for n, t in tensors.items() if n != VISION_FC1])
+    assert VISION_FC1 in str(error.value)
+
+
+@pytest.mark.parametrize("broken", ["shape", "dtype"])
+def test_a_broken_vision_tensor_is_reported_once(vl_dir, broken):
+    """A misshapen or integer tensor is named with what is wrong with it, and not also reported
+    missing (under another spelling of its name)."""
+    tensors = read_tensors(vl_dir)
+    tensors[VISION_FC1] = torch.zeros(3, 3) if broken == "shape" else tensors[VISION_FC1].to(torch.int32)
+    with pytest.raises(ValueError) as error:
+        loaded(build(MiniMaxM3SparseForConditionalGeneration, vl_dir), tensors.items())
+    problems = str(error.value).splitlines()[1:]
+    assert len(problems) == 1 and problems[0].strip().startswith(f"{VISION_FC1}: "), problems
+
+
+def test_an_index_naming_a_missing_shard_is_refused_by_file(text_dir, tmp_path):
+    """SGLang's own file selection refuses it, naming the shard, before any tensor reaches the
+    model (without that, the loader would name the tensors the shard held)."""
+    from sglang.srt.model_loader.weight_utils import filter_duplicate_safetensors_files
+
+    tensors = read_tensors(text_dir)
+    files = _write_shards(tensors, tmp_path)
+    os.remove(files[1])
+    present = sorted(str(path) for path in tmp_path.glob("*.safetensors"))
+    with pytest.raises(RuntimeError, match=rf"missing from .*{os.path.basename(files[1])}"):
+        filter_duplicate_safetensors_files(present, str(tmp_path), "model.safetensors.index.json")
+
+
+def test_a_vision_weight_stored_twice_is_refused(vl_dir):
+    """As for the text model: a vision MLP weight under both spellings the loader accepts, or one
+    name twice, would have the later copy replace the earlier without a word."""
+    tensors = read_tensors(vl_dir)
+    other_spelling = VISION_FC1.replace(".block_sparse_moe.", ".mlp.")
+    stream = list(tensors.items()) + [(other_spelling, torch.zeros_like(tensors[VISION_FC1]))]
+    with pytest.raises(ValueError, match=rf"{other_spelling.replace('.', '[.]')}: a second tensor for one weight"):
+        loaded(build(MiniMaxM3SparseForConditionalGeneration, vl_dir), stream)

@@ -1,8 +1,12 @@
 """``sglang-m3 tiny-checkpoint`` / ``tiny-draft`` on bad paths: one line naming the path, exit 1,
-nothing written."""
+nothing written; and what a build says and leaves (progress first, modes as the umask allows)."""
 
 import errno
 import json
+import os
+import stat
+import subprocess
+import sys
 
 import pytest
 
@@ -122,3 +126,46 @@ def test_tiny_draft_failing_part_way_leaves_nothing_behind(existing, tiny_target
     assert main(["tiny-draft", tiny_target, str(out)]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
     assert json.loads((out / "config.json").read_text())["architectures"] == ["LlamaForCausalLMEagle3"]
+
+
+def test_tiny_checkpoint_is_readable_as_the_umask_allows(tmp_path, capsys):
+    """Built in a ``mkdtemp`` directory (mode 0700) by safetensors (files 0600), the checkpoint
+    was unreadable to a server running as another user; it gets the modes a plain mkdir and
+    file write give."""
+    out = tmp_path / "ckpt"
+    previous = os.umask(0o022)
+    try:
+        assert main(["tiny-checkpoint", str(out)]) == 0
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o755
+    modes = {path.name: stat.S_IMODE(path.stat().st_mode) for path in out.iterdir()}
+    assert modes and set(modes.values()) == {0o644}, modes
+
+
+def test_tiny_checkpoint_says_what_it_writes_before_the_slow_imports(tmp_path, capsys):
+    out = tmp_path / "ckpt"
+    assert main(["tiny-checkpoint", str(out), "--seed", "3"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f"sglang-m3 tiny-checkpoint: writing a tiny text-only M3 checkpoint to {out} ...\n")
+    assert captured.out == f"wrote tiny text-only M3 checkpoint (seed 3, shipped layout) to {out}\n"
+
+
+@pytest.mark.parametrize("existing", ["non-empty", "file"])
+def test_an_unusable_directory_is_refused_before_torch_is_imported(existing, tmp_path):
+    """Refusing a non-empty directory took as long as a build (torch and transformers imported
+    first: 15 to 50 s on a busy 2-core machine)."""
+    out = tmp_path / "out"
+    if existing == "file":
+        out.write_text("")
+    else:
+        out.mkdir()
+        (out / "kept.txt").write_text("mine")
+    probe = (
+        "import sys; from sglang_m3.cli import main; "
+        f"status = main(['tiny-checkpoint', {str(out)!r}]); print(status, 'torch' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.stdout == "1 False\n", done.stderr
+    assert done.stderr.startswith(f"sglang-m3 tiny-checkpoint: {out} exists and is not empty" if existing == "non-empty"
+                                  else f"sglang-m3 tiny-checkpoint: cannot write {out}: Not a directory")

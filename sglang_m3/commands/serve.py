@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -12,19 +13,42 @@ import time
 import urllib.error
 import urllib.request
 
-from sglang_m3.serve_support import CPU_PLATFORM_ENV, TINY_CPU_ARGS, TINY_MODEL_PATH, ensure_tiny_checkpoint, launch_command
+from sglang_m3.commands.output_errors import describe_write_error
+from sglang_m3.serve_support import (
+    CPU_PLATFORM_ENV,
+    TINY_CPU_ARGS,
+    TINY_MODEL_PATH,
+    ServeInputError,
+    check_listen_address,
+    check_model,
+    ensure_tiny_checkpoint,
+    launch_command,
+    tiny_checkpoint_path,
+)
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "serve",
         help="serve M3 with SGLang (default: the embedded tiny model on CPU)",
+        usage="sglang-m3 serve [-h] [--model MODEL] [--host HOST] [--port PORT] [--dry-run] [recipe] [SGLang option ...]",
+        # laid out by hand: argparse's wrapping breaks option names at their hyphens
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         description=(
-            "Start sglang.launch_server. With no model and no recipe, build (once, cached in "
-            "$SGLANG_M3_CACHE or ~/.cache/sglang-m3) and serve the tiny random-weight M3 on the "
-            "CPU platform, then print how to query it. With --model, pass everything through to "
-            "SGLang. With a recipe file, serve what the recipe renders. Arguments after the known "
-            "ones (e.g. --tp-size 8) go to SGLang unchanged."
+            "Start sglang.launch_server. With no model and no recipe, build (once, cached in\n"
+            "$SGLANG_M3_CACHE or ~/.cache/sglang-m3) and serve the tiny random-weight M3 on the CPU\n"
+            "platform, then print how to query it. With --model, pass everything through to SGLang.\n"
+            "With a recipe file, serve what the recipe renders."
+        ),
+        epilog=(
+            "SGLang options: every other option goes to SGLang unchanged, wherever it stands\n"
+            "(python -m sglang.launch_server --help lists them), e.g. --tp-size 8. It follows the\n"
+            "tiny model's CPU defaults (--dtype float32 --max-total-tokens 8192 ...) and a recipe's\n"
+            "flags, so it overrides them. SGLang's --model-path is read as --model: give the model once.\n"
+            "\n"
+            "Checks: before SGLang starts, a local --model directory must hold a readable config.json\n"
+            "(an M3 one is checked field by field) and the listen port must be free; --dry-run checks\n"
+            "neither (its line may be meant for another machine)."
         ),
     )
     parser.add_argument("recipe", nargs="?", help="a recipe YAML file (see recipes/)")
@@ -35,7 +59,10 @@ def register(subparsers) -> None:
     parser.set_defaults(handler=run, accepts_extra_args=True)
 
 
-_OWN_OPTIONS = {"--model": "model", "--host": "host", "--port": "port"}
+#: serve's own options -> their field; SGLang's ``--model-path`` (its other name for ``--model``)
+#: is read as ``--model``, so that it names the model to serve instead of following the tiny
+#: model's CPU settings, or a recipe's model, to be overridden by SGLang
+_OWN_OPTIONS = {"--model": "model", "--model-path": "model", "--host": "host", "--port": "port"}
 
 
 def split_command_line(argv: list[str]) -> argparse.Namespace:
@@ -45,7 +72,7 @@ def split_command_line(argv: list[str]) -> argparse.Namespace:
     take ``8`` (a value of an SGLang flag it does not know) for the recipe.
     """
     tokens = argv[argv.index("serve") + 1 :] if "serve" in argv else list(argv)
-    own = argparse.Namespace(recipe=None, model=None, host=None, port=None, dry_run=False, extra_args=[])
+    own = argparse.Namespace(recipe=None, model=None, model_flag="--model", host=None, port=None, dry_run=False, extra_args=[])
     i = 0
     while i < len(tokens):
         token = tokens[i]
@@ -54,7 +81,10 @@ def split_command_line(argv: list[str]) -> argparse.Namespace:
             value = inline if has_inline else (tokens[i + 1] if i + 1 < len(tokens) else None)
             if value is None:
                 raise SystemExit(f"sglang-m3 serve: {flag} needs a value")
-            setattr(own, _OWN_OPTIONS[flag], value)
+            if _OWN_OPTIONS[flag] == "model":
+                _set_model(own, flag, value)
+            else:
+                setattr(own, _OWN_OPTIONS[flag], value)
             i += 1 if has_inline else 2
         elif token == "--dry-run":
             own.dry_run = True
@@ -73,6 +103,13 @@ def split_command_line(argv: list[str]) -> argparse.Namespace:
     return own
 
 
+def _set_model(own: argparse.Namespace, flag: str, value: str) -> None:
+    """Take the model from ``flag``, once: of two, SGLang would silently serve the last."""
+    if own.model is not None:
+        raise SystemExit(f"sglang-m3 serve: the model is given twice ({own.model_flag} {own.model}, {flag} {value}): give it once")
+    own.model, own.model_flag = value, flag
+
+
 def listen_port(text: str) -> int:
     """A TCP port number, refused here rather than by the server minutes into its start-up."""
     try:
@@ -87,6 +124,8 @@ def listen_port(text: str) -> int:
 def _recipe_launch(path: str) -> tuple[list[str], dict[str, str]]:
     from sglang_m3.recipe import RecipeLoadError, has_errors, load_recipe, render_launch, validate_recipe
 
+    if os.path.isdir(path):  # most likely a model directory given without --model
+        raise SystemExit(f"sglang-m3 serve: {path} is a directory, not a recipe file: to serve the model in it, give --model {path}")
     try:
         recipe = load_recipe(path)
     except RecipeLoadError as error:  # the file and the field at fault, without a traceback
@@ -99,7 +138,7 @@ def _recipe_launch(path: str) -> tuple[list[str], dict[str, str]]:
     launch = render_launch(recipe)
     argv = list(launch.argv)
     if TINY_MODEL_PATH in argv:
-        argv[argv.index(TINY_MODEL_PATH)] = ensure_tiny_checkpoint()
+        argv[argv.index(TINY_MODEL_PATH)] = _tiny_checkpoint()
         argv += ["--dtype", "float32"]
     return argv, dict(launch.env)
 
@@ -107,14 +146,14 @@ def _recipe_launch(path: str) -> tuple[list[str], dict[str, str]]:
 def build_launch(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     """(SGLang arguments, extra environment) for the parsed command line."""
     if args.recipe and args.model:
-        raise SystemExit("sglang-m3 serve: give a recipe or --model, not both")
+        raise SystemExit(f"sglang-m3 serve: give a recipe or {args.model_flag}, not both")
     if args.recipe:
         argv, env = _recipe_launch(args.recipe)
     elif args.model:
         argv, env = ["--model-path", args.model], {}
     else:
         # SGLang's own defaults (127.0.0.1:30000) apply unless --host / --port say otherwise.
-        argv, env = ["--model-path", ensure_tiny_checkpoint(), *TINY_CPU_ARGS], dict(CPU_PLATFORM_ENV)
+        argv, env = ["--model-path", _tiny_checkpoint(), *TINY_CPU_ARGS], dict(CPU_PLATFORM_ENV)
     if args.host:
         argv += ["--host", args.host]
     if args.port:
@@ -122,12 +161,54 @@ def build_launch(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     return argv + list(args.extra_args), env
 
 
+def _tiny_checkpoint() -> str:
+    """The cached tiny checkpoint, built on first use; a cache it cannot be built in (unwritable,
+    or holding a directory of that name that is not the build) is named, with the way out."""
+    try:
+        return ensure_tiny_checkpoint()
+    except OSError as error:
+        problem = describe_write_error(tiny_checkpoint_path(), error)
+        raise SystemExit(
+            f"sglang-m3 serve: cannot build the tiny M3 checkpoint: {problem} (set SGLANG_M3_CACHE to another directory)"
+        ) from None
+
+
 def _option(argv: list[str], flag: str, default: str) -> str:
-    """The value of the last ``flag`` in ``argv`` (SGLang's argparse keeps the last one)."""
-    for i in range(len(argv) - 2, -1, -1):
-        if argv[i] == flag:
+    """The value of the last ``flag`` in ``argv``, given as ``flag value`` or ``flag=value``
+    (SGLang's argparse keeps the last one)."""
+    for i in range(len(argv) - 1, -1, -1):
+        name, has_inline, inline = argv[i].partition("=")
+        if name == flag and has_inline:
+            return inline
+        if argv[i] == flag and i + 1 < len(argv):
             return argv[i + 1]
     return default
+
+
+def _check_before_start(args: argparse.Namespace, argv: list[str], host: str, port: int) -> None:
+    """Refuse, naming it, what SGLang would meet only well into its start: a bad local model
+    directory or an address it cannot listen on. Not for ``--dry-run``: its line may be meant
+    for another machine."""
+    try:
+        if args.model:
+            note = check_model(args.model, _model_overrides(argv))
+            if note:
+                print(f"sglang-m3 serve: {note}", file=sys.stderr, flush=True)
+        check_listen_address(host, port)
+    except ServeInputError as error:
+        raise SystemExit(f"sglang-m3 serve: {error}") from None
+
+
+def _model_overrides(argv: list[str]) -> dict:
+    """SGLang's ``--json-model-override-args``, which the server applies to config.json."""
+    text = _option(argv, "--json-model-override-args", "{}")
+    try:
+        overrides = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ServeInputError(f"--json-model-override-args: not valid JSON ({error})") from None
+    if not isinstance(overrides, dict):
+        raise ServeInputError(f"--json-model-override-args: must be a JSON object, got {text}")
+    return overrides
 
 
 def _wait_until_ready(base_url: str, process: subprocess.Popen, timeout_s: float = 900) -> bool:
@@ -172,8 +253,9 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(" ".join(f"{k}={v}" for k, v in env.items()), *command)
         return 0
-    host = _option(argv, "--host", "127.0.0.1")
-    base_url = f"http://{'127.0.0.1' if host == '0.0.0.0' else host}:{_option(argv, '--port', '30000')}"
+    host, port = _option(argv, "--host", "127.0.0.1"), int(_option(argv, "--port", "30000"))
+    _check_before_start(args, argv, host, port)
+    base_url = f"http://{'127.0.0.1' if host == '0.0.0.0' else host}:{port}"
     print("starting:", " ".join(command), flush=True)
     # Its own process group: a terminal's Ctrl+C reaches this command alone, which stops the server
     # by SIGTERM (see _stop_on_interrupt) instead of every SGLang process printing a traceback.

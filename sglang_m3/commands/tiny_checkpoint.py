@@ -7,6 +7,7 @@ import sys
 
 from sglang_m3.commands.arg_types import module_count, seed
 from sglang_m3.commands.output_errors import describe_write_error
+from sglang_m3.tiny.output_dir import prepare_output
 
 
 def register(subparsers) -> None:
@@ -64,13 +65,16 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sglang_m3.tiny.checkpoint import build_tiny_checkpoint
-
     if args.mtp_modules and args.layout != "shipped":
         print(f"sglang-m3 tiny-checkpoint: --mtp-modules {args.mtp_modules} needs --layout shipped (got --layout "
               f"{args.layout}): MTP modules are part of the shipped layout only, transformers writes none", file=sys.stderr)
         return 2
+    kind = "VL" if args.vision else "text-only"
     try:
+        prepare_output(args.directory)  # before the imports below, which take tens of seconds
+        print(f"sglang-m3 tiny-checkpoint: writing a tiny {kind} M3 checkpoint to {args.directory} ...", file=sys.stderr, flush=True)
+        from sglang_m3.tiny.checkpoint import build_tiny_checkpoint
+
         path = build_tiny_checkpoint(
             args.directory, seed=args.seed, vision=args.vision, layout=args.layout, mtp_modules=args.mtp_modules,
             quantization=args.quantization,
@@ -81,7 +85,6 @@ def run(args: argparse.Namespace) -> int:
     except OSError as error:  # a non-empty, unwritable or impossible output directory
         print(f"sglang-m3 tiny-checkpoint: {describe_write_error(args.directory, error)}", file=sys.stderr)
         return 1
-    kind = "VL" if args.vision else "text-only"
     mtp = f", {args.mtp_modules} MTP module(s)" if args.mtp_modules else ""
     weights = f", {args.quantization} weights" if args.quantization else ""
     print(f"wrote tiny {kind} M3 checkpoint (seed {args.seed}, {args.layout} layout{mtp}{weights}) to {path}")

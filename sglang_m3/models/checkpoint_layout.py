@@ -121,6 +121,16 @@ def canonical_dense_mlp_name(name: str, spec: M3TextSpec) -> str:
     return name
 
 
+def missing_tensor_spellings(name: str) -> str:
+    """Canonical tensor ``name`` as a checkpoint may spell it, for naming a missing tensor: a
+    dense MLP's under both spellings ``canonical_dense_mlp_name`` accepts, since transformers
+    saves it under ``block_sparse_moe.``, which the canonical ``mlp.`` name does not show."""
+    match = _LAYER.match(name)
+    if match is None or not match.group(2).startswith("mlp."):
+        return name
+    return f"{name} (or model.layers.{match.group(1)}.block_sparse_moe.{match.group(2)[len('mlp.'):]})"
+
+
 def expected_text_tensors(spec: M3TextSpec) -> dict[str, tuple[int, ...]]:
     """Full (unsharded) shapes of every text-model tensor in canonical naming."""
     h, d = spec.hidden_size, spec.head_dim

@@ -35,6 +35,7 @@ from sglang_m3.models.checkpoint_layout import (
     canonical_dense_mlp_name,
     expected_text_tensors,
     is_derived_buffer,
+    missing_tensor_spellings,
     refuse_quantized_tensor,
     text_tensor_name,
 )
@@ -442,7 +443,7 @@ class TextWeightLoader:
             logger.info(SKIPPED[reason], count)
         missing = sorted(set(self.expected) - self.seen) if self.whole else []
         if missing:
-            shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+            shown = ", ".join(map(missing_tensor_spellings, missing[:5])) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
             raise CheckpointError(f"checkpoint is missing {len(missing)} tensor(s): {shown}")
 
 

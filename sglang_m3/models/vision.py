@@ -270,6 +270,15 @@ def checkpoint_name_of(param_name: str) -> str:
     return VISION_PREFIX + re.sub(r"^layers\.", "encoder.layers.", param_name)
 
 
+def missing_tensor_spellings(param_name: str) -> str:
+    """The checkpoint name of parameter ``param_name``, for naming it missing: a layer's MLP under
+    both spellings ``param_name`` (the method) accepts, since transformers saves it under
+    ``block_sparse_moe.``, which :func:`checkpoint_name_of` does not show."""
+    name = checkpoint_name_of(param_name)
+    other = re.sub(r"\.mlp\.(fc[12])\.", r".block_sparse_moe.\1.", name)
+    return name if other == name else f"{name} (or {other})"
+
+
 class MiniMaxM3VisionEncoder(nn.Module):
     """Patch rows + grids -> one text-hidden row per merged 2x2 patch block.
 
@@ -358,13 +367,13 @@ class MiniMaxM3VisionEncoder(nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], whole: bool = True) -> set[str]:
         """Copies the vision tensors of a checkpoint stream; other names are skipped.
 
-        Raises ValueError naming every unknown vision name, wrongly shaped tensor or (``whole``:
-        a load, not an update of some weights) parameter left unloaded, so a broken checkpoint
-        fails at load time, never at the first image.
+        Raises ValueError naming every unknown vision name, weight stored twice, wrongly shaped
+        tensor or (``whole``: a load, not an update of some weights) parameter left unloaded, so
+        a broken checkpoint fails at load time, never at the first image.
         Returns the checkpoint names consumed.
         """
         params = dict(self.named_parameters())
-        loaded: set[str] = set()
+        arrived: set[str] = set()  # broken ones too: named as such, never also as missing
         consumed: set[str] = set()
         problems: list[str] = []
         for checkpoint_name, tensor in weights:
@@ -375,6 +384,10 @@ class MiniMaxM3VisionEncoder(nn.Module):
             if param is None:
                 problems.append(f"unexpected vision tensor {checkpoint_name}")
                 continue
+            if name in arrived:  # both MLP spellings, or one name twice: the later would win silently
+                problems.append(f"{checkpoint_name}: a second tensor for one weight (an earlier tensor loads into it)")
+                continue
+            arrived.add(name)
             if tuple(tensor.shape) != tuple(param.shape):
                 problems.append(
                     f"{checkpoint_name}: shape {tuple(tensor.shape)}, expected {tuple(param.shape)}"
@@ -385,10 +398,9 @@ class MiniMaxM3VisionEncoder(nn.Module):
                 continue
             with torch.no_grad():
                 param.copy_(tensor.to(param.dtype))
-            loaded.add(name)
             consumed.add(checkpoint_name)
         if whole:
-            problems.extend(f"missing vision tensor {checkpoint_name_of(name)}" for name in sorted(params.keys() - loaded))
+            problems.extend(f"missing vision tensor {missing_tensor_spellings(name)}" for name in sorted(params.keys() - arrived))
         if problems:
             raise ValueError("vision weights do not match the config:\n  " + "\n  ".join(problems))
         return consumed

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from sglang_m3.parsers import chat_template_path
+from sglang_m3.tiny.output_dir import apply_umask, prepare_output
 from sglang_m3.tiny.tokenizer import BOS, EOS, IMAGE_TOKEN, VIDEO_TOKEN, build_tokenizer, save_tokenizer
 
 TEXT_ARCH = "MiniMaxM3SparseForCausalLM"
@@ -248,10 +249,7 @@ def build_tiny_checkpoint(
         raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
     if mtp_modules and layout != "shipped":
         raise ValueError("MTP modules are part of the shipped layout only (transformers writes none)")
-    if os.path.exists(directory) and os.listdir(directory):
-        raise FileExistsError(f"{directory} exists and is not empty")
-    parent = os.path.dirname(os.path.abspath(directory))
-    os.makedirs(parent, exist_ok=True)
+    parent = prepare_output(directory)
     staging = tempfile.mkdtemp(prefix=".tiny-m3-", dir=parent)
     try:
         geometry, vision_geometry = TinyGeometry(), TinyVisionGeometry()
@@ -276,6 +274,7 @@ def build_tiny_checkpoint(
             rewrite_as_mxfp8(staging, quantization)
         if vision:
             save_processor(staging)
+        apply_umask(staging)
         if os.path.exists(directory):
             _move_into(staging, directory)  # an empty directory the caller made
         else:
