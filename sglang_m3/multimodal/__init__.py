@@ -17,11 +17,14 @@ Configuration, through SGLang's ``--mm-process-config`` JSON::
 fail at startup. Without ``video.fps`` / ``limits.video_fps`` the checkpoint's video processor
 ``fps`` is the default rate, as in transformers; a processor that switches off a step or names a
 resampler other than bicubic is refused at startup. The worker pool is ``--mm-io-worker-num``
-threads wide.
+threads wide. A request's item may set its own ``min_pixels`` / ``max_pixels`` (up to the server's
+``max_pixels``) and, for a video, ``fps`` / ``max_frames`` (up to ``limits.max_video_frames``);
+any other per-item option is refused, naming it and the item.
 
 Modules: ``limits`` (configurable caps), ``errors`` (errors that name the content part),
 ``sources`` (reading media bytes), ``patches`` (resize geometry, normalise, patchify),
-``image`` / ``video`` (decoding), ``pool`` (bounded worker pool), ``prompt`` (placeholder
-expansion), ``preprocessor`` (one request's media end to end), ``sglang_processor`` (SGLang's
-multimodal processor for the M3 architecture).
+``image`` / ``video`` (decoding), ``options`` (an item's own ``min_pixels`` / ``max_pixels`` /
+``fps`` / ``max_frames``, honoured or refused by name), ``pool`` (bounded worker pool), ``prompt``
+(placeholder expansion), ``preprocessor`` (one request's media end to end), ``sglang_processor``
+(SGLang's multimodal processor for the M3 architecture).
 """

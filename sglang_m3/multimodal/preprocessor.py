@@ -9,6 +9,7 @@ from typing import Any
 from sglang_m3.multimodal.errors import MediaError
 from sglang_m3.multimodal.image import ImageFeatures, image_features
 from sglang_m3.multimodal.limits import MediaLimits
+from sglang_m3.multimodal.options import ItemOptions, item_options
 from sglang_m3.multimodal.patches import PatchGeometry
 from sglang_m3.multimodal.pool import MediaWorkerPool
 from sglang_m3.multimodal.prompt import MediaTokens
@@ -178,24 +179,30 @@ class MediaPreprocessor:
         if num_videos > limits.max_videos:
             raise MediaError("request", f"{num_videos} videos, over the limit of {limits.max_videos}")
 
-    def image(self, item: Any, part: str) -> ImageFeatures:
+    def image(self, item: Any, part: str, options: ItemOptions) -> ImageFeatures:
         source = read_media(item, kind="image", part=part, limits=self.config.limits)
-        return image_features(source, self.config.image, self.config.limits)
+        return image_features(source, options.geometry, self.config.limits)
 
-    def video(self, item: Any, part: str, fps: float | None) -> VideoFeatures:
+    def video(self, item: Any, part: str, options: ItemOptions) -> VideoFeatures:
         source = read_media(item, kind="video", part=part, limits=self.config.limits)
-        return video_features(source, self.config.video, self.config.limits, fps)
+        return video_features(source, options.geometry, self.config.limits, options.fps, options.max_frames)
 
-    async def process(
-        self, images: list[Any], videos: list[Any], video_fps: list[float | None] | None = None
-    ) -> ProcessedMedia:
+    def parts(self, images: list[Any], videos: list[Any]) -> list[tuple[Any, str, ItemOptions]]:
+        """Each part with its name and options, read before any media is: a refused option fails
+        the request at once, naming the first part at fault in request order."""
+        parts = [(item, "image", f"image {i + 1}", self.config.image) for i, item in enumerate(images)]
+        parts += [(item, "video", f"video {i + 1}", self.config.video) for i, item in enumerate(videos)]
+        return [
+            (item, part, item_options(item, kind=kind, part=part, geometry=geometry))
+            for item, kind, part, geometry in parts
+        ]
+
+    async def process(self, images: list[Any], videos: list[Any]) -> ProcessedMedia:
         """Decodes every part in parallel; the first failing part (in request order) is raised."""
         self.check_counts(len(images), len(videos))
-        video_fps = video_fps or [None] * len(videos)
-        jobs = [self.pool.run(self.image, item, f"image {i + 1}") for i, item in enumerate(images)]
-        jobs += [
-            self.pool.run(self.video, item, f"video {i + 1}", fps) for i, (item, fps) in enumerate(zip(videos, video_fps))
-        ]
+        parts = self.parts(images, videos)
+        jobs = [self.pool.run(self.image, *part) for part in parts[: len(images)]]
+        jobs += [self.pool.run(self.video, *part) for part in parts[len(images) :]]
         results = await asyncio.gather(*jobs, return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):

@@ -3,7 +3,8 @@
 It runs in the tokenizer manager process: media are decoded and patched there, in a bounded
 worker pool, and the scheduler receives patch rows, grids and the expanded token ids. Errors are
 :class:`MediaError` (a ValueError naming the content part), which SGLang's OpenAI layer turns
-into an HTTP 400 while the server keeps serving.
+into an HTTP 400 while the server keeps serving. Each item's own options (``min_pixels``,
+``max_pixels``, ``fps``, ``max_frames``) are read by :mod:`sglang_m3.multimodal.options`.
 
 Registration goes through SGLang's own switch for out-of-tree processors: the tokenizer manager
 imports ``SGLANG_EXTERNAL_MM_PROCESSOR_PACKAGE`` with ``overwrite=True``, which replaces the
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
 
 import torch
 from sglang.srt.arg_groups.model_override_base import model_config_of
@@ -47,36 +47,6 @@ def register_multimodal_processor() -> None:
         logger.warning("%s=%s is set; the MiniMax M3 media processor is not registered", PACKAGE_ENV, current)
         return
     os.environ[PACKAGE_ENV] = PACKAGE
-
-
-def video_fps(item: Any, part: str = "video 1") -> float | None:
-    """The per-video sampling rate a request asked for: a dict's own ``fps`` first, then its (or a
-    ``VideoData``'s) ``preprocess_kwargs["fps"]``, as upstream SGLang reads them.
-
-    Over HTTP, SGLang's schema gate admits only numbers here; the Engine API passes any Python
-    object. A value that is not a number is refused as a :class:`MediaError` naming ``part``: it
-    escaped as a TypeError / AttributeError or a ValueError naming no video, and ``True`` was
-    taken as 1 fps. The range is checked with the other limits when the video is decoded.
-    """
-    options = getattr(item, "preprocess_kwargs", None) if not isinstance(item, dict) else item.get("preprocess_kwargs")
-    if options is not None and not isinstance(options, dict):
-        raise MediaError(part, f"preprocess_kwargs must be an object, got {type(options).__name__}")
-    value = item.get("fps") if isinstance(item, dict) else None
-    if value is None:
-        value = (options or {}).get("fps")
-    if value is None:
-        return None
-    return _as_rate(value, part)
-
-
-def _as_rate(value: Any, part: str) -> float:
-    """``value`` as a float rate: numbers and numeric strings; booleans and the rest are refused."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise MediaError(part, f"fps must be a number, got {value!r}")
-    try:
-        return float(value)
-    except ValueError:
-        raise MediaError(part, f"fps must be a number, got {value!r}") from None
 
 
 class MiniMaxM3MultimodalProcessor(BaseMultimodalProcessor):
@@ -116,8 +86,7 @@ class MiniMaxM3MultimodalProcessor(BaseMultimodalProcessor):
         if audio_data:
             raise MediaError("audio 1", "MiniMax M3 takes images and videos, not audio")
         videos = list(getattr(request_obj, "video_data", None) or [])
-        rates = [video_fps(video, f"video {i + 1}") for i, video in enumerate(videos)]
-        media = await self.media.process(list(image_data or []), videos, rates)
+        media = await self.media.process(list(image_data or []), videos)
         if isinstance(input_text, str):
             ids = self._encode(expand_text(input_text, self.tokens, media.image_texts, media.video_texts))
         else:

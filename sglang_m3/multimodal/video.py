@@ -2,8 +2,9 @@
 
 Frames are sampled at the requested rate as transformers' default sampler does
 (``n = int(total / native_fps * fps)`` frames at indices ``i * total // n``), with ``n`` kept in
-``[1, min(total, max_video_frames)]``. Each kept frame is resized as soon as it is decoded, so
-memory holds only the resized frames, never the whole decoded video.
+``[1, min(total, max_video_frames)]`` (or the request's lower ``max_frames``). Each kept frame is
+resized as soon as it is decoded, so memory holds only the resized frames, never the whole
+decoded video.
 """
 
 from __future__ import annotations
@@ -149,15 +150,24 @@ def _check_frame_size(frame: av.VideoFrame, header: VideoHeader, position: int, 
 
 
 def video_features(
-    source: MediaSource, geometry: PatchGeometry, limits: MediaLimits, fps: float | None = None
+    source: MediaSource,
+    geometry: PatchGeometry,
+    limits: MediaLimits,
+    fps: float | None = None,
+    max_frames: int | None = None,
 ) -> VideoFeatures:
-    """One video part -> patch rows, (t, h, w) grid and the sampled frame indices."""
+    """One video part -> patch rows, (t, h, w) grid and the sampled frame indices.
+
+    ``fps`` and ``max_frames`` are the request's own (None: the server's); a request's frame cap
+    asks for at most that many frames, so the server's ``max_video_frames`` still bounds it.
+    """
     part = source.part
     fps = limits.video_fps if fps is None else fps
     if not limits.min_video_fps <= fps <= limits.max_video_fps:
         raise MediaError(part, f"fps {fps} is outside [{limits.min_video_fps}, {limits.max_video_fps}]")
+    frame_cap = limits.max_video_frames if max_frames is None else min(max_frames, limits.max_video_frames)
     header = read_header(source, limits)
-    indices = sample_indices(header.total_frames, header.fps, fps, limits.max_video_frames)
+    indices = sample_indices(header.total_frames, header.fps, fps, frame_cap)
     try:
         size = fit_size(header.height, header.width, geometry)
     except ValueError as exc:

@@ -24,10 +24,10 @@ from transformers.video_utils import VideoMetadata
 from sglang_m3.multimodal.errors import MediaError
 from sglang_m3.multimodal.image import image_features
 from sglang_m3.multimodal.limits import MediaLimits
+from sglang_m3.multimodal.options import item_options
 from sglang_m3.multimodal.patches import PatchGeometry
 from sglang_m3.multimodal.pool import MediaWorkerPool
 from sglang_m3.multimodal.preprocessor import VIDEO_GEOMETRY, MediaPreprocessor, PreprocessConfig
-from sglang_m3.multimodal.sglang_processor import video_fps
 from sglang_m3.multimodal.sources import read_media
 from sglang_m3.multimodal.video import video_features
 from tests.multimodal.media_factory import decode_all_frames, encode_image, encode_video, random_frames, random_image
@@ -177,6 +177,11 @@ def test_frames_of_differing_sizes_are_refused_naming_the_video_and_frame():
     assert caught.value.reason.startswith("frame 6 is 200x60 but the video declares 64x48 frames")
 
 
+def video_fps(item, part: str = "video 1") -> float | None:
+    """The request's own rate for one video part (None: the server's)."""
+    return item_options(item, kind="video", part=part, geometry=VIDEO_GEOMETRY).fps
+
+
 @pytest.mark.parametrize(
     "item,reason",
     [
@@ -199,6 +204,7 @@ def test_request_fps_is_read_where_upstream_reads_it():
     assert video_fps({"url": "u", "fps": 2, "preprocess_kwargs": {"max_frames": 4}}) == 2.0
     assert video_fps({"url": "u", "preprocess_kwargs": {"fps": "0.5"}}) == 0.5
     assert video_fps({"url": "u"}) is None
+    assert video_fps("plain-string") is None
 
 
 @pytest.mark.parametrize("scheme", ["ftp://host/a.png", "s3://bucket/a.png", "gs://bucket/a.png"])

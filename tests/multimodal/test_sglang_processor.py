@@ -18,7 +18,6 @@ from sglang_m3.multimodal.sglang_processor import (
     PACKAGE_ENV,
     MiniMaxM3MultimodalProcessor,
     register_multimodal_processor,
-    video_fps,
 )
 from tests.multimodal.media_factory import decode_all_frames, encode_image, encode_video, random_frames, random_image
 
@@ -121,7 +120,43 @@ def test_per_video_fps_is_honoured(processor):
     one = process(processor, "]<]video[>[", videos=[{"url": data_url, "fps": 1.0}])
     four = process(processor, "]<]video[>[", videos=[{"url": data_url, "preprocess_kwargs": {"fps": 4.0}}])
     assert one.mm_items[0].video_grid_thw[0, 0] == 2 and four.mm_items[0].video_grid_thw[0, 0] == 6
-    assert video_fps("plain-string") is None
+
+
+def test_per_item_pixel_bounds_and_frame_cap_are_honoured(processor, hf_processor):
+    """Chat-shaped items (SGLang's ``ImageData`` / ``VideoData``): the ids and features equal
+    transformers' processor given the same bounds; the frame cap picks its uniform frames."""
+    from sglang.srt.utils import ImageData, VideoData
+    from transformers.video_utils import default_sample_indices_fn
+
+    image = ImageData(
+        url="data:image/png;base64," + base64.b64encode(IMAGE_A).decode(),
+        preprocess_kwargs={"min_pixels": 28 * 28, "max_pixels": 28 * 28 * 2},
+    )
+    video = VideoData(
+        url="data:video/mp4;base64," + base64.b64encode(VIDEO).decode(),
+        preprocess_kwargs={"fps": 4.0, "max_frames": 3, "min_pixels": 28 * 28 * 12},
+    )
+    prompt = "Compare ]<]image[>[ and ]<]video[>[ please"
+    output = process(processor, prompt, [image], [video])
+    frames, native = decode_all_frames(VIDEO)
+    metadata = VideoMetadata(total_num_frames=len(frames), fps=native, height=frames.shape[1], width=frames.shape[2])
+    indices = default_sample_indices_fn(metadata, num_frames=3)
+    metadata.frames_indices = indices
+    expected = hf_processor(
+        text=[prompt],
+        images=[Image.open(io.BytesIO(IMAGE_A))],
+        videos=[frames[indices]],
+        images_kwargs={"size": {"shortest_edge": 28 * 28, "longest_edge": 28 * 28 * 2}},
+        videos_kwargs={"do_resize": True, "do_sample_frames": False, "min_pixels": 28 * 28 * 12, "video_metadata": [metadata]},
+        return_tensors="pt",
+        add_special_tokens=False,
+    )
+    assert output.input_ids == expected["input_ids"][0].tolist()
+    image_item, video_item = output.mm_items
+    assert image_item.image_grid_thw.tolist() == expected["image_grid_thw"].tolist() == [[1, 2, 2]]
+    assert video_item.video_grid_thw.tolist() == expected["video_grid_thw"].tolist()
+    torch.testing.assert_close(image_item.feature, expected["pixel_values"], rtol=0, atol=1e-6)
+    torch.testing.assert_close(video_item.feature, expected["pixel_values_videos"], rtol=0, atol=1e-6)
 
 
 def test_features_travel_in_the_model_dtype(tiny_vl, hf_processor):
