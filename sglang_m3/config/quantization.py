@@ -34,7 +34,7 @@ names and are refused rather than left to match nothing, as SGLang's MXFP8 reade
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from sglang_m3.config.errors import M3ConfigError
@@ -42,6 +42,8 @@ from sglang_m3.config.errors import M3ConfigError
 FIELD = "quantization_config"
 MXFP8 = "mxfp8"
 _IGNORE_KEYS = ("ignored_layers", "modules_to_not_convert")
+#: the ignore list's key where a checkpoint gives none (and the key the project's writer uses)
+_DEFAULT_IGNORE_KEY = "modules_to_not_convert"
 #: key -> the only value accepted (None: absent or null is accepted too)
 _FIXED = {
     "activation_scheme": "dynamic",
@@ -65,6 +67,15 @@ class MXFP8Config:
     #: module names (checkpoint spelling, ``model.`` prefix optional) that stay unquantized
     ignored_modules: tuple[str, ...] = ()
     block_size: int = 32
+    #: the ``quantization_config`` key the checkpoint gave ``ignored_modules`` under (one of
+    #: ``_IGNORE_KEYS``): errors about the list name the key the user finds in config.json. A
+    #: spelling only, so two configs that differ in it alone are equal.
+    ignore_key: str = field(default=_DEFAULT_IGNORE_KEY, compare=False)
+
+    @property
+    def ignore_field(self) -> str:
+        """The ignore list's config field as error messages name it (``quantization_config.<key>``)."""
+        return f"{FIELD}.{self.ignore_key}"
 
     def ignores(self, module: str) -> bool:
         """True when an entry of the checkpoint's ignore list matches ``module`` (module docstring)."""
@@ -84,7 +95,7 @@ class MXFP8Config:
             "fmt": "e4m3",
             "scale_fmt": "ue8m0",
             "weight_block_size": [1, self.block_size],
-            "modules_to_not_convert": list(self.ignored_modules),
+            self.ignore_key: list(self.ignored_modules),
         }
 
 
@@ -161,7 +172,8 @@ def read_quantization(text: Mapping) -> MXFP8Config | None:
             f"config field '{FIELD}.{unknown[0]}' is not understood by sglang-m3's MXFP8 reader "
             f"(value {quant[unknown[0]]!r}); it may change what the tensors mean, so it is refused"
         )
-    return MXFP8Config(ignored_modules=_ignore_list(quant))
+    key = _ignore_key(quant)
+    return MXFP8Config(ignored_modules=_ignore_list(quant, key), ignore_key=key)
 
 
 def _normalised(value: Any) -> Any:
@@ -170,17 +182,25 @@ def _normalised(value: Any) -> Any:
     return value.lower() if isinstance(value, str) else value
 
 
-def _ignore_list(quant: Mapping) -> tuple[str, ...]:
+def _ignore_key(quant: Mapping) -> str:
+    """The key the checkpoint gives its ignore list under: the first of ``_IGNORE_KEYS`` present
+    (SGLang's ``Fp8Config`` reads them in that order; given both, they must agree), the writer's
+    ``modules_to_not_convert`` when there is none."""
     given = [key for key in _IGNORE_KEYS if quant.get(key) is not None]
     if len(given) == 2 and list(quant[given[0]]) != list(quant[given[1]]):
         raise M3ConfigError(
             f"config fields '{FIELD}.ignored_layers' and '{FIELD}.modules_to_not_convert' disagree"
         )
-    names = quant[given[0]] if given else []
+    return given[0] if given else _DEFAULT_IGNORE_KEY
+
+
+def _ignore_list(quant: Mapping, key: str) -> tuple[str, ...]:
+    """The entries under ``quant[key]``, each checked to be a module name or a valid pattern."""
+    names = quant[key] if quant.get(key) is not None else []
     if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) and n for n in names):
-        raise M3ConfigError(f"config field '{FIELD}.{given[0]}' must be a list of module names, got {names!r}")
+        raise M3ConfigError(f"config field '{FIELD}.{key}' must be a list of module names, got {names!r}")
     for name in names:
-        _check_entry(f"{FIELD}.{given[0]}", name)
+        _check_entry(f"{FIELD}.{key}", name)
     return tuple(names)
 
 

@@ -7,7 +7,9 @@ The layers then own their partition through SGLang's logical groups ("own a weig
 before distributed communication is initialized"). The project's model also asks for the TP
 group's size and rank directly, so that group is stated for the build as a construction-only
 group: rank and size, no communicator (construction never communicates). The config is handed
-to SGLang and the model from a temporary directory, exactly as read by ``source``.
+to SGLang and the model from a temporary directory, exactly as read by ``source``. SGLang's
+notes about serving on this machine are silenced while it is imported and while a rank's context
+resolves the server arguments (``quiet``): inspect serves nothing, its user sees only the report.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import tempfile
 from dataclasses import dataclass
 
 from sglang_m3.config import M3ConfigError, vision_part
+from sglang_m3.inspect.quiet import sglang_noise_silenced
 from sglang_m3.inspect.sharding import ShardedParam, sort_parameters
 
 BUILD_DTYPE_NAME = "bfloat16"
@@ -49,12 +52,13 @@ class RankBuild:
 @contextlib.contextmanager
 def layout(top: dict, tp: int, ep: int):
     """Yields ``build(rank) -> RankBuild`` for the ``tp`` x ``ep`` layout of config ``top``."""
-    _check_vision(top)
+    with sglang_noise_silenced():  # the model modules import SGLang
+        _check_vision(top)
+        model_class = _model_class(top)
     with tempfile.TemporaryDirectory(prefix="sglang-m3-inspect-") as directory:
         with open(os.path.join(directory, "config.json"), "w", encoding="utf-8") as handle:
             json.dump(top, handle)
         server_args = _server_args(directory, tp, ep)
-        model_class = _model_class(top)
         config = _model_config(directory)
         yield lambda rank: _build_rank(server_args, model_class, config, tp, rank)
 
@@ -118,7 +122,8 @@ def _build_rank(server_args, model_class, config, tp: int, rank: int) -> RankBui
     from sglang.srt.layers.radix_attention import RadixAttention
     from sglang.srt.runtime_context import SpawnRanks, create_context, use_context
 
-    context = create_context(server_args, role="scheduler", ranks=SpawnRanks(world_rank=rank))
+    with sglang_noise_silenced():  # resolves the server arguments, logging serving choices
+        context = create_context(server_args, role="scheduler", ranks=SpawnRanks(world_rank=rank))
     parallel = context.parallel
     previous_dtype = torch.get_default_dtype()
     torch.set_default_dtype(getattr(torch, BUILD_DTYPE_NAME))

@@ -7,6 +7,9 @@ Differences from SGLang 0.5.23's own `MinimaxM3Detector`, all deliberate:
   JSON): a malformed, truncated or unknown call is never half-sent, it comes back as content,
   and the good calls beside it in the same block stay calls (upstream drops an unknown call's
   text, and turns a whole message with one malformed call into content);
+- whitespace between the namespace token and a tag is part of the tag, as upstream reads it,
+  but only where a tag is read: content keeps it (upstream drops it before any `<`, content
+  included);
 - string values are kept verbatim (upstream strips trailing whitespace), untyped values are
   typed by content, the whole schema types the arguments (root and nested combinators, `$ref`)
   and schema alternatives are chosen by validation, then specificity (see `schema_values`);
@@ -39,6 +42,7 @@ from sglang_m3.parsers.tool_call_scanner import (
     ParsedCall,
     ScanEvent,
     ToolCallScanner,
+    opens_block,
     scan_all,
 )
 
@@ -67,7 +71,9 @@ class MiniMaxM3ToolCallDetector(BaseFormatDetector):
         return envs.SGLANG_FORWARD_UNKNOWN_TOOLS.get()
 
     def has_tool_call(self, text: str) -> bool:
-        return TOOL_CALL_OPEN in text
+        """Whether `text` opens a block, as the scanner reads it (spacing after the namespace
+        token allowed): SGLang's one-shot path keeps the parse only when this says so."""
+        return opens_block(text)
 
     def detect_and_parse(self, text: str, tools: List[Tool]) -> StreamingParseResult:
         positions = {tool.function.name: index for index, tool in enumerate(tools or [])}

@@ -6,6 +6,9 @@ never on where chunks were cut.
 
 Rules:
 - Outside a block everything is content; `]<]minimax[>[<tool_call>` opens a block.
+- Every marker may have whitespace between its namespace token and its tag
+  (`m3_format.TAG_SPACING`); it is part of the marker. A namespace token and whitespace that
+  make no marker are kept as written (content outside a block).
 - Inside a block only whitespace, invokes and the block's closing tag may appear. Each
   complete invoke (`]<]minimax[>[<invoke name="...">` ... `]<]minimax[>[</invoke>`) of a
   declared function (`declared_tools`) that parses becomes one call, emitted when its closing
@@ -25,31 +28,41 @@ Rules:
 Cost: an open invoke is searched for its end once, not again per chunk. The part of it known to
 hold no marker moves out of the buffer, so feeding a long argument in small chunks costs time
 linear in its length (the buffer the next chunk joins and searches stays a few markers long).
+Whitespace after a namespace token that ends the buffer is set aside until a tag completes or
+cannot, so a model looping on newlines there is not searched again per chunk either.
 """
 
 import json
+import re
 from dataclasses import dataclass
-from typing import Any, Dict, List, Tuple, Union
+from typing import Any, Dict, List, Optional, Pattern, Union
 
 from sglang_m3.parsers.m3_format import (
     INVOKE_CLOSE,
     INVOKE_OPEN_PREFIX,
     INVOKE_OPEN_SUFFIX,
+    NAMESPACE,
+    TAG_SPACING,
     TOOL_CALL_CLOSE,
     TOOL_CALL_OPEN,
-    partial_suffix_length,
+    may_become_tag,
+    spaced_markers,
+    tag_of,
+    undecided_start,
 )
 from sglang_m3.parsers.declared_tools import ToolLookup
 from sglang_m3.parsers.schema_values import arguments_from_elements
 from sglang_m3.parsers.xml_elements import MalformedCall, parse_siblings
 
 _WHITESPACE = " \t\r\n"
-# Markers that cannot occur inside one invoke: seeing one first means the invoke is broken.
-_FOREIGN_IN_INVOKE = (TOOL_CALL_OPEN, TOOL_CALL_CLOSE, INVOKE_OPEN_PREFIX)
-_INVOKE_MARKERS = (INVOKE_CLOSE, *_FOREIGN_IN_INVOKE)
-# Text of an open invoke searched without finding a marker, less this many last characters
-# (where one may still be starting), holds none.
-_MARKER_OVERLAP = max(map(len, _INVOKE_MARKERS)) - 1
+_OUTSIDE_MARKERS = (TOOL_CALL_OPEN,)
+_BLOCK_MARKERS = (TOOL_CALL_CLOSE, INVOKE_OPEN_PREFIX)
+# In an invoke, any marker but its closing tag means the invoke is broken.
+_INVOKE_MARKERS = (INVOKE_CLOSE, TOOL_CALL_OPEN, TOOL_CALL_CLOSE, INVOKE_OPEN_PREFIX)
+_BLOCK_OPEN = spaced_markers(*_OUTSIDE_MARKERS)
+_BLOCK_CLOSE = spaced_markers(TOOL_CALL_CLOSE)
+_INVOKE_OPEN = spaced_markers(INVOKE_OPEN_PREFIX)
+_IN_INVOKE = spaced_markers(*_INVOKE_MARKERS)
 
 
 @dataclass(frozen=True)
@@ -79,19 +92,27 @@ ScanEvent = Union[ContentText, Markup, ParsedCall]
 # Joining `text` / `raw` of all events in order gives back the input exactly.
 
 
+def opens_block(text: str) -> bool:
+    """Whether `text` holds a block opening (`]<]minimax[>[<tool_call>`, spacing allowed)."""
+    return _BLOCK_OPEN.search(text) is not None
+
+
 def parse_invoke(raw: str, lookup_tool: ToolLookup) -> ParsedCall:
-    """Parse one complete invoke, from its opening prefix through `]<]minimax[>[</invoke>`."""
-    header_end = raw.find(INVOKE_OPEN_SUFFIX, len(INVOKE_OPEN_PREFIX))
+    """Parse one complete invoke, from its opening prefix through `]<]minimax[>[</invoke>`
+    (spacing after either namespace token allowed)."""
+    name_start = _INVOKE_OPEN.match(raw).end()
+    header_end = raw.find(INVOKE_OPEN_SUFFIX, name_start)
     if header_end == -1:
         raise MalformedCall("invoke header has no closing '\">'")
-    name = raw[len(INVOKE_OPEN_PREFIX):header_end]
+    name = raw[name_start:header_end]
     if not name or any(char in name for char in '"<>\n'):
         raise MalformedCall(f"invalid function name {name!r}")
     try:
         tool = lookup_tool(name)
     except KeyError:
         raise MalformedCall(f"unknown function {name!r}") from None
-    body = raw[header_end + len(INVOKE_OPEN_SUFFIX): len(raw) - len(INVOKE_CLOSE)]
+    # the closing marker starts at the last namespace token: its tag holds none
+    body = raw[header_end + len(INVOKE_OPEN_SUFFIX): raw.rfind(NAMESPACE)]
     children = parse_siblings(body)
     try:
         arguments = arguments_from_elements(children, tool.parameters)
@@ -114,19 +135,62 @@ class ToolCallScanner:
         # The open invoke's text known to hold no marker (its opening tag first); the buffer
         # goes on from its end. Empty while no invoke is open.
         self._invoke_head: List[str] = []
+        # What follows a namespace token that ends the buffer, set aside while it may still be
+        # the spacing and the start of a tag (`_past_namespace`): the spacing in pieces, so
+        # joining is paid once, then the tag's first characters.
+        self._spacing: List[str] = []
+        self._tag_start = ""
 
     def feed(self, text: str) -> List[ScanEvent]:
+        text = self._past_namespace(text)
+        if not text:
+            return []
         self._buffer += text
         events: List[ScanEvent] = []
         while self._step(events):
             pass
+        self._set_aside_after_namespace()
         return _merged(events)
 
     def finish(self) -> List[ScanEvent]:
         """End of output: whatever is still held back is content."""
-        rest = _text_of(self._uncommitted) + "".join(self._invoke_head) + self._buffer
+        rest = _text_of(self._uncommitted) + "".join(self._invoke_head) + self._buffer + self._release_after_namespace()
         self._buffer, self._uncommitted, self._in_block, self._invoke_head = "", [], False, []
         return [ContentText(rest)] if rest else []
+
+    def _past_namespace(self, text: str) -> str:
+        """The text to scan now. While the buffer ends with a namespace token, what follows it is
+        set aside until it completes a tag or cannot: scanned with the buffer, a run of spacing
+        there (a model looping on newlines) would be searched again with every chunk. Delaying
+        text changes no event: the scan does not depend on where chunks are cut."""
+        if not self._buffer.endswith(NAMESPACE):
+            return text
+        if not self._tag_start:
+            spaces = len(text) - len(text.lstrip(TAG_SPACING))
+            self._spacing.append(text[:spaces])
+            text = text[spaces:]
+        self._tag_start += text
+        if may_become_tag(self._tag_start, _INVOKE_MARKERS):
+            return ""
+        return self._release_after_namespace()
+
+    def _release_after_namespace(self) -> str:
+        """The text set aside after the buffer's namespace token, now handed to the scan."""
+        released = "".join(self._spacing) + self._tag_start
+        self._spacing, self._tag_start = [], ""
+        return released
+
+    def _set_aside_after_namespace(self) -> None:
+        """After a scan, moves the spacing and tag start that follow the buffer's last namespace
+        token aside (`_past_namespace`), so the buffer ends with the token. The buffer then holds
+        only what the scan could not decide, so the search from its end is short."""
+        cut = self._buffer.rfind(NAMESPACE) + len(NAMESPACE)
+        after = self._buffer[cut:]
+        tag_start = after.lstrip(TAG_SPACING)
+        if cut < len(NAMESPACE) or not after or not may_become_tag(tag_start, _INVOKE_MARKERS):
+            return
+        self._spacing, self._tag_start = [after[: len(after) - len(tag_start)]], tag_start
+        self._buffer = self._buffer[:cut]
 
     def _step(self, events: List[ScanEvent]) -> bool:
         """Consume what can be decided now; False when more text is needed."""
@@ -137,15 +201,15 @@ class ToolCallScanner:
         return self._step_in_block(events)
 
     def _step_outside(self, events: List[ScanEvent]) -> bool:
-        start = self._buffer.find(TOOL_CALL_OPEN)
-        if start == -1:
-            keep = partial_suffix_length(self._buffer, TOOL_CALL_OPEN)
-            events.append(ContentText(self._buffer[: len(self._buffer) - keep]))
-            self._buffer = self._buffer[len(self._buffer) - keep:]
+        opening = _first_marker(self._buffer, _BLOCK_OPEN)
+        if opening is None:
+            keep_from = undecided_start(self._buffer, _OUTSIDE_MARKERS)
+            events.append(ContentText(self._buffer[:keep_from]))
+            self._buffer = self._buffer[keep_from:]
             return False
-        events.append(ContentText(self._buffer[:start]))
-        self._uncommitted = [Markup(TOOL_CALL_OPEN)]
-        self._buffer = self._buffer[start + len(TOOL_CALL_OPEN):]
+        events.append(ContentText(self._buffer[: opening.start()]))
+        self._uncommitted = [Markup(opening.group())]
+        self._buffer = self._buffer[opening.end():]
         self._in_block, self._block_has_call = True, False
         return True
 
@@ -156,33 +220,35 @@ class ToolCallScanner:
             self._buffer = self._buffer[spaces:]
         if not self._buffer:
             return False
-        if self._buffer.startswith(TOOL_CALL_CLOSE):
-            self._uncommitted.append(Markup(TOOL_CALL_CLOSE))
-            self._buffer = self._buffer[len(TOOL_CALL_CLOSE):]
+        closing = _BLOCK_CLOSE.match(self._buffer)
+        if closing:
+            self._uncommitted.append(Markup(closing.group()))
+            self._buffer = self._buffer[closing.end():]
             self._close_block(events)
             return True
-        if self._buffer.startswith(INVOKE_OPEN_PREFIX):
-            self._invoke_head = [INVOKE_OPEN_PREFIX]
-            self._buffer = self._buffer[len(INVOKE_OPEN_PREFIX):]
+        invoke = _INVOKE_OPEN.match(self._buffer)
+        if invoke:
+            self._invoke_head = [invoke.group()]
+            self._buffer = self._buffer[invoke.end():]
             return True
-        if INVOKE_OPEN_PREFIX.startswith(self._buffer) or TOOL_CALL_CLOSE.startswith(self._buffer):
+        if undecided_start(self._buffer, _BLOCK_MARKERS) == 0:
             return False
         self._abandon_block(events)
         return True
 
     def _step_invoke(self, events: List[ScanEvent]) -> bool:
         """In an open invoke: its closing tag ends it; another marker first breaks the block."""
-        position, marker = _first_marker(self._buffer)
-        if position == -1:
-            searched = len(self._buffer) - _MARKER_OVERLAP
+        marker = _first_marker(self._buffer, _IN_INVOKE)
+        if marker is None:
+            searched = undecided_start(self._buffer, _INVOKE_MARKERS)
             if searched > 0:
                 self._invoke_head.append(self._buffer[:searched])
                 self._buffer = self._buffer[searched:]
             return False
-        if marker != INVOKE_CLOSE:
+        if marker.group("tag") != tag_of(INVOKE_CLOSE):
             self._abandon_block(events)
             return True
-        end = position + len(INVOKE_CLOSE)
+        end = marker.end()
         raw = "".join(self._invoke_head) + self._buffer[:end]
         self._buffer, self._invoke_head = self._buffer[end:], []
         try:
@@ -220,11 +286,10 @@ def _text_of(events: List[ScanEvent]) -> str:
     return "".join(event.text for event in events)
 
 
-def _first_marker(text: str) -> Tuple[int, str]:
-    """The first marker in the text of an open invoke (its opening tag excluded) that ends the
-    invoke: (position, marker), or (-1, "") when there is none yet."""
-    found = [(position, marker) for marker in _INVOKE_MARKERS if (position := text.find(marker)) != -1]
-    return min(found, default=(-1, ""))
+def _first_marker(text: str, markers: Pattern[str]) -> Optional[re.Match]:
+    """The first of the `spaced_markers` in `text`, None when there is none yet. Every search
+    for a marker goes through here (the cost tests count the text searched)."""
+    return markers.search(text)
 
 
 def _merged(events: List[ScanEvent]) -> List[ScanEvent]:

@@ -5,7 +5,8 @@ separated by optional whitespace. An element holds either nested elements (objec
 `<item>`) or raw text (a scalar, kept verbatim here; `schema_values` types it).
 
 As in XML, whitespace between a tag's name and its `>` is not part of the name: `<path >` and
-`</path >` are the element `path`.
+`</path >` are the element `path`. Whitespace between the namespace token and a tag's `<` is
+part of the tag (`m3_format.TAG_SPACING`), never of a value: `]<]minimax[>[\n<path>` opens `path`.
 
 One recovery is taken because its intent is unambiguous: a closing tag with the wrong name
 while exactly one element is open (a top-level argument) closes that element, with a debug
@@ -20,14 +21,12 @@ import logging
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
-from sglang_m3.parsers.m3_format import NAMESPACE
+from sglang_m3.parsers.m3_format import NAMESPACE, TAG_SPACING
 
 logger = logging.getLogger(__name__)
 
 MAX_DEPTH = 64
 _WHITESPACE = " \t\r\n"
-_OPEN = NAMESPACE + "<"
-_CLOSE = NAMESPACE + "</"
 
 
 class MalformedCall(ValueError):
@@ -55,10 +54,23 @@ def parse_siblings(text: str) -> Tuple[Element, ...]:
     return children
 
 
-def _skip_whitespace(text: str, position: int) -> int:
-    while position < len(text) and text[position] in _WHITESPACE:
+def _skip_whitespace(text: str, position: int, spacing: str = _WHITESPACE) -> int:
+    while position < len(text) and text[position] in spacing:
         position += 1
     return position
+
+
+def _tag_bracket(text: str, position: int) -> int:
+    """The position of the `<` of a tag written at `position` (the namespace token, its
+    spacing, then `<`), or -1 when no tag starts there."""
+    if not text.startswith(NAMESPACE, position):
+        return -1
+    bracket = _skip_whitespace(text, position + len(NAMESPACE), TAG_SPACING)
+    return bracket if text.startswith("<", bracket) else -1
+
+
+def _is_closing(text: str, bracket: int) -> bool:
+    return bracket != -1 and text.startswith("</", bracket)
 
 
 def _parse_run(
@@ -72,39 +84,43 @@ def _parse_run(
             if closing_tag is not None:
                 raise MalformedCall(f"element <{closing_tag}> is never closed")
             return tuple(children), position
-        if text.startswith(_CLOSE, position):
+        bracket = _tag_bracket(text, position)
+        if _is_closing(text, bracket):
             if closing_tag is None:
                 raise MalformedCall(f"closing tag without an open element at offset {position}")
-            return tuple(children), _close(text, position, closing_tag, depth - 1)
-        if not text.startswith(_OPEN, position):
+            return tuple(children), _close(text, bracket, closing_tag, depth - 1)
+        if bracket == -1:
             raise MalformedCall(f"text between elements at offset {position}: {text[position:position + 20]!r}")
-        element, position = _parse_element(text, position, depth)
+        element, position = _parse_element(text, bracket, depth)
         children.append(element)
 
 
-def _parse_element(text: str, position: int, depth: int) -> Tuple[Element, int]:
+def _parse_element(text: str, bracket: int, depth: int) -> Tuple[Element, int]:
+    """The element whose opening tag has its `<` at `bracket`, and the position after it."""
     if depth >= MAX_DEPTH:
         raise MalformedCall(f"elements nested deeper than {MAX_DEPTH}")
-    name_start = position + len(_OPEN)
+    name_start = bracket + 1
     name_end = text.find(">", name_start)
     if name_end == -1:
-        raise MalformedCall(f"unterminated tag at offset {position}")
+        raise MalformedCall(f"unterminated tag at offset {bracket}")
     tag = _tag_name(text[name_start:name_end])
     if not _valid_name(tag):
-        raise MalformedCall(f"invalid element name {tag!r} at offset {position}")
+        raise MalformedCall(f"invalid element name {tag!r} at offset {bracket}")
 
     body_start = name_end + 1
     first = _skip_whitespace(text, body_start)
-    if text.startswith(_OPEN, first) and not text.startswith(_CLOSE, first):
+    child = _tag_bracket(text, first)
+    if child != -1 and not _is_closing(text, child):
         children, end = _parse_run(text, first, closing_tag=tag, depth=depth + 1)
         return Element(tag=tag, text=None, children=children), end
 
     body_end = text.find(NAMESPACE, body_start)
     if body_end == -1:
         raise MalformedCall(f"element <{tag}> is never closed")
-    if not text.startswith(_CLOSE, body_end):
+    closing = _tag_bracket(text, body_end)
+    if not _is_closing(text, closing):
         raise MalformedCall(f"element <{tag}> mixes text and markup")
-    return Element(tag=tag, text=text[body_start:body_end]), _close(text, body_end, tag, depth)
+    return Element(tag=tag, text=text[body_start:body_end]), _close(text, closing, tag, depth)
 
 
 def _tag_name(written: str) -> str:
@@ -116,15 +132,15 @@ def _valid_name(tag: str) -> bool:
     return bool(tag) and "<" not in tag and NAMESPACE not in tag and tag[0] not in _WHITESPACE + "/"
 
 
-def _close(text: str, position: int, tag: str, depth: int) -> int:
-    """End of the closing tag at `position`, which closes element `tag` found at `depth`."""
-    name_start = position + len(_CLOSE)
+def _close(text: str, bracket: int, tag: str, depth: int) -> int:
+    """End of the closing tag whose `</` is at `bracket`, which closes element `tag` found at `depth`."""
+    name_start = bracket + len("</")
     name_end = text.find(">", name_start)
     name = _tag_name(text[name_start:name_end]) if name_end != -1 else ""
     if not _valid_name(name):
-        raise MalformedCall(f"element <{tag}> has a malformed closing tag at offset {position}")
+        raise MalformedCall(f"element <{tag}> has a malformed closing tag at offset {bracket}")
     if name != tag:
         if depth != 0:
-            raise MalformedCall(f"element <{tag}> closed by </{name}> at offset {position}")
+            raise MalformedCall(f"element <{tag}> closed by </{name}> at offset {bracket}")
         logger.debug("argument <%s> closed by </%s>: taken as its end, no other element is open", tag, name)
     return name_end + 1

@@ -13,7 +13,8 @@ the linears it builds with the quantization config (attention q/k/v/o, the index
 projections, dense MLP, shared and routed experts), minus the config's ignore list. The router
 gate (built with ``quant_config=None``), norms, routing bias, embeddings, lm_head and the vision
 tower stay BF16: a scale or FP8 weight for them is refused by name, as are pairs with one half
-missing, wrong scale shapes and scale formats MXFP8 does not have.
+missing, wrong scale shapes, scale formats MXFP8 does not have, and NaN anywhere in a pair (e4m3
+bytes 0x7F/0xFF, e8m0 byte 255), with the count and the first index.
 
 The vision tower's tensors reach the VL model's vision loader, not this pairing: that loader casts
 what it is given, so the tower's stream has to pass :func:`checked_vision_tensors` (in the VL
@@ -36,7 +37,15 @@ import torch
 
 from sglang_m3.config import MXFP8Config
 from sglang_m3.models.checkpoint_layout import CheckpointError, quantized_format, refuse_quantized_tensor
-from sglang_m3.quant.mxfp8 import WEIGHT_DTYPE, MXFP8FormatError, decode_scales, dequantize, scale_bytes, scale_shape
+from sglang_m3.quant.mxfp8 import (
+    WEIGHT_DTYPE,
+    MXFP8FormatError,
+    decode_scales,
+    dequantize,
+    nan_elements,
+    scale_bytes,
+    scale_shape,
+)
 
 SCALE_SUFFIXES = (".weight_scale_inv", ".weight_scale")
 #: module names (checkpoint spelling, ``model.`` or ``language_model.model.``) that SGLang's M3
@@ -135,7 +144,7 @@ class MXFP8Dequantizer:
         if self.keeps_quantized(module):
             raise CheckpointError(
                 f"checkpoint tensor '{name}' is {dtype}, but '{module}' is served as MXFP8 (it is not in "
-                "'quantization_config.modules_to_not_convert'): store it as float8_e4m3fn with its "
+                f"'{self.config.ignore_field}'): store it as float8_e4m3fn with its "
                 "'weight_scale_inv', or list the module as unquantized"
             )
 
@@ -172,7 +181,7 @@ class MXFP8Dequantizer:
         if entry is not None:
             raise CheckpointError(
                 f"checkpoint tensor '{name}' quantizes '{module}', which config field "
-                f"'quantization_config.modules_to_not_convert' lists as unquantized (entry {entry!r})"
+                f"'{self.config.ignore_field}' lists as unquantized (entry {entry!r})"
             )
 
     @staticmethod
@@ -182,6 +191,7 @@ class MXFP8Dequantizer:
 
     def _pair(self, module: str, weight_name: str, weight: torch.Tensor, scale_name: str, scale: torch.Tensor):
         what = f"checkpoint tensor '{weight_name}'"
+        refuse_nan_elements(weight_name, weight)
         try:
             # float8_e8m0fnu scales become their uint8 bytes here, so a kept pair copies bytes
             # into SGLang's uint8 scale parameter rather than casting values into it.
@@ -206,6 +216,18 @@ class MXFP8Dequantizer:
         decode_scales(scale)
         self.kept_quantized += 1
         return MXFP8Weight(weight, scale)
+
+
+def refuse_nan_elements(name: str, weight: torch.Tensor) -> None:
+    """Refuses checkpoint weight ``name`` (float8_e4m3fn) if any element is NaN (bytes 0x7F/0xFF):
+    nothing downstream looks, so it would load silently, as NaN values when dequantized and as
+    NaN bytes the MXFP8 kernels read when kept. Checked once per pair, on both paths."""
+    count, first = nan_elements(weight)
+    if count:
+        raise CheckpointError(
+            f"checkpoint tensor '{name}' has {count} NaN element(s) of {weight.numel()} "
+            f"(float8_e4m3fn bytes 0x7F/0xFF), first at {first}: the checkpoint is corrupt"
+        )
 
 
 def checked_vision_tensors(
@@ -259,7 +281,7 @@ class VisionTensorCheck:
         entry = self.config.ignoring_entry(module)
         if entry is not None:
             raise CheckpointError(
-                f"checkpoint tensor '{name}' is {dtype}, but config field 'quantization_config.modules_to_not_convert' "
+                f"checkpoint tensor '{name}' is {dtype}, but config field '{self.config.ignore_field}' "
                 f"lists '{module}' as unquantized (entry {entry!r}): store it in bf16, fp16 or fp32"
             )
         if dtype == WEIGHT_DTYPE and name.endswith(".weight"):

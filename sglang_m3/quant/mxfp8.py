@@ -5,7 +5,8 @@ a weight ``[..., N, K]`` is stored as ``float8_e4m3fn`` of the same shape plus `
 ``[..., N, K // 32]``; scale byte ``b`` means the factor ``2 ** (b - 127)`` for the 32 consecutive
 elements along the input dimension K. Decoding follows SGLang's ``_ue8m0_to_fp32`` (the byte
 shifted into the fp32 exponent field), so byte 0 decodes to 0.0 and is never written for a block
-with a non-zero element; byte 255 (NaN in e8m0) is refused.
+with a non-zero element; byte 255 (NaN in e8m0) is refused. e4m3 (``float8_e4m3fn``) has no
+infinity and two NaN bytes, 0x7F and 0xFF: :func:`nan_elements` finds them so a loader can refuse them.
 
 Quantization picks, per block, the smallest power of two ``2 ** e`` with ``amax / 2 ** e <= 448``
 (the e4m3 maximum): the round-up rule of SGLang's MXFP8 quantizers (``ceil_to_ue8m0`` in
@@ -30,6 +31,10 @@ WEIGHT_DTYPE = torch.float8_e4m3fn
 SCALE_DTYPE = torch.uint8
 #: torch's own e8m0 type: the same bytes, which quantizers built on torch's MX types write
 E8M0_DTYPE = torch.float8_e8m0fnu
+#: e8m0's NaN byte
+SCALE_NAN = 255
+#: the bits below the sign of float8_e4m3fn; all set (0x7F, 0xFF) is NaN
+E4M3_MAGNITUDE_BITS = 0x7F
 
 
 class MXFP8FormatError(ValueError):
@@ -77,11 +82,37 @@ def scale_bytes(scales: torch.Tensor) -> torch.Tensor:
 
 
 def decode_scales(scales: torch.Tensor) -> torch.Tensor:
-    """e8m0 bytes (uint8 or float8_e8m0fnu) -> fp32 factors (byte << 23 read as fp32, as SGLang decodes them)."""
+    """e8m0 bytes (uint8 or float8_e8m0fnu) -> fp32 factors (byte << 23 read as fp32, as SGLang decodes
+    them). A NaN byte is refused with how many there are and where the first is, so a bad scale
+    tensor can be found in the checkpoint."""
     scales = scale_bytes(scales)
-    if (scales == 255).any():
-        raise MXFP8FormatError("MXFP8 scale byte 255 is NaN in e8m0")
+    count, first = _count_and_first(scales == SCALE_NAN)
+    if count:
+        raise MXFP8FormatError(
+            f"MXFP8 scale byte {SCALE_NAN} is NaN in e8m0: {count} of {scales.numel()} scales, first at {first}"
+        )
     return (scales.to(torch.int32) << 23).view(torch.float32)
+
+
+def nan_elements(elements: torch.Tensor) -> tuple[int, tuple[int, ...] | None]:
+    """How many ``float8_e4m3fn`` elements are NaN, and the index of the first (None without one).
+    Read on the bytes (0x7F / 0xFF), one byte-wide mask: a loader checks every weight as it
+    arrives, and a float conversion would hold four bytes per element of the largest tensors."""
+    if elements.dtype != WEIGHT_DTYPE:
+        raise MXFP8FormatError(f"MXFP8 elements must be float8_e4m3fn, got {elements.dtype}")
+    magnitude = elements.view(torch.uint8) & E4M3_MAGNITUDE_BITS
+    return _count_and_first(magnitude == E4M3_MAGNITUDE_BITS)
+
+
+def _count_and_first(mask: torch.Tensor) -> tuple[int, tuple[int, ...] | None]:
+    """How many entries of boolean ``mask`` are set, and the (row-major) index of the first set one.
+    The index is only looked for when there is one (a clean tensor costs one reduction), by
+    ``argmax`` (its first maximum) rather than ``nonzero``, which would list every set entry."""
+    count = int(mask.sum())
+    if not count:
+        return 0, None
+    first = mask.flatten().view(torch.uint8).argmax()
+    return count, tuple(int(i) for i in torch.unravel_index(first, mask.shape))
 
 
 def dequantize(

@@ -8,7 +8,7 @@ with a quantization config asks it for its method:
 
 - MXFP8 (:class:`Mxfp8LinearMethod`, the W8A16 kernels of ``msa_kernels.triton_mxfp8_linear``)
   when the checkpoint stores all of the linear's parts quantized: attention q/k/v and o, the dense
-  MLP and the shared experts' gate/up and down, unless ``modules_to_not_convert`` lists one of
+  MLP and the shared experts' gate/up and down, unless the checkpoint's ignore list names one of
   them (a packed linear with any part listed stays BF16 and that checkpoint's pairs dequantize at
   load, as before);
 - BF16 (SGLang's unquantized method) otherwise. The index projections, router, embeddings, lm head

@@ -183,3 +183,32 @@ def tiny_spec_with_mxfp8(tiny_m3_checkpoint):
     spec = M3TextSpec.from_config(None, tiny_m3_checkpoint)
     assert spec.moe_layers.count(True) >= 2
     return dataclasses.replace(spec, quantization=MXFP8Config())
+
+
+#: the quantization_config keys a checkpoint may give its ignore list under -> the key errors name
+#: (given both, they must agree, and SGLang's ``Fp8Config`` reads ``ignored_layers`` first)
+IGNORE_KEY_SPELLINGS = {
+    ("ignored_layers",): "ignored_layers",
+    ("modules_to_not_convert",): "modules_to_not_convert",
+    ("ignored_layers", "modules_to_not_convert"): "ignored_layers",
+}
+
+
+@pytest.mark.parametrize("keys", sorted(IGNORE_KEY_SPELLINGS), ids="+".join)
+def test_refusals_name_the_ignore_list_key_the_checkpoint_used(keys):
+    """Every error about the ignore list names the key it was read from, not a fixed one: the
+    user searches config.json for the key the message names."""
+    from sglang_m3.quant.loading import VisionTensorCheck
+
+    entries = ["self_attn.o_proj", "vision_tower"]
+    config = read_quantization({"quantization_config": {"quant_method": "mxfp8", **dict.fromkeys(keys, entries)}})
+    field = f"'quantization_config.{IGNORE_KEY_SPELLINGS[keys]}'"
+    elements, _ = quantize(torch.randn(128, 64))
+    with pytest.raises(CheckpointError, match=rf"quantizes '{O_PROJ}', which config field {field} lists as unquantized"):
+        MXFP8Dequantizer(config).push(f"{O_PROJ}.weight", elements)
+    with pytest.raises(CheckpointError, match=rf"served as MXFP8 \(it is not in {field}\)"):
+        MXFP8Dequantizer(config, keeps_quantized=lambda module: True).push(f"{Q_PROJ}.weight", torch.randn(128, 64))
+    vision = "vision_tower.vision_model.encoder.layers.0.self_attn.q_proj.weight"
+    with pytest.raises(CheckpointError, match=rf"is torch.float8_e4m3fn, but config field {field} lists"):
+        VisionTensorCheck(config).refuse_quantized(vision, elements)
+    assert read_quantization({"quantization_config": config.to_json()}) == config

@@ -177,7 +177,7 @@ def test_quantized_index_projection_on_the_ignore_list_is_refused(independent):
     weights = dict(stream(mxfp8))
     elements, scale_bytes = ocp_quantize(weights[INDEX_K])
     quantized = _edited(weights.items(), replace={INDEX_K: elements}, add={INDEX_K + "_scale_inv": scale_bytes})
-    with pytest.raises(CheckpointError, match=rf"'{INDEX_K}(_scale_inv)?' quantizes .*which config field .*modules_to_not_convert"):
+    with pytest.raises(CheckpointError, match=rf"'{INDEX_K}(_scale_inv)?' quantizes .*which config field 'quantization_config.ignored_layers' lists"):
         _load(mxfp8, quantized)
     spec = M3TextSpec.from_config(None, mxfp8)
     kept = tuple(m for m in spec.quantization.ignored_modules if m != INDEX_K[: -len(".weight")])

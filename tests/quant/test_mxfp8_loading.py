@@ -197,3 +197,30 @@ def test_a_waiting_half_is_copied_only_from_device_memory():
     assert held is not device and torch.equal(held.values, torch.arange(4.0))
     host = torch.arange(4.0)
     assert held_past_the_reader(host) is host
+
+
+def _with_nan_elements(weight: torch.Tensor, positions) -> torch.Tensor:
+    """``weight`` (e4m3) with float8_e4m3fn's two NaN bytes, 0x7F and 0xFF, alternating at ``positions``."""
+    raw = weight.view(torch.uint8).clone()
+    for i, (row, col) in enumerate(positions):
+        raw[row, col] = (0x7F, 0xFF)[i % 2]
+    return raw.view(torch.float8_e4m3fn)
+
+
+@pytest.mark.parametrize("kept_layers", [(), (3,)], ids=["dequantized", "kept-in-mxfp8"])
+def test_nan_weight_elements_are_refused_naming_the_tensor_the_count_and_the_first(built, kept_layers):
+    """A NaN element would load silently: dequantized it is a NaN weight, kept it is a NaN byte the
+    kernels read. Refused on both paths, naming the checkpoint key, how many and the first (row-major)."""
+    spec, tensors = built
+    nan = _with_nan_elements(dict(tensors["mxfp8"])[W2], [(5, 7), (0, 3), (127, 63)])
+    with pytest.raises(CheckpointError, match=rf"'{W2}' has 3 NaN element\(s\) of 8192 \(float8_e4m3fn bytes 0x7F/0xFF\), first at \(0, 3\)"):
+        _load_with_mxfp8_blocks(spec, _edited(tensors["mxfp8"], replace={W2: nan}), layers=kept_layers)
+
+
+@pytest.mark.parametrize("kept_layers", [(), (3,)], ids=["dequantized", "kept-in-mxfp8"])
+def test_nan_scale_bytes_are_refused_naming_the_tensor_the_count_and_the_first(built, kept_layers):
+    spec, tensors = built
+    scale = dict(tensors["mxfp8"])[W2 + "_scale_inv"].clone()
+    scale[9, 0] = scale[2, 1] = 255
+    with pytest.raises(CheckpointError, match=rf"byte 255 is NaN in e8m0: 2 of 256 scales, first at \(2, 1\) \(scale tensor '{W2}_scale_inv'\)"):
+        _load_with_mxfp8_blocks(spec, _edited(tensors["mxfp8"], replace={W2 + "_scale_inv": scale}), layers=kept_layers)

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sglang_m3.quant.mxfp8 import BLOCK, E4M3_MAX, MXFP8FormatError, decode_scales, dequantize, quantize
+from sglang_m3.quant.mxfp8 import BLOCK, E4M3_MAX, MXFP8FormatError, decode_scales, dequantize, nan_elements, quantize
 
 finite = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, allow_infinity=False)
 
@@ -97,3 +97,28 @@ def test_bad_pairs_are_refused_by_name():
         dequantize(elements.float(), scales)
     with pytest.raises(MXFP8FormatError, match="non-finite"):
         quantize(torch.tensor([[math.inf] * 32]))
+
+
+@st.composite
+def e4m3_bytes(draw):
+    """A float8_e4m3fn matrix of arbitrary bytes, NaN ones (0x7F, 0xFF) drawn often."""
+    rows, cols = draw(st.integers(1, 4)), draw(st.integers(1, 8))
+    byte = st.one_of(st.sampled_from([0x7F, 0xFF]), st.integers(0, 255))
+    raw = draw(st.lists(byte, min_size=rows * cols, max_size=rows * cols))
+    return torch.tensor(raw, dtype=torch.uint8).reshape(rows, cols).view(torch.float8_e4m3fn)
+
+
+@settings(max_examples=200, deadline=None)
+@given(e4m3_bytes())
+def test_nan_elements_agree_with_torchs_e4m3_decoding(elements):
+    """The byte test finds exactly what a float conversion finds: the count and the first NaN."""
+    isnan = elements.float().isnan()
+    count, first = nan_elements(elements)
+    assert count == int(isnan.sum())
+    assert first == (tuple(isnan.nonzero()[0].tolist()) if count else None)
+
+
+def test_every_e4m3_byte_is_classified_as_torch_decodes_it():
+    elements = torch.arange(256, dtype=torch.uint8).reshape(16, 16).view(torch.float8_e4m3fn)
+    assert nan_elements(elements) == (2, (7, 15))  # 0x7F, then 0xFF
+    assert int(elements.float().isnan().sum()) == 2

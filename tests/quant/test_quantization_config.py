@@ -47,6 +47,8 @@ def test_sglang_spelling_ignored_layers_and_minimal_config_are_read():
         ({"moe_quant_algo": "NVFP4"}, "quantization_config.moe_quant_algo' is not understood"),
         ({"ignored_layers": ["lm_head"]}, "'quantization_config.ignored_layers' and 'quantization_config.modules_to_not_convert' disagree"),
         ({"modules_to_not_convert": "lm_head"}, "quantization_config.modules_to_not_convert' must be a list"),
+        ({"modules_to_not_convert": None, "ignored_layers": "lm_head"}, "quantization_config.ignored_layers' must be a list"),
+        ({"ignore": ["lm_head"]}, "quantization_config.ignore' is not understood"),
     ],
 )
 def test_other_schemes_and_values_are_refused_naming_the_field(changes, named):
