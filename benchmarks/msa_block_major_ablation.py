@@ -1,7 +1,7 @@
 """Ablation of the prefill attention forms (GPU): query-major vs KV-block-major, pass size, sort cost.
 
 Times the attention alone (selection computed once), block-major with 8K- and 16K-token passes,
-the pair sort and the sort + tile table, at the shapes that set ``BLOCK_MAJOR_MIN_TOKENS``.
+the pair sort and the sort + tile table, at the shapes that set ``BLOCK_MAJOR_FROM``.
 Usage: PYTHONPATH=kernels python benchmarks/msa_block_major_ablation.py  (writes $OUT or ./
 block_major_explore3.json). Results: benchmarks/results/msa_kernels_h100_block_major_ablation.json.
 """

@@ -329,18 +329,30 @@ def _tiles_for(
     return Tiles(req=data[0], tok0=data[1], pos0=data[2], ntok=data[3], max_tokens=tile_tokens)
 
 
-# Below this many new tokens in a batch the query-major attention wins. Block-major pays a sort,
-# a partial output per (token, block) written and read back, and a merge. Since it holds a key's
-# K/V over its run of tiles, on an H200 (whole extend step, random inputs, one request, alternating
-# rounds) it was faster from 16K new tokens (6.53 against 7.22 ms; 32K 13.0 / 15.2, 128K 64.4 /
-# 76.5) and slower at 8K (3.58 against 3.29 ms): benchmarks/results/block_major_held_kv_h200/.
-BLOCK_MAJOR_MIN_TOKENS = 16 * 1024
+# When the attention is KV-block-major: ``(new tokens, longest context)`` floors, either pair met.
+# Block-major pays a sort, a partial output per (token, block) written and read back, and a merge;
+# query-major re-reads each token's 16 blocks, from L2 while the context's K/V fits there. Since
+# block-major holds a key's K/V over its run of tiles, on an H200 (whole extend step, random
+# inputs, one request, alternating rounds; benchmarks/results/block_major_held_kv_h200/), in ms,
+# block-major / query-major:
+#   no prefix:  8K 3.58 / 3.29, 16K 6.53 / 7.22, 32K 13.0 / 15.2, 128K 64.4 / 76.5;
+#   8K after 16K / 60K / 120K: 3.62 / 4.14, 4.30 / 4.93, 5.21 / 6.47;
+#   4K after 16K / 60K / 120K: 2.23 / 2.13, 2.37 / 2.55, 2.86 / 3.23;
+#   2K after 16K / 60K / 120K: 1.89 / 1.23, 1.51 / 1.40, 1.76 / 1.74.
+BLOCK_MAJOR_FROM = ((16 * 1024, 0), (8 * 1024, 24 * 1024), (4 * 1024, 64 * 1024))
 # Block-major passes of at most this many tokens: the partial outputs take
-# tokens x kv_heads x topk x group x head_dim elements (4 GiB in bf16 at M3 geometry and 16K).
+# tokens x kv_heads x topk x padded group x head_dim elements (2 GiB in bf16 at M3 geometry and
+# 16K, a quarter of it per rank at TP 4 or more); 8K passes took 66.6 against 64.4 ms at 128K.
 BLOCK_MAJOR_CHUNK_TOKENS = 16384
 # Persistent block-major programs per SM: two programs of 64-row tiles (api._BLOCK_MAJOR_ROWS), so
 # one's Q gathers overlap the other's math; 4 measured even (H200, block_major_held_kv_h200/).
 _BLOCK_MAJOR_PROGRAMS_PER_SM = 2
+
+
+def block_major_pays(new_tokens: int, longest_context: int) -> bool:
+    """Whether a batch of ``new_tokens`` whose longest request reaches ``longest_context`` tokens
+    takes the KV-block-major attention: it meets one of the ``BLOCK_MAJOR_FROM`` floors."""
+    return any(new_tokens >= tokens and longest_context >= context for tokens, context in BLOCK_MAJOR_FROM)
 
 
 def _token_positions(seq_lens: list[int], extend_lens: list[int], device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -404,8 +416,8 @@ def plan_prefill(
     ``attn_tile_tokens`` query tokens share one attention program and load each block of their
     union once: worth it when neighbouring tokens choose alike; on random inputs every size above
     1 was slower on an H100 (benchmarks/KERNEL_NOTES.md), hence the default of 1.
-    ``block_major`` picks the KV-block-major attention (default: for batches of at least
-    ``BLOCK_MAJOR_MIN_TOKENS`` new tokens), run in passes of ``block_major_chunk`` tokens.
+    ``block_major`` picks the KV-block-major attention (default: :func:`block_major_pays`), run in
+    passes of ``block_major_chunk`` tokens.
     """
     batch = len(seq_lens)
     if len(extend_lens) != batch:
@@ -423,7 +435,7 @@ def plan_prefill(
     device = page_table.device
     num_tokens = sum(extend_lens)
     if block_major is None:
-        block_major = num_tokens >= BLOCK_MAJOR_MIN_TOKENS
+        block_major = block_major_pays(num_tokens, max(seq_lens))
     token_req, token_pos = _token_positions(seq_lens, extend_lens, device) if block_major else (None, None)
     index_tiles = _tiles_for(seq_lens, extend_lens, index_rows // num_index_heads, device)
     if index_splits is None:

@@ -144,11 +144,17 @@ def test_bad_inputs_name_the_field(call, message):
         call()
 
 
-def test_attention_form_follows_the_batch_size():
-    """Block-major only for long extends (where it measured faster), query-major otherwise; overridable."""
-    threshold = plan_module.BLOCK_MAJOR_MIN_TOKENS
-    assert _m3_prefill([threshold], [threshold], 4).block_major
-    assert not _m3_prefill([threshold + 4 * K], [threshold - 1], 4).block_major
+def test_attention_form_follows_the_batch_size_and_context():
+    """Block-major for long extends, and shorter ones after long prefixes (where it measured
+    faster), query-major otherwise; overridable."""
+    for tokens, context in plan_module.BLOCK_MAJOR_FROM:
+        seq = max(tokens, context)
+        assert _m3_prefill([seq], [tokens], 4).block_major
+    assert not _m3_prefill([8 * K], [8 * K], 4).block_major  # a fresh 8K prompt: query-major
+    assert _m3_prefill([32 * K], [8 * K], 4).block_major  # 8K after 24K
+    assert not _m3_prefill([20 * K], [4 * K], 4).block_major  # 4K after 16K
+    assert _m3_prefill([64 * K], [4 * K], 4).block_major  # 4K after 60K
+    assert not _m3_prefill([128 * K], [2 * K], 4).block_major  # 2K after 126K
     assert _m3_prefill([4 * K], [4 * K], 4, block_major=True).block_major
     with pytest.raises(ValueError, match="block_major_chunk"):
         _m3_prefill([4 * K], [4 * K], 4, block_major_chunk=0)
