@@ -90,7 +90,8 @@ class M3Mxfp8MoeBlock(nn.Module):
             raise CheckpointError(
                 f"'{self.prefix}.experts.{expert}.{which}.weight' arrived as a plain {getattr(weight, 'dtype', type(weight))} "
                 "tensor, but this layer's MXFP8 MoE block holds float8_e4m3fn experts with scales "
-                "(is the layer's expert on the checkpoint's modules_to_not_convert list?)"
+                "(is the layer's expert on the checkpoint's ignore list, quantization_config.ignored_layers or "
+                "modules_to_not_convert?)"
             )
         if expert not in self.local_experts:
             return
