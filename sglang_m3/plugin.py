@@ -130,8 +130,11 @@ HOOKS: tuple[Hook, ...] = (
         "sglang.srt.arg_groups.speculative_hook._handle_eagle_family",
         "AFTER",
         speculative_hooks.check_m3_eagle_args,
-        "An EAGLE3 draft of the wrong width or with aux layers past the target's depth, and draft "
-        "trees of more than 64 verify tokens (the MSA plans' ancestor mask), are refused at start-up naming the field.",
+        "Speculative set-ups SGLang accepts but that crash with M3 are refused at start-up naming the "
+        "flag or field: NEXTN/EAGLE without a draft or with M3 itself as the draft (no M3 MTP draft "
+        "model exists), EAGLE(3) drafts of the wrong width or with aux layers past the target's depth, "
+        "draft trees with more verify tokens than the draft proposes, fewer than steps + 1, or more than "
+        "64 (the MSA plans' ancestor mask).",
     ),
     Hook(
         "sglang.srt.models.llama_eagle3.LlamaForCausalLMEagle3.__init__",

@@ -458,6 +458,13 @@ def check_speculative(recipe: Recipe, profile: HardwareProfile) -> Iterator[Find
             f"SGLang does not verify draft trees at page size 128 (only {', '.join(TREE_VERIFY_BACKENDS)}); "
             "set eagleTopk: 1 (a chain)",
             "speculative.tree-attention-backend")
+    elif speculative.eagle_topk > 1 and speculative.num_draft_tokens < speculative.num_steps + 1:
+        yield _error(
+            "spec.speculative.numDraftTokens",
+            f"a draft tree of {speculative.num_steps} steps verifies at least one token per step plus the "
+            f"root, {speculative.num_steps + 1} tokens, and SGLang fails at its first decode with fewer (the "
+            f"server refuses it); set numDraftTokens to at least {speculative.num_steps + 1}, or lower numSteps",
+            "speculative.tree-too-short")
     elif speculative.eagle_topk > 1 and speculative.num_draft_tokens > draft_tree_candidates(speculative) + 1:
         yield _error(
             "spec.speculative.numDraftTokens",

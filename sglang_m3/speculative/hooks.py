@@ -12,20 +12,21 @@ def check_m3_eagle_args(result, server_args):
     """AFTER SGLang resolves EAGLE/EAGLE3 arguments: refuse settings an M3 target cannot serve."""
     from sglang.srt.arg_groups.model_override_base import model_config_of, resolved_view
 
-    from sglang_m3.integration.hooks import is_m3
+    from sglang_m3.integration.hooks import is_m3, spec_of
     from sglang_m3.speculative.checks import TargetShape, check_eagle_settings
 
-    hf_config = model_config_of(server_args).hf_config
-    if not is_m3(hf_config):
+    model_config = model_config_of(server_args)
+    if not is_m3(model_config.hf_config):
         return result
-    text = getattr(hf_config, "text_config", None) or hf_config
+    spec = spec_of(model_config)
     view = resolved_view(server_args)
     check_eagle_settings(
         view.speculative_algorithm,
         view.speculative_eagle_topk,
         view.speculative_draft_model_path,
-        TargetShape(text.hidden_size, text.vocab_size, text.num_hidden_layers),
+        TargetShape(spec.hidden_size, spec.vocab_size, spec.num_layers, spec.num_mtp_modules),
         view.speculative_num_draft_tokens,
+        view.speculative_num_steps,
     )
     return result
 

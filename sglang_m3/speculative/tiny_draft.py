@@ -29,16 +29,19 @@ Two kinds:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
+import uuid
+from typing import Callable
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
 from sglang_m3.config import M3TextSpec
+from sglang_m3.config.errors import M3ConfigError
+from sglang_m3.integration.hooks import M3_ARCHITECTURES
 from sglang_m3.models.checkpoint_layout import text_tensor_name
 from sglang_m3.speculative.aux_layers import default_aux_layer_ids, resolve_aux_layer_ids
 
@@ -57,11 +60,16 @@ def build_tiny_draft(
     draft_vocab_size: int | None = None,
     copy_target_lm_head: bool = False,
     aux_layer_ids: list[int] | None = None,
+    progress: Callable[[str], None] = lambda line: None,
 ) -> str:
-    """Write the draft into ``out_dir`` (created; must be empty or absent) and return its path."""
-    if os.path.isdir(out_dir) and os.listdir(out_dir):
-        raise FileExistsError(f"{out_dir} is not empty")
-    spec = M3TextSpec.from_config(None, target_dir)
+    """Write the draft into ``out_dir`` (created; must be empty or absent) and return its path.
+
+    Built in a hidden sibling of ``out_dir`` and moved in whole, so that neither a failure nor a
+    killed process leaves weights without their ``config.json`` there. ``progress`` gets one line
+    per stage (the command prints them)."""
+    _check_out_dir(out_dir)
+    spec = _target_spec(target_dir)
+    progress(f"reading target {target_dir}: hidden_size {spec.hidden_size}, vocab_size {spec.vocab_size}, {spec.num_layers} layers")
     target = _target_tensors(target_dir, ("lm_head.weight", "model.embed_tokens.weight", "model.norm.weight"))
     if copy_target_lm_head:
         if draft_vocab_size not in (None, spec.vocab_size):
@@ -79,7 +87,10 @@ def build_tiny_draft(
     vocab = spec.vocab_size if draft_vocab_size is None else draft_vocab_size
     if not 1 <= vocab <= spec.vocab_size:
         raise ValueError(f"--draft-vocab-size must be in 1 .. {spec.vocab_size} (the target's vocab_size), got {vocab}")
-    layer_ids = resolve_aux_layer_ids(aux_layer_ids, spec.num_layers)
+    layer_ids = _aux_layers(aux_layer_ids, spec.num_layers)
+    kind = "an lm-head-copy draft" if copy_target_lm_head else f"a random draft (seed {seed})"
+    default = " (M3's default)" if aux_layer_ids is None else ""
+    progress(f"building {kind}: draft vocabulary {vocab}, aux layers {', '.join(map(str, layer_ids))}{default}")
 
     generator = torch.Generator().manual_seed(seed)
     tensors = _random_draft(spec, vocab, len(layer_ids), generator)
@@ -92,28 +103,99 @@ def build_tiny_draft(
     if copy_target_lm_head:
         _make_copy_draft(tensors, target, spec, len(layer_ids))
 
-    created = not os.path.isdir(out_dir)
-    os.makedirs(out_dir, exist_ok=True)
+    progress(f"writing {out_dir}")
+    staging = _staging_dir(out_dir)
     try:
-        save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(out_dir, "model.safetensors"))
-        with open(os.path.join(out_dir, "config.json"), "w", encoding="utf-8") as handle:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(staging, "model.safetensors"))
+        with open(os.path.join(staging, "config.json"), "w", encoding="utf-8") as handle:
             json.dump(_draft_config(spec, vocab, aux_layer_ids, copy_target_lm_head), handle, indent=2)
+        _move_in(staging, out_dir)
     except BaseException:
-        _remove_partial_draft(out_dir, created)
+        shutil.rmtree(staging, ignore_errors=True)
         raise
     return out_dir
 
 
-def _remove_partial_draft(out_dir: str, created: bool) -> None:
-    """Undo a write that failed part-way (disk full, an interrupt): without this, a
-    ``model.safetensors`` with no ``config.json`` stays behind and the next run refuses the
-    directory as not empty. ``out_dir`` was empty or absent, so what is in it is ours."""
-    if created:
-        shutil.rmtree(out_dir, ignore_errors=True)
+def _target_spec(target_dir: str) -> M3TextSpec:
+    """The target's text settings; a directory that is no M3 checkpoint is refused naming it
+    (a Llama config otherwise failed on the first M3 field it lacked, naming neither)."""
+    config_path = os.path.join(target_dir, "config.json")
+    try:
+        with open(config_path, encoding="utf-8") as handle:
+            config = json.load(handle)
+    except OSError:  # absent or unreadable: the spec reader names the directory
+        config = None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{config_path} is not valid JSON ({error})") from None
+    architectures = (config.get("architectures") or []) if isinstance(config, dict) else []
+    if config is not None and (architectures or [None])[0] not in M3_ARCHITECTURES:
+        raise ValueError(
+            f"{target_dir}: architectures {architectures} is not an M3 checkpoint "
+            f"({' or '.join(M3_ARCHITECTURES)}); TARGET must be one"
+        )
+    try:
+        return M3TextSpec.from_config(None, target_dir)
+    except M3ConfigError as error:
+        if str(error).startswith(f"{target_dir}:"):
+            raise
+        raise M3ConfigError(f"{target_dir}: {error}") from None
+
+
+def _aux_layers(aux_layer_ids: list[int] | None, num_layers: int) -> tuple[int, ...]:
+    """The target layers the draft reads; ids given that are none or past the target are refused
+    naming the flag that gave them (not the config field they would be written to)."""
+    if aux_layer_ids is not None:
+        bad = [i for i in aux_layer_ids if not 0 <= i < num_layers]
+        if not aux_layer_ids:
+            raise ValueError("--aux-layer-ids names no layer: an EAGLE3 draft reads at least one target layer")
+        if bad:
+            raise ValueError(
+                f"--aux-layer-ids {','.join(map(str, aux_layer_ids))} names layer(s) {bad} outside the target's "
+                f"layers 0 .. {num_layers - 1} (num_hidden_layers {num_layers})"
+            )
+    return resolve_aux_layer_ids(aux_layer_ids, num_layers)
+
+
+def _staging_dir(out_dir: str) -> str:
+    """A new hidden directory beside ``out_dir`` (same file system, so the final move is a rename).
+    Errors name ``out_dir``, not the staging name the user never chose."""
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    staging = os.path.join(parent, f".{os.path.basename(os.path.abspath(out_dir))}.partial-{uuid.uuid4().hex[:8]}")
+    try:
+        if not os.path.lexists(parent):
+            os.makedirs(parent)
+        os.mkdir(staging)
+    except OSError as error:
+        raise OSError(error.errno, error.strerror, out_dir if error.filename == staging else error.filename) from None
+    return staging
+
+
+def _check_out_dir(out_dir: str) -> None:
+    """Refuse, before any work, an output path that holds something: a draft is never mixed with
+    other files, and a file there would otherwise fail only at the final move."""
+    if not os.path.lexists(out_dir):
         return
-    for name in ("model.safetensors", "config.json"):
-        with contextlib.suppress(OSError):
-            os.remove(os.path.join(out_dir, name))
+    if not os.path.isdir(out_dir):
+        raise FileExistsError(f"{out_dir} exists and is not a directory")
+    if os.listdir(out_dir):
+        raise FileExistsError(f"{out_dir} exists and is not empty")
+
+
+def _move_in(staging: str, out_dir: str) -> None:
+    """Put the finished draft at ``out_dir``: a rename when it is absent; into the caller's empty
+    directory (kept: it may be a mount point or a shell's working directory) file by file, the
+    weights first and taken back if ``config.json`` cannot follow them."""
+    if not os.path.lexists(out_dir):
+        os.replace(staging, out_dir)
+        return
+    weights = os.path.join(out_dir, "model.safetensors")
+    os.replace(os.path.join(staging, "model.safetensors"), weights)
+    try:
+        os.replace(os.path.join(staging, "config.json"), os.path.join(out_dir, "config.json"))
+    except BaseException:
+        os.replace(weights, os.path.join(staging, "model.safetensors"))
+        raise
+    os.rmdir(staging)
 
 
 def _target_tensors(target_dir: str, names: tuple[str, ...]) -> dict[str, torch.Tensor]:

@@ -150,6 +150,17 @@ def test_extra_args_that_own_no_typed_field_pass(name):
     assert bool(refusals) == owned
 
 
+def test_a_draft_tree_shorter_than_its_steps_is_refused():
+    """SGLang accepts a top-k 2, 3-step tree of 2 verify tokens and fails at its first decode."""
+    speculative = {"algorithm": "EAGLE3", "draftModel": {"path": "Inferact/MiniMax-M3-EAGLE3"},
+                   "eagleTopk": 2, "numSteps": 3, "numDraftTokens": 2}
+    hopper = {"spec__hardware": {"profile": "h200"}, "spec__model": {"path": "MiniMaxAI/MiniMax-M3", "variant": "bf16"}}
+    findings = validate_recipe(make_recipe(spec__speculative=speculative, **hopper))
+    assert [f.field for f in findings if f.rule == "speculative.tree-too-short"] == ["spec.speculative.numDraftTokens"]
+    ok = validate_recipe(make_recipe(spec__speculative={**speculative, "numDraftTokens": 4}, **hopper))
+    assert not [f for f in ok if f.rule == "speculative.tree-too-short"]
+
+
 def test_speculative_rules():
     draft = {"path": "Inferact/MiniMax-M3-EAGLE3"}
     cases = {
