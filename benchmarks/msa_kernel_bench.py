@@ -197,10 +197,11 @@ def _sorted_ids(topk_idx: torch.Tensor) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------- correctness before timing
-def check_correctness(sgl: SGLang | None) -> dict:
-    """Ours and SGLang's, bf16, against the reference on fresh random ragged batches."""
+def check_correctness(sgl: SGLang | None, seed: int) -> dict:
+    """Ours and SGLang's, bf16, against the reference on random ragged batches drawn from ``seed``
+    (kept in the results' meta, so a failed check can be replayed with ``--check-seed``)."""
     results = {}
-    gen = torch.Generator().manual_seed(int(time.time()))
+    gen = torch.Generator().manual_seed(seed)
     seq_lens, ext = [3000, 2600, 5000, 200], [3000, 700, 129, 200]
     pb = make_paged_batch(seq_lens, ext, HQ, HKV, D, DI, BLOCK, torch.bfloat16, "cuda", generator=gen)
     reqs = torch.arange(len(seq_lens), device="cuda")
@@ -751,6 +752,8 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="also time decode grid sizings at headline shapes")
     parser.add_argument("--breakdown", action="store_true", help="only the per-kernel ablation; writes msa_kernels_breakdown.json")
     parser.add_argument("--commit", default=commit(), help="commit of the benchmarked code")
+    parser.add_argument("--check-seed", type=int, default=None,
+                        help="seed of the correctness checks' random batches (default: the clock; the results keep it)")
     parser.add_argument("--merge", nargs="+", metavar="DIR",
                         help="write one results file from these runs' folders (same GPU and commit) and time nothing")
     args = parser.parse_args()
@@ -777,7 +780,8 @@ def main() -> None:
     CEILINGS.update(measure_ceilings())
     print("ceilings", CEILINGS, flush=True)
     sgl = SGLang.load(args.sglang_path)
-    checks = check_correctness(sgl)
+    check_seed = int(time.time()) if args.check_seed is None else args.check_seed
+    checks = check_correctness(sgl, check_seed)
     print("checks", json.dumps(checks), flush=True)
     if not all(checks[name]["ok"] for name in ("ours_prefill", "ours_decode", "ours_decode_fp8")):
         print("WARNING: our kernels failed the correctness check; timings below are of wrong code")
@@ -811,7 +815,8 @@ def main() -> None:
         driver = "unknown"
     meta = {
         "gpu": gpu, "driver": driver, "torch": torch.__version__, "triton": triton.__version__, "commit": args.commit,
-        "sms": props.multi_processor_count, "ceilings": CEILINGS, "checks": checks, "decode_grid_sweep": sweep,
+        "sms": props.multi_processor_count, "ceilings": CEILINGS, "checks": checks, "check_seed": check_seed,
+        "decode_grid_sweep": sweep,
         "sglang_topk": "SGLang's Triton 2-stage top-k (its JIT radix top-k needs SGLang's JIT stack)" if sgl else "not run",
         "timing": "decode: CUDA-graph replay, median, input sets rotated; prefill: CUDA events, median",
     }
