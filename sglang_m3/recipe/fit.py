@@ -180,7 +180,9 @@ def estimate_fit(recipe: Recipe, geometry: M3Geometry = M3) -> FitReport:
     host_per_token = offloaded_bytes_per_token(spec.kv_cache.dtype, attention_tp, parallel.pp, geometry) if offload else 0
     per_token = kv_bytes_per_token(spec.kv_cache.dtype, attention_tp, parallel.pp, geometry,
                                    index_key_dtype=spec.kv_cache.index_key_dtype) - host_per_token
-    block_caches = offload.cache_blocks * page * host_per_token if offload else 0
+    # each sparse layer's cache holds its entries and one scratch entry (zeros read under masks);
+    # its tables (8 bytes per entry and per pool page) are under 0.01% of that and left out
+    block_caches = (offload.cache_blocks + 1) * page * host_per_token if offload else 0
     host_store = offload.size_gb_per_rank * 10**9 if offload else 0
     host_tokens = sparse_offload_host_tokens(host_store, host_per_token, page) if offload else 0
     static_budget = int(profile.memory_bytes * spec.serving.mem_fraction_static)

@@ -65,7 +65,7 @@ def test_fit_counts_the_host_store_and_the_block_caches_as_the_pool_allocates_th
     host_per_token = 57 * 2 * 128 * 2
     assert report.host_store_bytes_per_token == host_per_token
     assert report.kv_bytes_per_token == kv_bytes_per_token("auto", 8, 1) - host_per_token == plain.kv_bytes_per_token - host_per_token
-    assert report.block_cache_bytes == 256 * 128 * host_per_token
+    assert report.block_cache_bytes == (256 + 1) * 128 * host_per_token  # the entries and the scratch entry
     assert report.host_store_tokens == (200 * 10**9 // host_per_token // 128 - 1) * 128
     assert report.pool_tokens == min(report.host_store_tokens, report.kv_pool_bytes // report.kv_bytes_per_token // 128 * 128)
     # the GPU keeps index keys (one head, replicated on every rank) and dense K/V: 16,128 instead of
@@ -80,8 +80,8 @@ def test_fit_counts_the_host_store_and_the_block_caches_as_the_pool_allocates_th
         device="cpu", enable_memory_saver=False)
     host_bytes = sum(pool.k_buffer[layer].nbytes + pool.v_buffer[layer].nbytes for layer in sparse)
     assert host_bytes == (1024 + 128) * report.host_store_bytes_per_token
-    cache_bytes = sum(cache.k_pages[:-1].nbytes + cache.v_pages[:-1].nbytes for cache in pool.block_caches.values())
-    assert cache_bytes == report.block_cache_bytes  # the scratch entry aside
+    cache_bytes = sum(cache.k_pages.nbytes + cache.v_pages.nbytes for cache in pool.block_caches.values())
+    assert cache_bytes == report.block_cache_bytes
 
 
 def sparse_offload_recipe(path) -> str:
