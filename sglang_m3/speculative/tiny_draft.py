@@ -44,6 +44,7 @@ from sglang_m3.config.errors import M3ConfigError
 from sglang_m3.integration.hooks import M3_ARCHITECTURES
 from sglang_m3.models.checkpoint_layout import text_tensor_name
 from sglang_m3.speculative.aux_layers import default_aux_layer_ids, resolve_aux_layer_ids
+from sglang_m3.tiny.output_dir import apply_umask
 
 DRAFT_ARCH = "LlamaForCausalLMEagle3"
 #: Draft attention geometry (the draft's own; only its hidden size must equal the target's).
@@ -109,6 +110,7 @@ def build_tiny_draft(
         save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(staging, "model.safetensors"))
         with open(os.path.join(staging, "config.json"), "w", encoding="utf-8") as handle:
             json.dump(_draft_config(spec, vocab, aux_layer_ids, copy_target_lm_head), handle, indent=2)
+        apply_umask(staging)
         _move_in(staging, out_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 
 import pytest
 
@@ -113,6 +114,23 @@ def test_progress_is_reported_before_the_result(tiny_m3_checkpoint, out, capsys)
     assert lines[1] == "building a random draft (seed 0): draft vocabulary 300, aux layers 2, 2, 1 (M3's default)"
     assert lines[2] == f"writing {out}"
     assert lines[3] == f"wrote tiny EAGLE3 draft (random (seed 0)) for {tiny_m3_checkpoint} to {out}"
+
+
+@pytest.mark.parametrize("existing", [False, True])
+def test_the_draft_is_readable_as_the_umask_allows(tiny_m3_checkpoint, out, existing):
+    """Built in a staging directory and written by safetensors (0600), it was unreadable to a server
+    running as another user."""
+    if existing:
+        out.mkdir()
+    previous = os.umask(0o022)
+    try:
+        assert _run(tiny_m3_checkpoint, out) == 0
+    finally:
+        os.umask(previous)
+    modes = {path.name: stat.S_IMODE(path.stat().st_mode) for path in out.iterdir()}
+    assert modes == {"config.json": 0o644, "model.safetensors": 0o644}
+    if not existing:
+        assert stat.S_IMODE(out.stat().st_mode) == 0o755
 
 
 def test_help_says_what_target_needs_and_how_to_serve_the_draft(capsys):
