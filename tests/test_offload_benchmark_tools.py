@@ -20,7 +20,7 @@ def test_budget_is_one_rank_of_the_h200_recipe_with_and_without_offload():
     assert budget["recipe"] == "h200-bf16-tp8"
     # the recipe's own note: about 15 GB of KV per GPU, 334,208 tokens, two 128K requests
     assert budget["no_offload_tokens"] == 334208 and budget["gpu_bytes_per_token"] == {"no_offload": 45312, "offload": 16128}
-    assert budget["block_cache_bytes"] == 512 * 128 * 57 * 2 * 128 * 2
+    assert budget["block_cache_bytes"] == (512 + 1) * 128 * 57 * 2 * 128 * 2  # the entries and the scratch entry
     assert budget["offload_tokens"] == (budget["kv_budget_bytes"] - budget["block_cache_bytes"]) // 16128 // 128 * 128
     assert offload_gpu.expected_concurrency(budget["no_offload_tokens"], offload_gpu.PROMPT_128K, offload_gpu.OUT_CAPACITY) == 2
     assert offload_gpu.expected_concurrency(budget["offload_tokens"], offload_gpu.PROMPT_128K, offload_gpu.OUT_CAPACITY) == 6

@@ -32,7 +32,7 @@ Per GPU rank of one replica:
   dense layers' K/V, the host 2 x KV heads per rank x 128 x KV dtype per sparse layer; the pool
   holds as many tokens as the tighter tier allows (the plugin caps SGLang's pool the same way,
   ``sglang_m3.cache.offload_budget``), and the per-layer block caches (cacheBlocks blocks of
-  pageSize tokens of every sparse layer) come off the GPU's KV budget first;
+  pageSize tokens of every sparse layer, plus one scratch block) come off the GPU's KV budget first;
 * the static budget is GPU memory x memFractionStatic; the KV pool is what the weights leave
   of it; the rest of the GPU must hold the runtime reserve (activations of one prefill chunk,
   logits, CUDA graphs), which is a stated heuristic, not a measurement.

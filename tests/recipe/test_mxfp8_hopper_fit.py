@@ -101,10 +101,10 @@ def test_h100_tp8_runs_mxfp8_without_errors_and_tp4_does_not_fit():
     ("h100-mxfp8-tp8.yaml", 45_312, 282_240, 65_536, 4),
     # the same pool at 29,952 bytes per token -> 427,008; three 128K requests
     ("h100-mxfp8-tp8-fp8kv.yaml", 29_952, 427_008, 131_072, 3),
-    # sparse offload: 12,791,566,336 - 512 cache blocks x 128 x 29,184 host bytes = 10,878,963,712
-    # / 16,128 GPU bytes per token (index keys, dense layers' K/V) = 674,538.4 -> 5,269 pages
-    # = 674,432; one 512K request (282,240 tokens without offload hold none)
-    ("h100-mxfp8-tp8-512k-offload.yaml", 16_128, 674_432, 524_288, 1),
+    # sparse offload: 12,791,566,336 - (512 cache blocks + 1 scratch) x 128 x 29,184 host bytes
+    # = 10,875,228,160 / 16,128 GPU bytes per token (index keys, dense layers' K/V) = 674,307.3
+    # -> 5,268 pages = 674,304; one 512K request (282,240 tokens without offload hold none)
+    ("h100-mxfp8-tp8-512k-offload.yaml", 16_128, 674_304, 524_288, 1),
     # 141 GB x 0.88 = 124.08e9 - 57,608,433,664 = 66,471,566,336 / 45,312 = 1,466,973.9
     # -> 11,460 pages = 1,466,880; eleven 128K requests (BF16 on the same node: two)
     ("h200-mxfp8-tp8.yaml", 45_312, 1_466_880, 131_072, 11),
