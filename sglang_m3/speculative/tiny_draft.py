@@ -44,7 +44,7 @@ from sglang_m3.config.errors import M3ConfigError
 from sglang_m3.integration.hooks import M3_ARCHITECTURES
 from sglang_m3.models.checkpoint_layout import text_tensor_name
 from sglang_m3.speculative.aux_layers import default_aux_layer_ids, resolve_aux_layer_ids
-from sglang_m3.tiny.output_dir import apply_umask
+from sglang_m3.tiny.output_dir import apply_umask, move_into_place
 
 DRAFT_ARCH = "LlamaForCausalLMEagle3"
 #: Draft attention geometry (the draft's own; only its hidden size must equal the target's).
@@ -111,7 +111,7 @@ def build_tiny_draft(
         with open(os.path.join(staging, "config.json"), "w", encoding="utf-8") as handle:
             json.dump(_draft_config(spec, vocab, aux_layer_ids, copy_target_lm_head), handle, indent=2)
         apply_umask(staging)
-        _move_in(staging, out_dir)
+        move_into_place(staging, out_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -183,21 +183,6 @@ def _check_out_dir(out_dir: str) -> None:
         raise FileExistsError(f"{out_dir} exists and is not empty")
 
 
-def _move_in(staging: str, out_dir: str) -> None:
-    """Put the finished draft at ``out_dir``: a rename when it is absent; into the caller's empty
-    directory (kept: it may be a mount point or a shell's working directory) file by file, the
-    weights first and taken back if ``config.json`` cannot follow them."""
-    if not os.path.lexists(out_dir):
-        os.replace(staging, out_dir)
-        return
-    weights = os.path.join(out_dir, "model.safetensors")
-    os.replace(os.path.join(staging, "model.safetensors"), weights)
-    try:
-        os.replace(os.path.join(staging, "config.json"), os.path.join(out_dir, "config.json"))
-    except BaseException:
-        os.replace(weights, os.path.join(staging, "model.safetensors"))
-        raise
-    os.rmdir(staging)
 
 
 def _target_tensors(target_dir: str, names: tuple[str, ...]) -> dict[str, torch.Tensor]:

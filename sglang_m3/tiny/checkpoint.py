@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from sglang_m3.parsers import chat_template_path
-from sglang_m3.tiny.output_dir import apply_umask, prepare_output
+from sglang_m3.tiny.output_dir import apply_umask, move_into_place, prepare_output
 from sglang_m3.tiny.tokenizer import BOS, EOS, IMAGE_TOKEN, VIDEO_TOKEN, build_tokenizer, save_tokenizer
 
 TEXT_ARCH = "MiniMaxM3SparseForCausalLM"
@@ -275,10 +275,7 @@ def build_tiny_checkpoint(
         if vision:
             save_processor(staging)
         apply_umask(staging)
-        if os.path.exists(directory):
-            _move_into(staging, directory)  # an empty directory the caller made
-        else:
-            os.replace(staging, directory)
+        move_into_place(staging, directory)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -392,9 +389,3 @@ def transformers_processor(directory: str):
         tokenizer=AutoTokenizer.from_pretrained(directory),
         video_processor=MiniMaxM3VLVideoProcessor(**geometry),
     )
-
-
-def _move_into(staging: str, directory: str) -> None:
-    for entry in os.listdir(staging):
-        os.replace(os.path.join(staging, entry), os.path.join(directory, entry))
-    os.rmdir(staging)

@@ -34,3 +34,23 @@ def apply_umask(directory: str) -> None:
             os.chmod(os.path.join(root, name), 0o777 & ~umask)
         for name in files:
             os.chmod(os.path.join(root, name), 0o666 & ~umask)
+
+
+def move_into_place(staging: str, directory: str) -> None:
+    """Put a finished build at ``directory``: a rename when it is absent; else entry by entry into
+    the caller's empty directory (kept: it may be a mount point or a shell's working directory),
+    ``config.json`` last, so a reader that finds it finds the rest, and the entries moved taken
+    back if one cannot follow."""
+    if not os.path.lexists(directory):
+        os.replace(staging, directory)
+        return
+    moved = []
+    try:
+        for entry in sorted(os.listdir(staging), key=lambda name: name == "config.json"):
+            os.replace(os.path.join(staging, entry), os.path.join(directory, entry))
+            moved.append(entry)
+    except BaseException:
+        for entry in moved:
+            os.replace(os.path.join(directory, entry), os.path.join(staging, entry))
+        raise
+    os.rmdir(staging)
