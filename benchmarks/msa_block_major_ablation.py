@@ -1,7 +1,8 @@
 """Ablation of the prefill attention forms (GPU): query-major vs KV-block-major, pass size, sort cost.
 
 Times the attention alone (selection computed once), block-major with 8K- and 16K-token passes,
-the pair sort and the sort + tile table, at the shapes that set ``BLOCK_MAJOR_FROM``.
+and the pairs' grouping by key in 8K passes, at the shapes that set ``BLOCK_MAJOR_FROM``. (Its committed
+results predate the counting sort: their ``sort_ms`` / ``sort_and_tiles_ms`` timed the torch.sort grouping.)
 Usage: PYTHONPATH=kernels python benchmarks/msa_block_major_ablation.py  (writes $OUT or ./
 block_major_explore3.json). Results: benchmarks/results/msa_kernels_h100_block_major_ablation.json.
 """
@@ -37,12 +38,8 @@ for n, prefix in [(1 * K, 0), (2 * K, 0), (4 * K, 0), (8 * K, 0), (32 * K, 0), (
     row["max_abs_diff_vs_qm"] = (out2.float() - out.float()).abs().max().item()
     c = min(n, 8192)
     npg = pool.k.shape[0] // 128
-    row["sort_ms"] = bench.bench_ms(lambda: [api._sorted_pairs(table, bplan.token_req[s0:s0 + c], sel[s0:s0 + c], npg) for s0 in range(0, n, c)], min_reps=3)
-    def prep():
-        for s0 in range(0, n, c):
-            k_, p_, sen = api._sorted_pairs(table, bplan.token_req[s0:s0 + c], sel[s0:s0 + c], npg)
-            api._key_tiles(k_, sen, 8)
-    row["sort_and_tiles_ms"] = bench.bench_ms(prep, min_reps=3)
+    row["group_pairs_ms"] = bench.bench_ms(lambda: [api._group_pairs(table, bplan.token_req, bplan.token_pos, sel, s0, min(c, n - s0), npg, 128, 4)
+                                                     for s0 in range(0, n, c)], min_reps=3)
     print(json.dumps(row), flush=True)
     res.append(row)
     del q, iq, sel, out, out2

@@ -12,6 +12,7 @@ import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from msa_kernels.plan import DecodePlan, DraftTree, PrefillPlan, Tiles
+from msa_kernels import triton_pair_plan
 from msa_kernels.triton_attention import sparse_attention_kernel
 from msa_kernels.triton_block_major import block_major_attention_kernel, merge_block_partials_kernel
 from msa_kernels.triton_index import (
@@ -179,48 +180,58 @@ _BLOCK_MAJOR_WARPS = 4
 _BLOCK_MAJOR_STAGES = 2
 
 
-def _sorted_pairs(page_table: torch.Tensor, token_req: torch.Tensor, selected: torch.Tensor, num_pages: int):
-    """(token, kv head, slot) pairs of a chunk's selection sorted by (kv head, physical page).
-
-    Returns ``(keys, pair ids, sentinel)``: ``key = head * num_pages + page``, and ``sentinel``
-    (past every key) for the -1 padding, which sorts last. A page is one block of one request
-    (or of a shared prefix), so pairs with equal keys read the same K/V rows.
-    """
-    hkv = selected.shape[1]
-    sentinel = hkv * num_pages
-    page = page_table[token_req.long()[:, None, None], selected.clamp(min=0).long()]
-    heads = torch.arange(hkv, device=selected.device, dtype=torch.int32)[None, :, None]
-    keys = torch.where(selected >= 0, heads * num_pages + page, sentinel).flatten()
-    keys, pairs = torch.sort(keys, stable=True)
-    return keys, pairs, sentinel
+# Tokens per program of the pair-key kernel, pairs per program of the scatter, tiles per program of
+# the tile-key search, and buckets per step of the one-program scan.
+_PAIR_KEY_TOKENS = 16
+_PAIR_SCATTER_PAIRS = 1024
+_TILE_KEY_TILES = 512
+_BUCKET_SCAN_CHUNK = 4096
 
 
-def _key_tiles(keys: torch.Tensor, sentinel: int, pairs_per_tile: int):
-    """Cut sorted keys into tiles of at most ``pairs_per_tile`` pairs of one key, on the device.
+@dataclasses.dataclass(frozen=True)
+class BlockPairs:
+    """A block-major pass's pairs grouped by key (``triton_pair_plan``): ``buckets`` (the table of
+    per-key rows), ``pairs`` (pair ids, key after key), ``tile_key`` (each tile's key) and
+    ``num_tiles`` (a one-element device tensor: nothing waits for the host)."""
 
-    Returns ``(tile_first, tile_count, num_tiles)``; the tables are sized for the worst case (one
-    tile per pair) and ``num_tiles`` is a one-element device tensor, so nothing waits for the host.
-    Built from binary searches over sorted arrays: scatters here would pile onto one dump slot.
-    """
-    n = keys.numel()
-    idx = torch.arange(n, device=keys.device)
-    run_start = torch.searchsorted(keys, keys)  # first pair of each pair's key
-    live = keys < sentinel
-    opens_tile = ((idx - run_start) % pairs_per_tile == 0) & live
-    tile_of_pair = torch.where(live, torch.cumsum(opens_tile, 0) - 1, n)  # ascending; padding last
-    tile_first = torch.searchsorted(tile_of_pair, idx)
-    tile_count = torch.searchsorted(tile_of_pair, idx, right=True) - tile_first
-    num_tiles = opens_tile.sum(dtype=torch.int32).reshape(1)
-    return tile_first.to(torch.int32), tile_count.to(torch.int32), num_tiles
+    buckets: torch.Tensor
+    pairs: torch.Tensor
+    tile_key: torch.Tensor
+    num_tiles: torch.Tensor
 
 
-def _key_runs(keys: torch.Tensor, tile_first: torch.Tensor):
-    """Per tile, ``(run_end, run_last)``: the first tile of the next key, and the last pair of this
-    tile's key (binary searches over the sorted keys and the tiles' keys, ascending likewise)."""
-    tile_keys = keys[tile_first.clamp(max=keys.numel() - 1).long()]
-    run_end = torch.searchsorted(tile_keys, tile_keys, right=True)
-    run_last = torch.searchsorted(keys, tile_keys, right=True) - 1
-    return run_end.to(torch.int32), run_last.to(torch.int32)
+def _group_pairs(
+    page_table: torch.Tensor, token_req: torch.Tensor, token_pos: torch.Tensor, selected: torch.Tensor,
+    tok_base: int, num_tokens: int, num_pages: int, block_size: int, pairs_per_tile: int,
+) -> BlockPairs:
+    """Group the pairs of tokens ``tok_base ..`` ``+ num_tokens`` by ``key = head * num_pages + page``
+    with a counting sort (four launches, no host sync), cut into tiles of ``pairs_per_tile``."""
+    hkv, topk = selected.shape[1], selected.shape[2]
+    num_buckets = hkv * num_pages
+    num_pairs = num_tokens * hkv * topk
+    device = selected.device
+    buckets = torch.zeros(triton_pair_plan.BUCKET_ROWS, num_buckets, dtype=torch.int32, device=device)
+    keys = torch.empty(num_pairs, dtype=torch.int32, device=device)
+    pairs = torch.empty(num_pairs, dtype=torch.int32, device=device)
+    max_tiles = min(num_pairs, num_pairs // pairs_per_tile + num_buckets)
+    tile_key = torch.empty(max_tiles, dtype=torch.int32, device=device)
+    num_tiles = torch.empty(1, dtype=torch.int32, device=device)
+    triton_pair_plan.pair_keys_kernel[(triton.cdiv(num_tokens, _PAIR_KEY_TOKENS),)](
+        selected, page_table, token_req, token_pos, keys, buckets,
+        tok_base, num_tokens, num_pages,
+        selected.stride(0), selected.stride(1), page_table.stride(0), buckets.stride(0),
+        HKV=hkv, TOPK=topk, SLOTS=_pow2(hkv * topk), TOK=_PAIR_KEY_TOKENS, BLOCK=block_size,
+    )
+    triton_pair_plan.bucket_scan_kernel[(1,)](
+        buckets, num_tiles, num_buckets, buckets.stride(0), PAIRS=pairs_per_tile, CHUNK=_BUCKET_SCAN_CHUNK,
+    )
+    triton_pair_plan.pair_scatter_kernel[(triton.cdiv(num_pairs, _PAIR_SCATTER_PAIRS),)](
+        keys, buckets, pairs, num_pairs, buckets.stride(0), N=_PAIR_SCATTER_PAIRS,
+    )
+    triton_pair_plan.tile_keys_kernel[(triton.cdiv(max_tiles, _TILE_KEY_TILES),)](
+        buckets, num_tiles, tile_key, num_buckets, num_buckets.bit_length(), buckets.stride(0), N=_TILE_KEY_TILES,
+    )
+    return BlockPairs(buckets=buckets, pairs=pairs, tile_key=tile_key, num_tiles=num_tiles)
 
 
 def _attention_block_major(
@@ -241,20 +252,18 @@ def _attention_block_major(
     part_lse = torch.empty(chunk * hkv * topk, gp, dtype=torch.float32, device=q.device)
     for start in range(first, last, chunk):
         n = min(chunk, last - start)
-        keys, pairs, sentinel = _sorted_pairs(
-            plan.page_table, plan.token_req[start : start + n], selected[start : start + n], num_pages
+        grouped = _group_pairs(
+            plan.page_table, plan.token_req, plan.token_pos, selected, start, n, num_pages, block_size, pairs_per_tile
         )
-        tile_first, tile_count, num_tiles = _key_tiles(keys, sentinel, pairs_per_tile)
-        programs = min(triton.cdiv(keys.numel(), pairs_per_tile), plan.block_major_programs)
-        run_end, run_last = _key_runs(keys, tile_first)
+        programs = min(triton.cdiv(n * hkv * topk, pairs_per_tile), plan.block_major_programs)
         block_major_attention_kernel[(programs,)](
-            q, k_cache, v_cache, selected, plan.token_pos, keys, pairs, tile_first, tile_count, num_tiles, run_end, run_last,
+            q, k_cache, v_cache, plan.token_pos, grouped.pairs, grouped.tile_key, grouped.buckets, grouped.num_tiles,
             part_o, part_lse,
             start, num_pages,
             q.stride(0), q.stride(1),
             k_cache.stride(0), k_cache.stride(1),
             v_cache.stride(0), v_cache.stride(1),
-            selected.stride(0), selected.stride(1),
+            grouped.buckets.stride(0),
             part_o.stride(0), part_o.stride(1),
             part_lse.stride(0),
             sm_scale * k_scale * _LOG2E, v_scale,

@@ -330,19 +330,20 @@ def _tiles_for(
 
 
 # When the attention is KV-block-major: ``(new tokens, longest context)`` floors, either pair met.
-# Block-major pays a sort, a partial output per (token, block) written and read back, and a merge;
-# query-major re-reads each token's 16 blocks, from L2 while the context's K/V fits there. Since
-# block-major holds a key's K/V over its run of tiles, on an H200 (whole extend step, random
-# inputs, one request, alternating rounds; benchmarks/results/block_major_held_kv_h200/), in ms,
-# block-major / query-major:
-#   no prefix:  8K 3.58 / 3.29, 16K 6.53 / 7.22, 32K 13.0 / 15.2, 128K 64.4 / 76.5;
-#   8K after 16K / 60K / 120K: 3.62 / 4.14, 4.30 / 4.93, 5.21 / 6.47;
-#   4K after 16K / 60K / 120K: 2.23 / 2.13, 2.37 / 2.55, 2.86 / 3.23;
-#   2K after 16K / 60K / 120K: 1.89 / 1.23, 1.51 / 1.40, 1.76 / 1.74.
-BLOCK_MAJOR_FROM = ((16 * 1024, 0), (8 * 1024, 24 * 1024), (4 * 1024, 64 * 1024))
+# Block-major pays a grouping of the (token, block) pairs by block (a counting sort), a partial
+# output per pair written and read back, and a merge; query-major re-reads each token's 16
+# blocks, from L2 while the context's K/V fits there. On an H200 since the counting sort (whole
+# extend step, random inputs, one request, alternating rounds; benchmarks/results/
+# block_pair_counting_sort_h200/), in ms, block-major / query-major:
+#   no prefix:  1K 0.378 / 0.285, 2K 0.713 / 0.626, 4K 1.317 / 1.457, 8K 2.85 / 3.22, 128K 59.1 / 76.2;
+#   1K after 8K / 16K / 60K / 120K: 0.791 / 0.731, 0.832 / 0.763, 0.719 / 0.804, 0.974 / 1.036;
+#   2K after the same: 1.157 / 1.198, 1.162 / 1.231, 1.238 / 1.474, 1.503 / 1.735;
+#   4K and 8K after any of them: block-major by 16-25%.
+BLOCK_MAJOR_FROM = ((4 * 1024, 0), (2 * 1024, 16 * 1024), (1024, 60 * 1024))
 # Block-major passes of at most this many tokens: the partial outputs take
 # tokens x kv_heads x topk x padded group x head_dim elements (2 GiB in bf16 at M3 geometry and
-# 16K, a quarter of it per rank at TP 4 or more); 8K passes took 66.6 against 64.4 ms at 128K.
+# 16K, a quarter of it per rank at TP 4 or more). With the counting sort the pass size barely
+# matters: 8K passes took 59.6 ms at 128K against 59.1 for 16K (66.6 / 64.4 with torch.sort).
 BLOCK_MAJOR_CHUNK_TOKENS = 16384
 # Persistent block-major programs per SM: two programs of 64-row tiles (api._BLOCK_MAJOR_ROWS), so
 # one's Q gathers overlap the other's math; 4 measured even (H200, block_major_held_kv_h200/).

@@ -3,30 +3,30 @@
 Query-major attention (``triton_attention``) loads each chosen K/V block once per query token:
 at prefill every block is re-read by the ~2K tokens that chose it, and the kernel is bound by
 L2-to-SM bandwidth at ~16 FLOP per byte (benchmarks/KERNEL_NOTES.md). Here the query->block map
-is inverted: the (token, kv head, slot) *pairs* of a chunk are sorted by (kv head, page) and cut
-into tiles of at most ``PAIRS`` pairs of one block. A program loads a block's K and V once for
+is inverted: the (token, kv head, slot) *pairs* of a chunk are grouped by (kv head, page) (a
+counting sort, ``triton_pair_plan``) and cut into tiles of at most ``PAIRS`` pairs of one block. A program loads a block's K and V once for
 the whole run of tiles that share it, and per tile gathers the ``PAIRS x group`` query rows and
 writes one partial output per pair (its softmax normalised over that block, plus the base-2
-log-sum-exp); ``merge_splits`` then combines a token's partials, one per chosen block. fp8 K/V caches are read as in ``triton_attention`` (widened after the load, the
-K scale folded into ``qk_scale_log2``, the V scale applied to each partial output).
+log-sum-exp); ``merge_splits`` then combines a token's partials, one per chosen block. fp8 K/V
+caches are read as in ``triton_attention`` (widened after the load, the K scale folded into ``qk_scale_log2``, the V scale applied to each partial output).
 """
 
 import triton
 import triton.language as tl
 
 from msa_kernels.triton_attention import merge_splits
+from msa_kernels.triton_pair_plan import BLOCK_INDEX, COUNT, NEWEST, PAIR_OFFSET, TILE_OFFSET
 
 
 @triton.jit
 def block_major_attention_kernel(
-    q_ptr, k_ptr, v_ptr, sel_ptr, tok_pos_ptr, key_ptr, pair_ptr, tile_first_ptr, tile_count_ptr, num_tiles_ptr,
-    run_end_ptr, run_last_ptr,
+    q_ptr, k_ptr, v_ptr, tok_pos_ptr, pair_ptr, tile_key_ptr, buckets_ptr, num_tiles_ptr,
     part_o_ptr, part_lse_ptr,
     tok_base, num_pages,
     s_q_t, s_q_h,
     s_k_slot, s_k_h,
     s_v_slot, s_v_h,
-    s_sel_t, s_sel_h,
+    s_bucket,
     s_po_p, s_po_g,
     s_pl_p,
     qk_scale_log2, v_scale,
@@ -35,16 +35,16 @@ def block_major_attention_kernel(
 ):
     """Persistent programs over a contiguous range of *tiles* each, the K/V of a key loaded once per *run*.
 
-    A tile is up to ``PAIRS`` sorted pairs that share one key: ``key[i] = head * num_pages + page``
-    (ascending); ``pair[i] = (token - tok_base) * HKV * TOPK + head * TOPK + slot``; tile ``t``
-    covers pairs ``tile_first[t] ..`` ``+ tile_count[t]``. A run is the tiles of one key
-    (``run_end[t]``: the first tile of the next key; ``run_last[t]``: the run's last pair). The
-    run's K and V are loaded before its tiles and held while only each tile's Q is gathered and its
-    partials written: the K/V traffic falls from one block per tile to one per run (a 128K prefill
-    reads each (block, head) in runs of tens to hundreds of tiles). A page is one block of the
-    sequence, at the same index in every request sharing it, so the run's last pair gives its block
-    and, with the newest token of the run, the newest key any of its rows may see: no row past it
-    (unwritten, possibly garbage) is loaded.
+    Pairs come grouped by ``key = head * num_pages + page`` (``triton_pair_plan``): key ``k``'s
+    pairs are ``pair[PAIR_OFFSET[k] ..`` ``+ COUNT[k]]``, cut into tiles of ``PAIRS`` from tile
+    ``TILE_OFFSET[k]``; ``tile_key[t]`` names tile ``t``'s key, and ``pair[i] = (token - tok_base)
+    * HKV * TOPK + head * TOPK + slot``. A run is the tiles of one key. The run's K and V are
+    loaded before its tiles and held while only each tile's Q is gathered and its partials
+    written: the K/V traffic falls from one block per tile to one per run (a 128K prefill reads
+    each (block, head) in runs of tens to hundreds of tiles). A page is one block of the sequence,
+    at the same index in every request sharing it (``BLOCK_INDEX[k]``), and ``NEWEST[k]`` is the
+    newest key offset any pair of the run may see: no row past it (unwritten, possibly garbage)
+    is loaded.
     """
     ROWS: tl.constexpr = PAIRS * GP
     rows = tl.arange(0, ROWS)
@@ -57,22 +57,24 @@ def block_major_attention_kernel(
     tile = (tl.program_id(0) * num_tiles) // programs
     t_end = ((tl.program_id(0) + 1) * num_tiles) // programs
     while tile < t_end:
-        key = tl.load(key_ptr + tl.load(tile_first_ptr + tile))
-        run_stop = tl.minimum(tl.load(run_end_ptr + tile), t_end)
-        last_pair = tl.load(pair_ptr + tl.load(run_last_ptr + tile))
-        last_tok = tok_base + last_pair // (HKV * TOPK)
+        key = tl.load(tile_key_ptr + tile)
+        first_tile = tl.load(buckets_ptr + TILE_OFFSET * s_bucket + key)
+        count = tl.load(buckets_ptr + COUNT * s_bucket + key)
+        first_pair = tl.load(buckets_ptr + PAIR_OFFSET * s_bucket + key)
+        run_stop = tl.minimum(first_tile + (count + PAIRS - 1) // PAIRS, t_end)
+        blk = tl.load(buckets_ptr + BLOCK_INDEX * s_bucket + key)
+        newest = tl.load(buckets_ptr + NEWEST * s_bucket + key)
         head = key // num_pages
-        blk = tl.load(sel_ptr + last_tok * s_sel_t + head * s_sel_h + last_pair % TOPK)
-        newest = tl.load(tok_pos_ptr + last_tok) - blk * BLOCK
         slots = (key % num_pages).to(tl.int64) * BLOCK + keys
         key_ok = keys <= newest
         k_t = tl.load(k_ptr + slots[None, :] * s_k_slot + head * s_k_h + d[:, None], mask=key_ok[None, :], other=0.0)
         v = tl.load(v_ptr + slots[:, None] * s_v_slot + head * s_v_h + d[None, :], mask=key_ok[:, None], other=0.0)
         for t in range(tile, run_stop):
-            first = tl.load(tile_first_ptr + t)
-            live = in_tile < tl.load(tile_count_ptr + t)
+            done = (t - first_tile) * PAIRS
+            live = in_tile < count - done
             row_ok = live & (g < G)
-            pair = tl.load(pair_ptr + first + in_tile, mask=live, other=0)
+            # int64: a pass of more than 16K tokens at four KV heads has pairs * (GP * D) past 2**31
+            pair = tl.load(pair_ptr + first_pair + done + in_tile, mask=live, other=0).to(tl.int64)
             tok = tok_base + pair // (HKV * TOPK)
             limit = tl.where(live, tl.load(tok_pos_ptr + tok, mask=live, other=0) - blk * BLOCK, -1)
             q = tl.load(q_ptr + tok[:, None] * s_q_t + (head * G + g)[:, None] * s_q_h + d[None, :], mask=row_ok[:, None], other=0.0)
@@ -109,7 +111,7 @@ def merge_block_partials_kernel(
     slot = tl.arange(0, KP)
     sel = tl.load(sel_ptr + tok * s_sel_t + h * s_sel_h + slot, mask=slot < TOPK, other=-1)
     count = tl.sum((sel >= 0).to(tl.int32), 0)
-    pair0 = (t * HKV + h) * TOPK
+    pair0 = (t * HKV + h).to(tl.int64) * TOPK  # int64 as in the attention kernel
     g = tl.arange(0, GP)
     d = tl.arange(0, D)
     merge_splits(

@@ -21,13 +21,13 @@ def interpreted_api():
     from triton.runtime.interpreter import InterpretedFunction
 
     from msa_kernels import (
-        api, triton_attention, triton_block_major, triton_index, triton_index_quant, triton_prefill_attention, triton_select,
-        triton_tree,
+        api, triton_attention, triton_block_major, triton_index, triton_index_quant, triton_pair_plan, triton_prefill_attention,
+        triton_select, triton_tree,
     )
 
     if not isinstance(triton_index.decode_index_scores_kernel, InterpretedFunction):
         for module in (triton_select, triton_tree, triton_index_quant, triton_index, triton_attention, triton_prefill_attention,
-                       triton_block_major, api):
+                       triton_pair_plan, triton_block_major, api):
             importlib.reload(module)
     return api
 

@@ -65,6 +65,40 @@ def test_prefill_bf16(hq, hkv, init_blocks, seq_lens, extend_lens, attn_tile_tok
     _assert_agrees(compare_with_reference(batch, params, out, selected, rel_tol=REL_TOL))
 
 
+def test_block_major_prefill_is_deterministic():
+    """Pairs reach their key's range by atomic tickets, so their order within a key (and so the
+    tiles they share) changes between runs; a pair's output must not: two runs agree bit for bit."""
+    from msa_kernels.api import run_prefill
+
+    params = MSAParams(block_size=BLOCK, topk=16, local_blocks=1, init_blocks=0)
+    seq_lens, extend_lens = [9000, 4000], [6000, 4000]
+    batch = _batch(seq_lens, extend_lens, 64, 4, seed=5)
+    plan = plan_prefill(params, _table(batch, max(seq_lens)), seq_lens, extend_lens, num_index_heads=4,
+                        block_major=True, block_major_chunk=4096)
+    runs = [run_prefill(plan, batch.q, batch.k_cache, batch.v_cache, batch.iq, batch.ik_cache) for _ in range(3)]
+    for out, selected in runs[1:]:
+        assert torch.equal(selected, runs[0][1])
+        assert torch.equal(out, runs[0][0])
+
+
+def test_block_major_pass_past_16k_tokens():
+    """A 32K-token pass holds 2M pairs whose partials sit past 2**31 elements (pair x 16 rows x
+    128): their addresses are 64-bit (an int32 address overflowed into an illegal access on an
+    H200). The pass's output is the query-major attention's, to bf16 rounding."""
+    from msa_kernels.api import run_prefill
+
+    params = MSAParams(block_size=BLOCK, topk=16, local_blocks=1, init_blocks=0)
+    n = 33000
+    batch = _batch([n], [n], 64, 4, seed=7)
+    table = _table(batch, n)
+    forms = [plan_prefill(params, table, [n], [n], num_index_heads=4, block_major=major, block_major_chunk=32768)
+             for major in (True, False)]
+    (out_bm, sel_bm), (out_qm, sel_qm) = [run_prefill(plan, batch.q, batch.k_cache, batch.v_cache, batch.iq, batch.ik_cache)
+                                          for plan in forms]
+    assert torch.equal(sel_bm, sel_qm)
+    torch.testing.assert_close(out_bm.float(), out_qm.float(), rtol=REL_TOL, atol=REL_TOL)
+
+
 def test_prefill_split_index_bf16():
     """A 4K chunk after a 24K prefix (not a block multiple) with the split index scan + merge.
 

@@ -150,11 +150,12 @@ def test_attention_form_follows_the_batch_size_and_context():
     for tokens, context in plan_module.BLOCK_MAJOR_FROM:
         seq = max(tokens, context)
         assert _m3_prefill([seq], [tokens], 4).block_major
-    assert not _m3_prefill([8 * K], [8 * K], 4).block_major  # a fresh 8K prompt: query-major
-    assert _m3_prefill([32 * K], [8 * K], 4).block_major  # 8K after 24K
-    assert not _m3_prefill([20 * K], [4 * K], 4).block_major  # 4K after 16K
-    assert _m3_prefill([64 * K], [4 * K], 4).block_major  # 4K after 60K
-    assert not _m3_prefill([128 * K], [2 * K], 4).block_major  # 2K after 126K
-    assert _m3_prefill([4 * K], [4 * K], 4, block_major=True).block_major
+    assert _m3_prefill([8 * K], [8 * K], 4).block_major  # a fresh 8K prompt
+    assert not _m3_prefill([2 * K], [2 * K], 4).block_major  # a fresh 2K prompt: query-major
+    assert _m3_prefill([18 * K], [2 * K], 4).block_major  # 2K after 16K
+    assert not _m3_prefill([17 * K], [1 * K], 4).block_major  # 1K after 16K
+    assert _m3_prefill([61 * K], [1 * K], 4).block_major  # 1K after 60K
+    assert not _m3_prefill([128 * K], [512], 4).block_major  # 512 tokens after 127.5K
+    assert _m3_prefill([2 * K], [2 * K], 4, block_major=True).block_major
     with pytest.raises(ValueError, match="block_major_chunk"):
         _m3_prefill([4 * K], [4 * K], 4, block_major_chunk=0)
