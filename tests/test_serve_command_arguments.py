@@ -230,3 +230,17 @@ def test_a_refusal_has_no_traceback_end_to_end(tmp_path):
     )
     assert (done.returncode, done.stdout) == (1, "")
     assert done.stderr == f"sglang-m3 serve: --model {tmp_path / 'missing'}: no such directory\n"
+
+
+def test_abbreviated_options_are_read_one_way():
+    """``--dry`` or ``--mod`` are not serve's options: argparse must not take them for
+    ``--dry-run`` / ``--model`` while the command line's own reader passes them to SGLang (a
+    ``--dry`` would then start a server that the parsed namespace says is a dry run)."""
+    from sglang_m3.cli import build_parser
+
+    argv = ["serve", "--dry", "--mod", "some/model"]
+    parsed, extra = build_parser().parse_known_args(argv)
+    own = serve.split_command_line(argv)
+    assert (parsed.dry_run, parsed.model) == (own.dry_run, own.model) == (False, None)
+    assert own.extra_args == ["--dry", "--mod", "some/model"]
+    assert extra[:2] == ["--dry", "--mod"]  # (argparse takes the value for the recipe; the command reads argv itself)

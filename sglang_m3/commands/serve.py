@@ -34,6 +34,8 @@ def register(subparsers) -> None:
         usage="sglang-m3 serve [-h] [--model MODEL] [--host HOST] [--port PORT] [--dry-run] [recipe] [SGLang option ...]",
         # laid out by hand: argparse's wrapping breaks option names at their hyphens
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        # split_command_line reads only whole option names (an abbreviation goes to SGLang)
+        allow_abbrev=False,
         description=(
             "Start sglang.launch_server. With no model and no recipe, build (once, cached in\n"
             "$SGLANG_M3_CACHE or ~/.cache/sglang-m3) and serve the tiny random-weight M3 on the CPU\n"
