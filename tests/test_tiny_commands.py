@@ -23,7 +23,7 @@ def test_tiny_checkpoint_into_an_impossible_path(tmp_path, capsys):
     out = under_a_file(tmp_path)
     assert main(["tiny-checkpoint", out]) == 1
     # the parent it had to create is a file: named beside the directory asked for
-    assert capsys.readouterr().err.strip() == f"sglang-m3 tiny-checkpoint: cannot write {out}: File exists ({tmp_path / 'plain-file'})"
+    assert capsys.readouterr().err.strip() == f"sglang-m3 tiny-checkpoint: cannot write {out}: {tmp_path / 'plain-file'} is a file, not a directory"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plain-file"]
 
 
@@ -46,7 +46,8 @@ def test_tiny_draft_into_an_impossible_path(tmp_path, capsys):
     capsys.readouterr()
     out = under_a_file(tmp_path)
     assert main(["tiny-draft", target, out]) == 1
-    assert capsys.readouterr().err.strip() == f"sglang-m3 tiny-draft: cannot write {out}: Not a directory"
+    # the same line as tiny-checkpoint's, though the call that met the file differs
+    assert capsys.readouterr().err.strip() == f"sglang-m3 tiny-draft: cannot write {out}: {tmp_path / 'plain-file'} is a file, not a directory"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plain-file", "target"]
 
 
