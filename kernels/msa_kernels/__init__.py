@@ -39,8 +39,9 @@ attention adds the path's keys (ancestors only) from their slots; every token is
 decode query at the end of its root-to-token path (position prefix + depth). Prefill = fused index scan + causal block-max + running top-k (no score
 matrix; a short chunk after a long prefix splits each index tile's blocks over several programs
 and merges their candidates) -> sparse attention, query-major per token for short extends or
-KV-block-major for long ones (pairs sorted by block, one K/V load per tile of 8 tokens x 16
-heads, per-block partials, log-sum-exp merge). ``decode_select`` / ``prefill_select`` return
+KV-block-major from 1-4K new tokens (pairs grouped by block with a counting sort,
+``triton_pair_plan``; one K/V load per run of tiles of 4 pairs x 16 heads, per-block partials,
+log-sum-exp merge). ``decode_select`` / ``prefill_select`` return
 the selection alone; ``decode_attention`` / ``prefill_attention`` run the attention half on a
 selection, optionally through another page table of the same shape over other K/V pages (sparse
 offload's block cache or staging buffer) and, for decode, over a range of the plan's requests.
