@@ -11,8 +11,8 @@ import torch
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from msa_kernels.plan import DecodePlan, DraftTree, PrefillPlan, Tiles
 from msa_kernels import triton_pair_plan
+from msa_kernels.plan import DecodePlan, DraftTree, PrefillPlan, Tiles
 from msa_kernels.triton_attention import sparse_attention_kernel
 from msa_kernels.triton_block_major import block_major_attention_kernel, merge_block_partials_kernel
 from msa_kernels.triton_index import (

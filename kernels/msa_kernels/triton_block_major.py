@@ -4,11 +4,13 @@ Query-major attention (``triton_attention``) loads each chosen K/V block once pe
 at prefill every block is re-read by the ~2K tokens that chose it, and the kernel is bound by
 L2-to-SM bandwidth at ~16 FLOP per byte (benchmarks/KERNEL_NOTES.md). Here the query->block map
 is inverted: the (token, kv head, slot) *pairs* of a chunk are grouped by (kv head, page) (a
-counting sort, ``triton_pair_plan``) and cut into tiles of at most ``PAIRS`` pairs of one block. A program loads a block's K and V once for
-the whole run of tiles that share it, and per tile gathers the ``PAIRS x group`` query rows and
-writes one partial output per pair (its softmax normalised over that block, plus the base-2
-log-sum-exp); ``merge_splits`` then combines a token's partials, one per chosen block. fp8 K/V
-caches are read as in ``triton_attention`` (widened after the load, the K scale folded into ``qk_scale_log2``, the V scale applied to each partial output).
+counting sort, ``triton_pair_plan``) and cut into tiles of at most ``PAIRS`` pairs of one block.
+A program loads a block's K and V once for the whole run of tiles that share it, and per tile
+gathers the ``PAIRS x group`` query rows and writes one partial output per pair (its softmax
+normalised over that block, plus the base-2 log-sum-exp); ``merge_splits`` then combines a
+token's partials, one per chosen block. fp8 K/V caches are read as in ``triton_attention``
+(widened after the load, the K scale folded into ``qk_scale_log2``, the V scale applied to each
+partial output).
 """
 
 import triton
