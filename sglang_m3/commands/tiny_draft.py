@@ -8,6 +8,7 @@ import textwrap
 
 from sglang_m3.commands.arg_types import seed
 from sglang_m3.commands.output_errors import describe_write_error
+from sglang_m3.tiny.output_dir import prepare_output
 
 
 def _layer_ids(text: str) -> list[int]:
@@ -88,9 +89,10 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sglang_m3.speculative.tiny_draft import build_tiny_draft
-
     try:
+        prepare_output(args.directory)  # before the import below, which loads torch
+        from sglang_m3.speculative.tiny_draft import build_tiny_draft
+
         path = build_tiny_draft(
             args.target,
             args.directory,

@@ -25,17 +25,22 @@ def default_aux_layer_ids(num_layers: int) -> tuple[int, ...]:
     return (2, num_layers // 2, num_layers - 3)
 
 
-def resolve_aux_layer_ids(layer_ids: Sequence[int] | None, num_layers: int) -> tuple[int, ...]:
+def resolve_aux_layer_ids(
+    layer_ids: Sequence[int] | None, num_layers: int, given_as: str | None = None,
+) -> tuple[int, ...]:
     """The layers to capture, in the draft's order (repeats kept: the draft's ``fc`` expects one
-    slice per id); ids outside ``0 .. num_layers - 1`` are refused naming the draft field."""
+    slice per id); ids outside ``0 .. num_layers - 1`` are refused naming the draft field, or
+    ``given_as`` (e.g. the command-line flag that gave them) when set."""
     ids = default_aux_layer_ids(num_layers) if layer_ids is None else tuple(layer_ids)
     source = "the default for M3" if layer_ids is None else "the draft's config.json"
+    named = given_as or f"{AUX_LAYER_FIELD} = {list(ids)} ({source})"
     if not ids:
-        raise ValueError(f"{AUX_LAYER_FIELD} is empty: an EAGLE3 draft reads at least one target layer")
+        empty = f"{AUX_LAYER_FIELD} is empty" if given_as is None else f"{given_as} names no layer"
+        raise ValueError(f"{empty}: an EAGLE3 draft reads at least one target layer")
     bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < num_layers]
     if bad:
         raise ValueError(
-            f"{AUX_LAYER_FIELD} = {list(ids)} ({source}) names layer(s) {bad} outside the target's "
+            f"{named} names layer(s) {bad} outside the target's "
             f"layers 0 .. {num_layers - 1} (num_hidden_layers {num_layers})"
         )
     return ids

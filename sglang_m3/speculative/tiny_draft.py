@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import uuid
+import tempfile
 from typing import Callable
 
 import torch
@@ -44,7 +44,7 @@ from sglang_m3.config.errors import M3ConfigError
 from sglang_m3.integration.hooks import M3_ARCHITECTURES
 from sglang_m3.models.checkpoint_layout import text_tensor_name
 from sglang_m3.speculative.aux_layers import default_aux_layer_ids, resolve_aux_layer_ids
-from sglang_m3.tiny.output_dir import apply_umask, move_into_place
+from sglang_m3.tiny.output_dir import apply_umask, move_into_place, prepare_output
 
 DRAFT_ARCH = "LlamaForCausalLMEagle3"
 #: Draft attention geometry (the draft's own; only its hidden size must equal the target's).
@@ -68,7 +68,7 @@ def build_tiny_draft(
     Built in a hidden sibling of ``out_dir`` and moved in whole, so that neither a failure nor a
     killed process leaves weights without their ``config.json`` there. ``progress`` gets one line
     per stage (the command prints them)."""
-    _check_out_dir(out_dir)
+    parent = prepare_output(out_dir)
     spec = _target_spec(target_dir)
     progress(f"reading target {target_dir}: hidden_size {spec.hidden_size}, vocab_size {spec.vocab_size}, {spec.num_layers} layers")
     target = _target_tensors(target_dir, ("lm_head.weight", "model.embed_tokens.weight", "model.norm.weight"))
@@ -88,7 +88,7 @@ def build_tiny_draft(
     vocab = spec.vocab_size if draft_vocab_size is None else draft_vocab_size
     if not 1 <= vocab <= spec.vocab_size:
         raise ValueError(f"--draft-vocab-size must be in 1 .. {spec.vocab_size} (the target's vocab_size), got {vocab}")
-    layer_ids = _aux_layers(aux_layer_ids, spec.num_layers)
+    layer_ids = resolve_aux_layer_ids(aux_layer_ids, spec.num_layers, given_as=_flag(aux_layer_ids))
     kind = "an lm-head-copy draft" if copy_target_lm_head else f"a random draft (seed {seed})"
     default = " (M3's default)" if aux_layer_ids is None else ""
     progress(f"building {kind}: draft vocabulary {vocab}, aux layers {', '.join(map(str, layer_ids))}{default}")
@@ -105,7 +105,7 @@ def build_tiny_draft(
         _make_copy_draft(tensors, target, spec, len(layer_ids))
 
     progress(f"writing {out_dir}")
-    staging = _staging_dir(out_dir)
+    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(out_dir))}.partial-", dir=parent)
     try:
         save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(staging, "model.safetensors"))
         with open(os.path.join(staging, "config.json"), "w", encoding="utf-8") as handle:
@@ -143,46 +143,9 @@ def _target_spec(target_dir: str) -> M3TextSpec:
         raise M3ConfigError(f"{target_dir}: {error}") from None
 
 
-def _aux_layers(aux_layer_ids: list[int] | None, num_layers: int) -> tuple[int, ...]:
-    """The target layers the draft reads; ids given that are none or past the target are refused
-    naming the flag that gave them (not the config field they would be written to)."""
-    if aux_layer_ids is not None:
-        bad = [i for i in aux_layer_ids if not 0 <= i < num_layers]
-        if not aux_layer_ids:
-            raise ValueError("--aux-layer-ids names no layer: an EAGLE3 draft reads at least one target layer")
-        if bad:
-            raise ValueError(
-                f"--aux-layer-ids {','.join(map(str, aux_layer_ids))} names layer(s) {bad} outside the target's "
-                f"layers 0 .. {num_layers - 1} (num_hidden_layers {num_layers})"
-            )
-    return resolve_aux_layer_ids(aux_layer_ids, num_layers)
-
-
-def _staging_dir(out_dir: str) -> str:
-    """A new hidden directory beside ``out_dir`` (same file system, so the final move is a rename).
-    Errors name ``out_dir``, not the staging name the user never chose."""
-    parent = os.path.dirname(os.path.abspath(out_dir))
-    staging = os.path.join(parent, f".{os.path.basename(os.path.abspath(out_dir))}.partial-{uuid.uuid4().hex[:8]}")
-    try:
-        if not os.path.lexists(parent):
-            os.makedirs(parent)
-        os.mkdir(staging)
-    except OSError as error:
-        raise OSError(error.errno, error.strerror, out_dir if error.filename == staging else error.filename) from None
-    return staging
-
-
-def _check_out_dir(out_dir: str) -> None:
-    """Refuse, before any work, an output path that holds something: a draft is never mixed with
-    other files, and a file there would otherwise fail only at the final move."""
-    if not os.path.lexists(out_dir):
-        return
-    if not os.path.isdir(out_dir):
-        raise FileExistsError(f"{out_dir} exists and is not a directory")
-    if os.listdir(out_dir):
-        raise FileExistsError(f"{out_dir} exists and is not empty")
-
-
+def _flag(aux_layer_ids: list[int] | None) -> str | None:
+    """How refusals name ids the caller gave: the command's flag, not the config field they go to."""
+    return None if aux_layer_ids is None else f"--aux-layer-ids {','.join(map(str, aux_layer_ids))}".rstrip()
 
 
 def _target_tensors(target_dir: str, names: tuple[str, ...]) -> dict[str, torch.Tensor]:
