@@ -55,6 +55,7 @@ from sglang_m3.parsers.schema_values import arguments_from_elements
 from sglang_m3.parsers.xml_elements import MalformedCall, parse_siblings
 
 _WHITESPACE = " \t\r\n"
+_INVOKE_CLOSE_TAG = tag_of(INVOKE_CLOSE)
 _OUTSIDE_MARKERS = (TOOL_CALL_OPEN,)
 _BLOCK_MARKERS = (TOOL_CALL_CLOSE, INVOKE_OPEN_PREFIX)
 # In an invoke, any marker but its closing tag means the invoke is broken.
@@ -245,7 +246,7 @@ class ToolCallScanner:
                 self._invoke_head.append(self._buffer[:searched])
                 self._buffer = self._buffer[searched:]
             return False
-        if marker.group("tag") != tag_of(INVOKE_CLOSE):
+        if marker.group("tag") != _INVOKE_CLOSE_TAG:
             self._abandon_block(events)
             return True
         end = marker.end()

@@ -26,7 +26,8 @@ from sglang_m3.parsers.m3_format import NAMESPACE, TAG_SPACING
 logger = logging.getLogger(__name__)
 
 MAX_DEPTH = 64
-_WHITESPACE = " \t\r\n"
+# between elements, and after the namespace token of a tag: the same characters
+_WHITESPACE = TAG_SPACING
 
 
 class MalformedCall(ValueError):
@@ -54,8 +55,8 @@ def parse_siblings(text: str) -> Tuple[Element, ...]:
     return children
 
 
-def _skip_whitespace(text: str, position: int, spacing: str = _WHITESPACE) -> int:
-    while position < len(text) and text[position] in spacing:
+def _skip_whitespace(text: str, position: int) -> int:
+    while position < len(text) and text[position] in _WHITESPACE:
         position += 1
     return position
 
@@ -65,7 +66,7 @@ def _tag_bracket(text: str, position: int) -> int:
     spacing, then `<`), or -1 when no tag starts there."""
     if not text.startswith(NAMESPACE, position):
         return -1
-    bracket = _skip_whitespace(text, position + len(NAMESPACE), TAG_SPACING)
+    bracket = _skip_whitespace(text, position + len(NAMESPACE))
     return bracket if text.startswith("<", bracket) else -1
 
 

@@ -584,8 +584,9 @@ def check_extra_args(recipe: Recipe, profile: HardwareProfile) -> Iterator[Findi
     yield from _check_extra_args_parse(extra_args)
     for index, flag in _extra_flags(extra_args):
         field = f"spec.serving.extraArgs[{index}]"
-        if _flags_spelled(flag, {DISAGGREGATION_FLAG: ""}) and _option_value(extra_args, index) in ("prefill", "decode"):
-            yield _error(field, f"{DISAGGREGATION_FLAG} {_option_value(extra_args, index)}: the server refuses "
+        mode = _option_value(extra_args, index) if _flags_spelled(flag, {DISAGGREGATION_FLAG: ""}) else None
+        if mode in ("prefill", "decode"):
+            yield _error(field, f"{DISAGGREGATION_FLAG} {mode}: the server refuses "
                                 f"prefill/decode disaggregation for M3, since SGLang's KV transfer moves K and V "
                                 f"but not the index keys its sparse attention selects blocks with; remove it",
                          "serving.disaggregation-unsupported")
@@ -670,7 +671,7 @@ DISAGGREGATION_FLAG = "--disaggregation-mode"
 
 def _option_value(extra_args: list[str], index: int) -> str | None:
     """The value of the option at ``index``: after its ``=``, else the next argument."""
-    flag, equals, value = extra_args[index].partition("=")
+    _, equals, value = extra_args[index].partition("=")
     if equals:
         return value
     return extra_args[index + 1] if index + 1 < len(extra_args) else None
