@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator
 
+from ..parsers.serving_hooks import PARSER_ALIASES
 from .catalog import CATALOG, HardwareProfile, get_profile
 from .findings import Finding
 from .fit import estimate_fit, fit_applies
@@ -748,13 +749,15 @@ SGLANG_TOOL_CALL_PARSERS = frozenset((
 ))
 #: the parser that reads M3's own output format (``<mm:think>`` reasoning, namespaced tool calls)
 M3_PARSER = "minimax-m3"
+#: M3's parser under every name the plugin registers it by (``parsers.registration``)
+M3_PARSER_NAMES = (M3_PARSER, *PARSER_ALIASES)
 
 
 def check_parser_names(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
     parsers = recipe.spec.parsers
     for field, name, known in (("reasoning", parsers.reasoning, SGLANG_REASONING_PARSERS),
                                ("toolCall", parsers.tool_call, SGLANG_TOOL_CALL_PARSERS)):
-        if name in (NO_PARSER, M3_PARSER):
+        if name == NO_PARSER or name in M3_PARSER_NAMES:
             continue
         if name not in known:
             yield _error(f"spec.parsers.{field}",

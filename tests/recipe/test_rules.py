@@ -433,10 +433,14 @@ def test_parser_names_are_sglangs():
     from sglang.srt.server_args import _reasoning_parser_choices, _tool_call_parser_choices
 
     import sglang_m3.plugin  # noqa: F401  (registers minimax-m3 where SGLang lists parsers)
+    from sglang_m3.parsers.serving_hooks import PARSER_ALIASES
     from sglang_m3.recipe.rules import SGLANG_REASONING_PARSERS, SGLANG_TOOL_CALL_PARSERS
 
-    assert SGLANG_REASONING_PARSERS == {"auto", *_reasoning_parser_choices()}
-    assert SGLANG_TOOL_CALL_PARSERS == {"auto", *_tool_call_parser_choices()}
+    # the plugin's own aliases join SGLang's lists once its parsers are registered (another test
+    # in the same process may have done so); the rules take them as M3's parser, not SGLang's
+    ours = set(PARSER_ALIASES)
+    assert SGLANG_REASONING_PARSERS == {"auto", *_reasoning_parser_choices()} - ours
+    assert SGLANG_TOOL_CALL_PARSERS == {"auto", *_tool_call_parser_choices()} - ours
 
 
 def test_parser_names_outside_sglang_are_refused_and_other_models_parsers_warned():
@@ -447,3 +451,10 @@ def test_parser_names_outside_sglang_are_refused_and_other_models_parsers_warned
     found = {(f.severity, f.field, f.rule) for f in validate_recipe(other)}
     assert ("warning", "spec.parsers.toolCall", "parsers.other-model") in found
     assert not {r for r in rules_fired(make_recipe()) if r.startswith("parsers.")}
+
+
+def test_the_plugins_parser_alias_is_m3s_parser():
+    """The plugin registers ``minimax_m3`` beside ``minimax-m3`` (a server accepts both flags), so a
+    recipe naming it is neither refused as unknown nor warned as another model's parser."""
+    alias = make_recipe(spec__parsers={"reasoning": "minimax_m3", "toolCall": "minimax_m3"})
+    assert not {r for r in rules_fired(alias) if r.startswith("parsers.")}
