@@ -46,7 +46,7 @@ def test_tiny_draft_into_an_impossible_path(tmp_path, capsys):
     capsys.readouterr()
     out = under_a_file(tmp_path)
     assert main(["tiny-draft", target, out]) == 1
-    # the same line as tiny-checkpoint's, though the call that met the file differs
+    # the same line as tiny-checkpoint's
     assert capsys.readouterr().err.strip() == f"sglang-m3 tiny-draft: cannot write {out}: {tmp_path / 'plain-file'} is a file, not a directory"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plain-file", "target"]
 
