@@ -11,7 +11,7 @@ import os
 import socket
 import sys
 
-from sglang_m3.integration.hooks import M3_ARCHITECTURES
+from sglang_m3.integration.hooks import M3_ARCHITECTURES, first_architecture
 
 TINY_MODEL_PATH = "sglang-m3:tiny"
 # CPU serving defaults for the tiny model: small KV budget, float32 for exact comparisons.
@@ -109,8 +109,7 @@ def check_model(model: str, overrides: dict) -> str | None:
         return None
     config = read_model_config(model)
     path = os.path.join(model, "config.json")
-    names = config.get("architectures")
-    architecture = names[0] if isinstance(names, list) and names else names
+    architecture = first_architecture(config)
     if architecture in M3_ARCHITECTURES:
         try:
             M3TextSpec.from_config(None, model, overrides=overrides)

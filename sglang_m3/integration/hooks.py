@@ -19,6 +19,14 @@ def is_m3(hf_config) -> bool:
     return (getattr(hf_config, "architectures", None) or [None])[0] in M3_ARCHITECTURES
 
 
+def first_architecture(config: object) -> object:
+    """The architecture a config.json's contents name first: ``architectures[0]``, the value itself
+    when it is a single name, None for an empty list or contents that are not a JSON object. Every
+    reader of a config file decides "is this M3?" by it (``in M3_ARCHITECTURES``)."""
+    names = config.get("architectures") if isinstance(config, dict) else None
+    return (names[0] if names else None) if isinstance(names, list) else names
+
+
 def spec_of(model_config):
     """The validated ``M3TextSpec`` of an SGLang ``ModelConfig`` (cached per config object)."""
     return _spec_for(model_config.hf_config, model_config.model_path)
@@ -46,8 +54,8 @@ def read_m3_config_first(original, model, *args, model_override_args=None, **kwa
     spec = None
     if path and os.path.isfile(path):
         with open(path, encoding="utf-8") as handle:
-            architectures = json.load(handle).get("architectures") or [None]
-        if architectures[0] in M3_ARCHITECTURES:
+            architecture = first_architecture(json.load(handle))
+        if architecture in M3_ARCHITECTURES:
             from sglang_m3.config import M3TextSpec
 
             spec = M3TextSpec.from_config(None, model, overrides=model_override_args or {})

@@ -7,10 +7,11 @@ parser name `minimax-m3`. A text-only M3 checkpoint and the `minimax_m3` spellin
 name would silently skip both.
 """
 
+from sglang_m3.integration.hooks import M3_ARCHITECTURES
+
 PARSER_NAME = "minimax-m3"
 PARSER_ALIASES = ("minimax_m3",)
 
-M3_ARCHITECTURES = ("MiniMaxM3SparseForCausalLM", "MiniMaxM3SparseForConditionalGeneration")
 M3_MODEL_TYPES = ("minimax_m3", "minimax_m3_vl", "minimax_m3_vl_text")
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from msa_kernels.plan import DraftTree
 
-from sglang_m3.integration.hooks import M3_ARCHITECTURES
+from sglang_m3.integration.hooks import M3_ARCHITECTURES, first_architecture
 from sglang_m3.speculative.aux_layers import AUX_LAYER_FIELD, resolve_aux_layer_ids
 from sglang_m3.speculative.draft_tensors import DraftTensorError, check_draft_tensors
 
@@ -108,8 +108,8 @@ def _check_draft_is_no_m3(algorithm: str, draft_path: str | None, draft: dict | 
     )
     if draft_path is None:
         raise SpeculativeConfigError(f"--speculative-algorithm {algorithm} without --speculative-draft-model-path: {mtp}")
-    architectures = (draft or {}).get("architectures") or []
-    if algorithm in ("EAGLE", "EAGLE3") and architectures and architectures[0] in M3_ARCHITECTURES:
+    if algorithm in ("EAGLE", "EAGLE3") and first_architecture(draft) in M3_ARCHITECTURES:
+        architectures = draft.get("architectures")
         raise SpeculativeConfigError(
             f"--speculative-draft-model-path {draft_path} is an M3 checkpoint (architectures {architectures}), "
             f"not a draft: {mtp}"

@@ -41,7 +41,7 @@ from safetensors.torch import save_file
 
 from sglang_m3.config import M3TextSpec
 from sglang_m3.config.errors import M3ConfigError
-from sglang_m3.integration.hooks import M3_ARCHITECTURES
+from sglang_m3.integration.hooks import M3_ARCHITECTURES, first_architecture
 from sglang_m3.models.checkpoint_layout import text_tensor_name
 from sglang_m3.speculative.aux_layers import default_aux_layer_ids, resolve_aux_layer_ids
 from sglang_m3.tiny.output_dir import apply_umask, move_into_place, prepare_output
@@ -129,8 +129,8 @@ def _target_spec(target_dir: str) -> M3TextSpec:
         config = None
     except json.JSONDecodeError as error:
         raise ValueError(f"{config_path} is not valid JSON ({error})") from None
-    architectures = (config.get("architectures") or []) if isinstance(config, dict) else []
-    if config is not None and (architectures or [None])[0] not in M3_ARCHITECTURES:
+    if config is not None and first_architecture(config) not in M3_ARCHITECTURES:
+        architectures = (config.get("architectures") or []) if isinstance(config, dict) else []
         raise ValueError(
             f"{target_dir}: architectures {architectures} is not an M3 checkpoint "
             f"({' or '.join(M3_ARCHITECTURES)}); TARGET must be one"
