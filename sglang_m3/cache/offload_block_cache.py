@@ -41,6 +41,12 @@ def block_cache_fixed_bytes(num_entries: int, block_size: int, head_num: int, he
     return pages + tables * torch.int64.itemsize
 
 
+def store_pages(pool_tokens: int, page_size: int, block_size: int) -> int:
+    """MSA blocks a slot pool of ``pool_tokens`` slots spans with its padding page: the host store's
+    pages, one page-table entry each in every block cache (the pool and its budget both count so)."""
+    return (pool_tokens + page_size) // block_size
+
+
 def block_cache_bytes(num_entries: int, num_pages: int, block_size: int, head_num: int, head_dim: int,
                       v_head_dim: int, element_bytes: int) -> int:
     """Device bytes one :class:`SparseBlockCache` over a host store of ``num_pages`` pages allocates:

@@ -29,7 +29,7 @@ from sglang.srt.constants import GPU_MEMORY_TYPE_KV_CACHE
 from sglang.srt.mem_cache.memory_pool import unwrap_write_loc
 
 from sglang_m3.cache.index_kv_pool import M3IndexedKVPool, indexed_pool_class
-from sglang_m3.cache.offload_block_cache import SparseBlockCache
+from sglang_m3.cache.offload_block_cache import SparseBlockCache, store_pages
 from sglang_m3.cache.offload_settings import OffloadShape
 from sglang_m3.cache.page_locked import HostRegisterError, page_locked_tensor
 from sglang_m3.config import M3TextSpec
@@ -81,9 +81,9 @@ class M3SparseOffloadKVPool(M3IndexedKVPool):
         if rows % shape.block_size:
             raise ValueError(f"the KV pool's {rows} slots are not whole MSA blocks of {shape.block_size}")
         self.block_caches = {
-            layer_id: SparseBlockCache(shape.cache_blocks, rows // shape.block_size, shape.block_size, self.head_num,
-                                       self.head_dim, self.v_head_dim, self.store_dtype, self.device,
-                                       kernel_copies=self.uses_kernels)
+            layer_id: SparseBlockCache(shape.cache_blocks, store_pages(self.size, self.page_size, shape.block_size),
+                                       shape.block_size, self.head_num, self.head_dim, self.v_head_dim, self.store_dtype,
+                                       self.device, kernel_copies=self.uses_kernels)
             for layer_id in self.local_sparse_layer_ids()
         }
         host_bytes = sum(self.k_buffer[layer_id - self.start_layer].nbytes + self.v_buffer[layer_id - self.start_layer].nbytes

@@ -287,7 +287,7 @@ def _block_caches_bytes(kvc, spec, blocks: int):
     its padding page included, in MSA blocks."""
     from sglang.srt.runtime_context import get_parallel, get_schedule
 
-    from sglang_m3.cache.offload_block_cache import block_cache_bytes
+    from sglang_m3.cache.offload_block_cache import block_cache_bytes, store_pages
 
     parallel = get_parallel()
     info = kvc.layer_info
@@ -296,7 +296,7 @@ def _block_caches_bytes(kvc, spec, blocks: int):
     page_size = get_schedule().page_size
 
     def caches_bytes(pool_tokens: int) -> int:
-        pages = (pool_tokens + page_size) // spec.index_block_size
+        pages = store_pages(pool_tokens, page_size, spec.index_block_size)
         return sparse * block_cache_bytes(blocks, pages, spec.index_block_size, kv_heads, spec.head_dim, spec.head_dim,
                                           kvc.kv_cache_dtype.itemsize)
 
