@@ -76,6 +76,13 @@ class Record:
         children = ((self.body or {}).get("status") or {}).get("children") or []
         return tuple(ObjectRef(c["apiVersion"], c["kind"], c["name"]) for c in children)
 
+    def reconciled(self) -> bool:
+        """Whether a reconcile of this controller has finished: applied the recipe, found it
+        invalid, or failed to apply it. Until then the controller knows less than the status
+        a previous operator wrote."""
+        return (self.applied is not None or self.apply_error is not None
+                or (self.plan is not None and not self.plan.valid))
+
     def observation(self) -> Observation:
         generation = ((self.body or {}).get("metadata") or {}).get("generation")
         workload = self.workload
@@ -155,7 +162,9 @@ class Controller:
         started = time.monotonic()
         try:
             for obj in plan.objects:
-                await asyncio.to_thread(self.cluster.apply, obj)
+                live = await asyncio.to_thread(self.cluster.apply, obj)
+                if obj["kind"] in WORKLOAD_KINDS:
+                    self._observe_applied_workload(obj["kind"], live)
             for ref in set(record.previous_refs()) - set(plan.refs):
                 await asyncio.to_thread(self.cluster.delete, ref, plan.namespace)
         except Exception as error:
@@ -176,6 +185,14 @@ class Controller:
         record.apply_error = None
         await self.publish_status(key)
         return plan
+
+    def _observe_applied_workload(self, kind: str, live: Any) -> None:
+        """Take the workload as the apply answered it (the stored object, status included), so
+        the status written right after the apply need not wait for the workload's watch event:
+        after an operator restart that event may come later, and until then a serving recipe
+        would read ``WorkloadMissing``, Ready=False."""
+        if isinstance(live, Mapping) and isinstance(live.get("metadata"), Mapping):
+            self.observe_child(kind, live)
 
     async def resync_forever(self, interval: float) -> None:
         """Re-apply every known recipe every ``interval`` seconds (``resync``), until cancelled."""
@@ -202,12 +219,22 @@ class Controller:
                 logger.exception("resync of %s/%s failed", *key)
 
     async def publish_status(self, key: Key, attempt: int = 0) -> None:
-        """Write the recipe's status if it differs from what the API server holds."""
+        """Write the recipe's status if it differs from what the API server holds.
+
+        Nothing is written until this controller's first reconcile of a recipe that already
+        has a status has finished: a restarted operator sees each recipe, its workload and its
+        pods before and while its resume reconcile applies, and knowing nothing applied yet it
+        could only say Pending / NotApplied, flipping a serving recipe to Ready=False and
+        erasing its renderedArgs, workload, appliedGeneration and warnings. The status a
+        previous operator wrote stays until the reconcile's outcome replaces it. A new recipe,
+        with no status yet, is still told at once that it is pending."""
         async with self._locks[key]:
             record = self.records.get(key)
             if record is None or record.body is None:
                 return
             current = record.body.get("status") or {}
+            if current and not record.reconciled():
+                return
             previous = self._published.get(key, current)
             status = compute_status(record.observation(), previous, self._clock())
             if status == previous or status == current:

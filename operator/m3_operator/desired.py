@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import posixpath
 import shlex
 from collections.abc import Mapping
 from typing import Any
@@ -22,10 +23,12 @@ from m3_operator.podspec import (
     CACHE_VOLUME,
     HF_HOME,
     HTTP_PORT_NAME,
+    download_mount,
     is_hub_id,
     operator_env_names,
     pod_template,
     ready_marker,
+    weight_sources,
 )
 from m3_operator.recipe_api import (
     API_VERSION,
@@ -109,8 +112,10 @@ def desired_state(body: Mapping[str, Any], config: OperatorConfig) -> Plan:
     problems += _network_problems(recipe, config)
     options, option_problems = parse_deployment_options(metadata.get("annotations") or {})
     problems += option_problems
-    if options.model_cache is not None:
+    cached = options.model_cache is not None
+    if cached:
         problems += _cache_problems(recipe)
+    problems += _hidden_weight_problems(recipe, cached)
     problems += _env_problems(recipe, options)
     if problems:
         return dataclasses.replace(base, problems=tuple(problems), warnings=warnings)
@@ -264,10 +269,10 @@ def _model_cache(recipe: Recipe, name: str, config: OperatorConfig,
              "metadata": _meta(names.model_cache_claim(name), name, "model-cache"),
              "spec": claim_spec}
 
-    downloads = [_download_command(recipe.spec.model.path, recipe.spec.model.revision)]
-    draft = recipe.spec.speculative.draft_model if recipe.spec.speculative else None
-    if draft is not None:
-        downloads.append(_download_command(draft.path, draft.revision))
+    # Only hub ids: a local or object-store draft is read where it is (``hf download`` refuses
+    # it, and under ``set -e`` the ready marker would never be written).
+    downloads = [_download_command(path, revision)
+                 for _, path, revision in weight_sources(recipe) if is_hub_id(path)]
     script = " && ".join(["set -e", *downloads, f"touch {shlex.quote(ready_marker(cache_hash))}"])
     job_name = names.model_download_job(name, cache_hash)
     job_labels = names.recipe_labels(name, "model-cache")
@@ -321,6 +326,27 @@ def _cache_problems(recipe: Recipe) -> list[str]:
                 f"(owner/name), got {path!r}; drop the {names.ANNOTATION_PREFIX}"
                 f"model-cache-size annotation for local or built-in models"]
     return []
+
+
+def _hidden_weight_problems(recipe: Recipe, cached: bool) -> list[str]:
+    """A local model or draft inside the folder where the pod mounts its download volume cannot
+    be served: the volume hides what the image holds there, and SGLang finds no weights."""
+    mount = download_mount(recipe, cached)
+    if mount is None:
+        return []
+    volume = (f"the model cache ({names.ANNOTATION_PREFIX}model-cache-size)" if cached
+              else "the volume its hub downloads go to")
+    return [f"{field}: {path!r} is inside {mount}, where the server pod mounts {volume}, which "
+            f"hides it; keep local weights outside {mount}, or name them by hub id"
+            for field, path, _ in weight_sources(recipe)
+            if not is_hub_id(path) and _is_within(path, mount)
+            and not (cached and field == "spec.model.path")]  # refused by _cache_problems
+
+
+def _is_within(path: str, folder: str) -> bool:
+    """Whether absolute ``path`` is ``folder`` or lies below it (``/models/../x`` does not)."""
+    normal = posixpath.normpath(path)
+    return normal == folder or normal.startswith(folder + "/")
 
 
 def _owner_reference(name: str, uid: str | None) -> dict[str, Any] | None:

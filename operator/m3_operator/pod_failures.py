@@ -61,15 +61,21 @@ def pod_failures(pod: Mapping[str, Any]) -> list[PodFailure]:
     return failures
 
 
+#: Why an OOM kill happens to a server container: the operator sets no memory limit (only
+#: requests), so it is the node running short, or a limit some namespace policy added.
+_OOM_MESSAGE = ("killed by the kernel for lack of memory (no memory limit comes from the "
+                "operator: the node ran short, or a namespace LimitRange set one)")
+
+
 def _container_failure(pod: str, container: Mapping[str, Any]) -> PodFailure | None:
     name = _text(container.get("name")) or None
     state = _map(container.get("state"))
     last = _map(_map(container.get("lastState")).get("terminated"))
     terminated = _map(state.get("terminated"))
-    if "OOMKilled" in (terminated.get("reason"), last.get("reason")):
+    past_oom = last.get("reason") == "OOMKilled" and not _recovered(container)
+    if terminated.get("reason") == "OOMKilled" or past_oom:
         restarts = container.get("restartCount", 0)
-        return PodFailure(pod, name, "OOMKilled",
-                          f"killed for exceeding its memory limit (restarts: {restarts})")
+        return PodFailure(pod, name, "OOMKilled", f"{_OOM_MESSAGE} (restarts: {restarts})")
     waiting = _map(state.get("waiting"))
     reason = waiting.get("reason")
     if isinstance(reason, str) and reason in _WAITING_FAILURES:
@@ -78,6 +84,20 @@ def _container_failure(pod: str, container: Mapping[str, Any]) -> PodFailure | N
             message = f"last exit code {last['exitCode']}" + (f"; {message}" if message else "")
         return PodFailure(pod, name, reason, message)
     return None
+
+
+def _recovered(container: Mapping[str, Any]) -> bool:
+    """Whether the container is past its last termination: running and ready again (a server
+    answering /health), or an init container that has since completed. ``lastState`` keeps a
+    termination until the next one, however long ago; a Kubernetes user reads a past kill off
+    ``restartCount`` and the pod's events, and expects Degraded, like the pod's own Ready, to
+    describe the container now. Readiness, not a time bound: a server restarted after an OOM
+    kill stays reported while it reloads (it may be killed again), and clears once it serves."""
+    state = _map(container.get("state"))
+    if "running" in state:
+        return container.get("ready") is True
+    terminated = _map(state.get("terminated"))
+    return terminated.get("reason") == "Completed" or terminated.get("exitCode") == 0
 
 
 def _map(value: Any) -> Mapping[str, Any]:

@@ -29,10 +29,13 @@ from sglang_m3.recipe import (
     render_launch,
     validate_recipe,
 )
+from sglang_m3.recipe.fit import DRAFT_WEIGHT_BYTES
+from sglang_m3.recipe.model_geometry import WEIGHT_BYTES
 from sglang_m3.recipe.schema import MAX_RECIPE_NAME, SHORT_NAMES, SINGULAR
 
 __all__ = [
     "API_VERSION",
+    "DRAFT_WEIGHT_BYTES",
     "GROUP",
     "KIND",
     "MAX_RECIPE_NAME",
@@ -41,6 +44,7 @@ __all__ = [
     "SINGULAR",
     "TINY_MODEL_PATH",
     "VERSION",
+    "WEIGHT_BYTES",
     "Finding",
     "HardwareProfile",
     "LaunchSpec",

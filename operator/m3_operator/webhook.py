@@ -20,9 +20,20 @@ from m3_operator.handlers import RECIPES
 from m3_operator.options import OperatorConfig
 
 
-def admission_problems(body: Mapping[str, Any], config: OperatorConfig) -> list[str]:
-    """Every reason to refuse ``body``; empty when it would deploy."""
-    return list(desired_state(plain(body), config).problems)
+def admission_problems(body: Mapping[str, Any], config: OperatorConfig,
+                       old: Mapping[str, Any] | None = None) -> list[str]:
+    """Every reason to refuse ``body``; empty when it would deploy.
+
+    On an UPDATE, ``old`` is the stored object, and only problems it did not already have
+    count (ratcheting, as the API server does for CRD schema validation): a recipe stored
+    invalid, before the webhook was enabled or before an upgrade with stricter rules, must
+    still take label and annotation edits, kopf's own annotation patches, and spec changes
+    that fix some of its problems, while no update may add a problem."""
+    problems = desired_state(plain(body), config).problems
+    if old is None:
+        return list(problems)
+    stored = set(desired_state(plain(old), config).problems)
+    return [problem for problem in problems if problem not in stored]
 
 
 def installer(port: int, certfile: Path | None, keyfile: Path | None,
@@ -34,8 +45,8 @@ def installer(port: int, certfile: Path | None, keyfile: Path | None,
     def install(registry: kopf.OperatorRegistry, controller: Controller) -> None:
         @kopf.on.validate(*RECIPES, registry=registry, id="validate-recipe",
                           operations=["CREATE", "UPDATE"])
-        def validate(body: kopf.Body, **_: Any) -> None:
-            problems = admission_problems(body, config)
+        def validate(body: kopf.Body, old: kopf.Body | None = None, **_: Any) -> None:
+            problems = admission_problems(body, config, old)
             if problems:
                 raise kopf.AdmissionError("; ".join(problems), code=422)
 

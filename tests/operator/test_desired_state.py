@@ -149,13 +149,21 @@ def test_eagle3_renders_the_draft_model():
     assert limits == {"nvidia.com/gpu": "4"}
 
 
+def gib(nbytes: int) -> str:
+    return f"{-(-nbytes // 2**30)}Gi"
+
+
+#: /dev/shm of a GPU pod and the memory floor of one SGLang process (8 ranks + 2 front-end).
+SHM, PROCESS = 32 * 2**30, 2**30
+
+
 def test_host_offload_requests_the_host_memory_its_ranks_pin():
-    """8 ranks x 64 GB of page-locked host store: requested (scheduling, eviction order), not
-    limited; the sparse-offload environment reaches the server; recipes without offload
-    request no memory."""
+    """8 ranks x 64 GB of page-locked host store, on top of /dev/shm and the processes' floor:
+    requested (scheduling, eviction order), not limited; the sparse-offload environment
+    reaches the server; recipes without offload request /dev/shm and the floor only."""
     objects = by_kind(render(HERE / "cases" / "h100-sparse-offload.yaml"))
     container = server_container(objects["Deployment"]["spec"]["template"])
-    assert container["resources"]["requests"] == {"nvidia.com/gpu": "8", "memory": "512G"}
+    assert container["resources"]["requests"]["memory"] == gib(512 * 10**9 + SHM + 10 * PROCESS)
     assert container["resources"]["limits"] == {"nvidia.com/gpu": "8"}
     env = {item["name"]: item.get("value") for item in container["env"]}
     assert env["SGLANG_M3_SPARSE_OFFLOAD_HOST_GB"] == "64"
@@ -167,10 +175,11 @@ def test_host_offload_requests_the_host_memory_its_ranks_pin():
     assert plan.valid, plan.problems
     template = by_kind(plan)["LeaderWorkerSet"]["spec"]["leaderWorkerTemplate"]
     for role in ("leaderTemplate", "workerTemplate"):  # tp 16 over 2 nodes: 8 ranks per pod
-        assert server_container(template[role])["resources"]["requests"]["memory"] == "800G"
+        assert server_container(template[role])["resources"]["requests"]["memory"] == gib(
+            800 * 10**9 + SHM + 10 * PROCESS)
 
     plain = server_container(by_kind(render(HERE / "cases" / "h200-single-node.yaml"))["Deployment"]["spec"]["template"])
-    assert "memory" not in plain["resources"]["requests"]
+    assert plain["resources"]["requests"]["memory"] == gib(SHM + 10 * PROCESS)
 
 
 def test_model_cache_is_filled_once_and_mounted_by_every_server():
@@ -208,7 +217,8 @@ def test_tiny_model_pods_hand_the_recipe_to_sglang_m3_serve():
     assert container["command"][-1].endswith("exec sglang-m3 serve /tmp/recipe.yaml")
     env = {e["name"]: e["value"] for e in container["env"]}
     assert parse_recipe(yaml.safe_load(env["M3_RECIPE"])).spec == parse_recipe(body).spec
-    assert "resources" not in container  # no GPU on the CPU profile
+    # no GPU on the CPU profile; host memory: 1Gi /dev/shm + 1 rank and 2 front-end processes
+    assert container["resources"] == {"requests": {"memory": "4Gi"}}
 
 
 def test_new_weights_get_a_new_download_job():
@@ -291,5 +301,5 @@ def test_without_the_shared_cache_a_pods_download_outlives_a_container_restart()
     env = {e["name"]: e["value"] for e in container["env"]}
     mount = next(m for m in container["volumeMounts"] if m["name"] == "model-cache")
     volume = next(v for v in template["spec"]["volumes"] if v["name"] == "model-cache")
-    assert env["HF_HOME"].startswith(mount["mountPath"] + "/") and "HF_HUB_OFFLINE" not in env
+    assert f"{env['HF_HOME']}/".startswith(mount["mountPath"] + "/") and "HF_HUB_OFFLINE" not in env
     assert volume == {"name": "model-cache", "emptyDir": {}}

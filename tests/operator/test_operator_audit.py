@@ -210,8 +210,8 @@ def test_objects_of_a_longest_name_multi_node_recipe_validate():
     ("s3://bucket/minimax-m3", False),
 ])
 def test_only_hub_downloads_get_the_download_volume(path, downloads):
-    """Without the shared cache the pod gets an emptyDir at /models for SGLang's hub download;
-    mounted for a local path it hid the weights the image holds under /models."""
+    """Without the shared cache the pod gets an emptyDir for SGLang's hub download; mounted for a
+    local path it hid the weights the image holds under /models."""
     body = case("h200-single-node")
     body["spec"]["model"]["path"] = path
     plan = desired_state(body, CONFIG)
@@ -219,8 +219,8 @@ def test_only_hub_downloads_get_the_download_volume(path, downloads):
     [deployment] = [obj for obj in plan.objects if obj["kind"] == "Deployment"]
     pod = deployment["spec"]["template"]["spec"]
     container = pod["containers"][0]
-    mounts = {mount["mountPath"] for mount in container["volumeMounts"]}
+    mounts = {mount["name"] for mount in container["volumeMounts"]}
     env = {entry["name"] for entry in container.get("env", [])}
-    assert ("/models" in mounts) == downloads and ("HF_HOME" in env) == downloads
+    assert ("model-cache" in mounts) == downloads and ("HF_HOME" in env) == downloads
     assert any(v["name"] == "model-cache" for v in pod["volumes"]) == downloads
     validate(deployment)
