@@ -16,7 +16,7 @@ from sglang_m3.models.moe_routing import add_router_parameters
 
 
 class _ModelWithRouters(nn.Module):
-    """The parts of the causal LM that ``post_load_weights`` reads: MoE blocks and the embedding."""
+    """The parts of the causal LM that ``post_load_weights`` reads: MoE blocks and the text model's dtype."""
 
     def __init__(self, blocks: int):
         super().__init__()
@@ -27,7 +27,7 @@ class _ModelWithRouters(nn.Module):
             with torch.no_grad():
                 block.gate.weight.uniform_(-1e-3, 1e-3)
             self.blocks.append(block)
-        self.model = SimpleNamespace(embed_tokens=nn.Embedding(4, 32, dtype=torch.bfloat16))
+        self.model = SimpleNamespace(dtype=torch.bfloat16)
         self.weights_loaded = False
 
 

@@ -21,9 +21,11 @@ from sglang.srt.distributed.parallel_state import get_tensor_model_parallel_rank
 from sglang.srt.layers.linear import QKVParallelLinear, ReplicatedLinear, RowParallelLinear
 from sglang.srt.layers.logits_processor import LogitsProcessor
 from sglang.srt.layers.radix_attention import RadixAttention
+from sglang.srt.layers.utils import PPMissingLayer
 from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
-from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, PPProxyTensors
 from sglang.srt.model_loader.weight_utils import default_weight_loader
+from sglang.srt.utils import make_layers
 from torch import nn
 
 from sglang_m3.config import M3TextSpec
@@ -45,6 +47,7 @@ from sglang_m3.models.layers import M3RMSNorm, PartialNeoxRotary
 from sglang_m3.models.fused_moe import make_moe_block
 from sglang_m3.models.moe import GatedMLP
 from sglang_m3.models.moe_routing import prepare_half_router
+from sglang_m3.models.pipeline import PipelineStage, pipeline_stage
 from sglang_m3.speculative.aux_layers import resolve_aux_layer_ids
 from sglang_m3.quant.loading import ROUTED_EXPERT, MXFP8Dequantizer, MXFP8Weight
 from sglang_m3.quant.mxfp8 import WEIGHT_DTYPE
@@ -172,29 +175,55 @@ class M3DecoderLayer(nn.Module):
 
 
 class M3TextModel(nn.Module):
+    """The decoder stack of one pipeline stage (the whole model without pipeline parallelism):
+    the embedding on the first stage, layers ``start_layer .. end_layer - 1``, the final norm on
+    the last; other layers are SGLang's ``PPMissingLayer`` stand-ins."""
+
     def __init__(self, spec: M3TextSpec, quant_config=None, prefix: str = ""):
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(spec.vocab_size, spec.hidden_size, prefix=f"{prefix}.embed_tokens")
-        self.layers = nn.ModuleList(
-            M3DecoderLayer(spec, i, quant_config, prefix=f"{prefix}.layers.{i}") for i in range(spec.num_layers)
+        self.stage: PipelineStage = pipeline_stage()
+        # SGLang's multimodal routine reads this (as its group) to embed media on the first stage only.
+        self.pp_group = self.stage
+        self.embed_tokens = (
+            VocabParallelEmbedding(spec.vocab_size, spec.hidden_size, prefix=f"{prefix}.embed_tokens")
+            if self.stage.is_first_rank else PPMissingLayer()
         )
-        self.norm = M3RMSNorm(spec.hidden_size, spec.rms_norm_eps, spec.use_gemma_norm)
+        self.layers, self.start_layer, self.end_layer = make_layers(
+            spec.num_layers,
+            lambda idx, prefix: M3DecoderLayer(spec, idx, quant_config, prefix=prefix),
+            pp_rank=self.stage.rank, pp_size=self.stage.size, prefix=f"{prefix}.layers",
+        )
+        self.norm = M3RMSNorm(spec.hidden_size, spec.rms_norm_eps, spec.use_gemma_norm) if self.stage.is_last_rank else PPMissingLayer()
         #: Layers whose outputs an EAGLE3 draft reads, in the draft's order (empty: none captured).
         self.aux_layer_ids: tuple[int, ...] = ()
 
     def get_input_embeddings(self) -> nn.Module:
         return self.embed_tokens
 
-    def forward(self, input_ids, positions, forward_batch: ForwardBatch, input_embeds=None):
+    @property
+    def dtype(self) -> torch.dtype:
+        """The model's dtype, from a norm every stage holds (the embedding is on the first only)."""
+        return self.layers[self.start_layer].input_layernorm.weight.dtype
+
+    def forward(self, input_ids, positions, forward_batch: ForwardBatch, input_embeds=None, pp_proxy_tensors=None):
         """The final-normed hidden states; with ``aux_layer_ids`` set, also the listed layers' outputs
-        (pre-norm residual stream) as ``(hidden, [aux per id])``, the form SGLang's models return."""
-        hidden = self.embed_tokens(input_ids) if input_embeds is None else input_embeds
+        (pre-norm residual stream) as ``(hidden, [aux per id])``, the form SGLang's models return.
+
+        Pipeline stages before the last hand on ``PPProxyTensors`` of the layer output and the
+        residual stream (SGLang's ``hidden_states`` / ``residual`` pair), which the next stage
+        receives as ``pp_proxy_tensors``."""
+        if self.stage.is_first_rank:
+            hidden = self.embed_tokens(input_ids) if input_embeds is None else input_embeds
+            residual = None
+        else:
+            hidden, residual = pp_proxy_tensors["hidden_states"], pp_proxy_tensors["residual"]
         captured: dict[int, torch.Tensor] = {}
-        residual = None
-        for layer_id, layer in enumerate(self.layers):
-            hidden, residual = layer(positions, hidden, forward_batch, residual)
+        for layer_id in range(self.start_layer, self.end_layer):
+            hidden, residual = self.layers[layer_id](positions, hidden, forward_batch, residual)
             if layer_id in self.aux_layer_ids:
                 captured[layer_id] = residual + hidden  # the layer's output, as the next add forms it
+        if not self.stage.is_last_rank:
+            return PPProxyTensors({"hidden_states": hidden, "residual": residual})
         normed, _ = add_rmsnorm(self.norm, hidden, residual)
         if not self.aux_layer_ids:
             return normed
@@ -210,7 +239,16 @@ class MiniMaxM3SparseForCausalLM(nn.Module):
         self.text_config = getattr(config, "text_config", config)
         self.spec = M3TextSpec.from_config(config, getattr(config, "_name_or_path", None) or None)
         self.model = M3TextModel(self.spec, quant_config, prefix="model")
-        if self.spec.tie_word_embeddings:
+        stage = self.model.stage
+        if self.spec.tie_word_embeddings and stage.size > 1:
+            # the tied output layer is the first stage's embedding, which the last stage lacks
+            raise ValueError(
+                f"tie_word_embeddings with pipeline parallelism (--pp-size {stage.size}) is not supported: "
+                "serve this checkpoint with --pp-size 1"
+            )
+        if not stage.is_last_rank:
+            self.lm_head = PPMissingLayer()
+        elif self.spec.tie_word_embeddings:
             self.lm_head = self.model.embed_tokens
         else:
             self.lm_head = ParallelLMHead(self.spec.vocab_size, self.spec.hidden_size, prefix="lm_head")
@@ -227,23 +265,49 @@ class MiniMaxM3SparseForCausalLM(nn.Module):
     def get_input_embeddings(self) -> nn.Module:
         return self.model.embed_tokens
 
+    @property
+    def start_layer(self) -> int:
+        """First layer of this pipeline stage (SGLang sizes the KV pool and backends by it)."""
+        return self.model.start_layer
+
+    @property
+    def end_layer(self) -> int:
+        return self.model.end_layer
+
     def get_embed_and_head(self):
         """EAGLE3 target interface: the draft shares the target's embedding (and lm head where
         its config asks for it)."""
+        self._refuse_drafts_across_stages()
         return self.model.embed_tokens.weight, self.lm_head.weight
+
+    def _refuse_drafts_across_stages(self) -> None:
+        """EAGLE drafts read the target's embedding (first stage), head (last stage) and, for
+        EAGLE3, layer outputs of every stage: one stage must hold them all."""
+        if self.model.stage.size > 1:
+            raise ValueError(
+                f"speculative decoding of M3 with pipeline parallelism (--pp-size {self.model.stage.size}) is not "
+                "supported: the draft reads the first stage's embedding and the last stage's head; serve it with --pp-size 1"
+            )
 
     def set_eagle3_layers_to_capture(self, layer_ids=None) -> None:
         """EAGLE3 target interface: capture the outputs of ``layer_ids`` (the draft's
         ``eagle_aux_hidden_state_layer_ids``; None = M3's default, see ``sglang_m3.speculative.aux_layers``)."""
+        self._refuse_drafts_across_stages()
         self.model.aux_layer_ids = resolve_aux_layer_ids(layer_ids, self.spec.num_layers)
         self.capture_aux_hidden_states = True
 
     @torch.no_grad()
-    def forward(self, input_ids, positions, forward_batch: ForwardBatch, input_embeds=None, **kwargs):
-        return self.logits(input_ids, self.model(input_ids, positions, forward_batch, input_embeds), forward_batch)
+    def forward(self, input_ids, positions, forward_batch: ForwardBatch, input_embeds=None, pp_proxy_tensors=None, **kwargs):
+        """Logits on the last pipeline stage; the ``PPProxyTensors`` for the next stage on the others.
+        (SGLang runs pipeline parallelism only for models whose ``forward`` names ``pp_proxy_tensors``.)"""
+        output = self.model(input_ids, positions, forward_batch, input_embeds, pp_proxy_tensors)
+        return self.logits(input_ids, output, forward_batch)
 
     def logits(self, input_ids, model_output, forward_batch: ForwardBatch):
-        """Logits from the text model's output, handing its aux hidden states (EAGLE3) to SGLang."""
+        """Logits from the text model's output, handing its aux hidden states (EAGLE3) to SGLang;
+        a stage before the last hands its ``PPProxyTensors`` on as they are."""
+        if not self.model.stage.is_last_rank:
+            return model_output
         hidden, aux = model_output if self.capture_aux_hidden_states else (model_output, None)
         return self.logits_processor(input_ids, hidden, self.lm_head, forward_batch, aux)
 
@@ -269,7 +333,7 @@ class MiniMaxM3SparseForCausalLM(nn.Module):
                 block.gate.weight.data.copy_(block.gate.weight.data.to(PUBLISHED_ROUTER_DTYPE).float())
             logger.info("random weights: the %d MoE routers hold %s values, as in the published checkpoint", len(blocks), PUBLISHED_ROUTER_DTYPE)
         self.weights_loaded = True
-        dtype = self.model.embed_tokens.weight.dtype
+        dtype = self.model.dtype
         half = sum(prepare_half_router(block, dtype) for block in blocks)
         if half:
             parts = sorted({block.gate_half.shape[0] // block.gate.out_features for block in blocks if block.gate_half is not None})
@@ -315,7 +379,11 @@ SKIPPED = {
     "tied_head": "skipped lm_head.weight: tie_word_embeddings is true, so the output layer is the input embedding (%d tensor(s))",
     "rotary": "skipped %d rotary buffer(s) (rotary_emb.*): the model computes them from the config",
     "mtp": "skipped %d multi-token-prediction tensor(s) (mtp.*): not used until speculative decoding reads them",
+    "other_stage": "skipped %d tensor(s) of the layers, embedding, norm or head other pipeline stages hold",
 }
+
+#: a decoder layer's index in a checkpoint tensor name (text or VL spelling)
+_LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
 class TextWeightLoader:
@@ -326,7 +394,12 @@ class TextWeightLoader:
         self.model = model
         self.whole = whole
         self.spec = model.spec
-        self.expected = expected_text_tensors(model.spec)
+        self.stage = model.model.stage
+        self.layers = range(model.model.start_layer, model.model.end_layer)
+        #: every tensor of the model (names and shapes are checked against it on every stage) ...
+        self.known = expected_text_tensors(model.spec)
+        #: ... and those this pipeline stage holds (all of them without pipeline parallelism)
+        self.expected = {name: shape for name, shape in self.known.items() if self.holds(name)}
         self.params = dict(model.named_parameters())
         self.seen: set[str] = set()
         #: tensors read but not loaded, by reason (a key of ``SKIPPED``)
@@ -335,6 +408,16 @@ class TextWeightLoader:
         # An MXFP8 checkpoint's weight/scale pairs become plain weights here (dequantize at load),
         # but for the modules whose parameters stay MXFP8 (keeps_quantized).
         self.dequantizer = MXFP8Dequantizer(self.spec.quantization, self.keeps_quantized) if self.spec.quantization else None
+
+    def holds(self, name: str) -> bool:
+        """Whether this pipeline stage holds tensor ``name`` (a canonical or checkpoint name): its
+        layers', the embedding on the first stage, the final norm and output layer on the last."""
+        layer = _LAYER_INDEX.search(name)
+        if layer is not None:
+            return int(layer.group(1)) in self.layers
+        if name.endswith("embed_tokens.weight"):
+            return self.stage.is_first_rank
+        return self.stage.is_last_rank
 
     def load(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         for name, tensor in weights:
@@ -347,6 +430,11 @@ class TextWeightLoader:
             return
         if is_derived_buffer(checkpoint_name):
             self.skipped["rotary"] += 1
+            return
+        layer = _LAYER_INDEX.search(checkpoint_name)
+        if layer is not None and int(layer.group(1)) < self.spec.num_layers and int(layer.group(1)) not in self.layers:
+            # before an MXFP8 pair is dequantized: the stage holding that layer loads (and checks) it
+            self.skipped["other_stage"] += 1
             return
         if self.dequantizer is None:
             refuse_quantized_tensor(checkpoint_name, tensor)
@@ -362,12 +450,15 @@ class TextWeightLoader:
             self.skipped["tied_head"] += 1
             return
         name = canonical_dense_mlp_name(name, self.spec)
-        if name not in self.expected:
+        if name not in self.known:
             raise CheckpointError(f"checkpoint tensor '{checkpoint_name}' is not part of this M3 configuration")
-        if tuple(tensor.shape) != self.expected[name]:
+        if tuple(tensor.shape) != self.known[name]:
             raise CheckpointError(
-                f"checkpoint tensor '{checkpoint_name}' has shape {tuple(tensor.shape)}, expected {self.expected[name]}"
+                f"checkpoint tensor '{checkpoint_name}' has shape {tuple(tensor.shape)}, expected {self.known[name]}"
             )
+        if name not in self.expected:
+            self.skipped["other_stage"] += 1
+            return
         if isinstance(tensor, torch.Tensor) and not tensor.is_floating_point():
             # Loading would cast it to the parameter's dtype: integers read as weights are garbage.
             raise CheckpointError(

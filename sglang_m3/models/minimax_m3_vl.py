@@ -30,8 +30,10 @@ class MiniMaxM3SparseForConditionalGeneration(MiniMaxM3SparseForCausalLM):
         # SGLang's switch for a multimodal checkpoint served as text only: the checkpoint's own
         # ``language_model_only`` or ``--language-model-only``, both written onto the config, and
         # SGLang then sends no media. A tower built anyway demanded weights such a checkpoint
-        # lacks ("missing vision tensor ...") or held ones no request reads.
-        self.vision = None if getattr(config, "language_model_only", False) else MiniMaxM3VisionEncoder(config)
+        # lacks ("missing vision tensor ...") or held ones no request reads. Under pipeline
+        # parallelism only the first stage embeds media (SGLang's multimodal routine).
+        text_only = getattr(config, "language_model_only", False) or not self.model.stage.is_first_rank
+        self.vision = None if text_only else MiniMaxM3VisionEncoder(config)
 
     def pad_input_ids(self, input_ids: array, mm_inputs) -> array:
         return pad_mm_tokens(input_ids, mm_inputs)
@@ -43,14 +45,16 @@ class MiniMaxM3SparseForConditionalGeneration(MiniMaxM3SparseForCausalLM):
         return self.vision.encode_items(items, "video_grid_thw")
 
     @torch.no_grad()
-    def forward(self, input_ids, positions, forward_batch: ForwardBatch, input_embeds=None, **kwargs):
-        # The text model's output: hidden states, with the EAGLE3 aux states when they are captured.
+    def forward(self, input_ids, positions, forward_batch: ForwardBatch, input_embeds=None, pp_proxy_tensors=None, **kwargs):
+        # The text model's output: hidden states, with the EAGLE3 aux states when they are captured
+        # (a stage before the last: the PPProxyTensors for the next one).
         output = general_mm_embed_routine(
             input_ids=input_ids,
             forward_batch=forward_batch,
             language_model=self.model,
             multimodal_model=self,
             positions=positions,
+            pp_proxy_tensors=pp_proxy_tensors,
         )
         return self.logits(input_ids, output, forward_batch)
 
@@ -77,7 +81,8 @@ class MiniMaxM3SparseForConditionalGeneration(MiniMaxM3SparseForCausalLM):
         if self.vision is None:
             skipped = sum(1 for _ in vision_stream())  # read past, each dropped as it is drawn
             if skipped:
-                logger.info("language_model_only: skipped %d vision tensor(s)", skipped)
+                why = "language_model_only" if self.model.stage.is_first_rank else "a later pipeline stage"
+                logger.info("%s: skipped %d vision tensor(s)", why, skipped)
         else:
             # the tower casts what it is given: quantized tensors are refused on the way (quant.loading)
             self.vision.load_weights(checked_vision_tensors(vision_stream(), self.spec.quantization), whole=whole)

@@ -1,22 +1,26 @@
-"""The tiny M3 served at TP2 and at TP2 + EP2 by the real SGLang server on the CPU platform equals
-the same model at TP1 (the session's shared server) and transformers.
+"""The tiny M3 served at TP2, at TP2 + EP2 and at PP2 by the real SGLang server on the CPU
+platform equals the same model at TP1 (the session's shared server) and transformers.
 
 Two ranks run as two scheduler processes talking through gloo. TP2 splits the tiny model's 8 query
 / 2 KV heads to 4 / 1 per rank (so each rank keeps one index head, its KV group's), the dense MLP,
 the shared expert and every routed expert's width; TP2 + EP2 instead gives each rank 4 whole
-experts (``sglang_m3.models.moe``). The KV pool, index keys included, is per rank. The servers take
+experts (``sglang_m3.models.moe``). PP2 gives the first stage the embedding and layers 0-1 (the
+dense layer and a sparse one), the second layers 2-3 (sparse), the final norm and the output
+layer; the first hands the layer output and residual stream to the second (``PPProxyTensors``),
+each loads only its own tensors and keeps its own layers' KV and index keys. The servers take
 the shared server's flags (prefill chunks of 100 tokens, starting mid-block), and the prompts span
 10 to 25 MSA blocks of 16 tokens (top-4 blocks chosen), so block selection and chunked prefill are
 both exercised on every rank.
 
 Criteria. The model is float32 and every rank computes the same routing and block selection;
 only the order in which partial sums are added changes (each all-reduce adds two rank partials in
-place of one sum over the whole width). Greedy tokens must be identical to TP1's. Prompt logprobs
-must agree with TP1's within ``TP_LOGPROB_TOLERANCE`` and with transformers within the suite's
-usual 2e-3. Measured on both prompts (2 and 4 prefill chunks): max |logprob - TP1| 1.9e-6 at
-TP2 and at TP2 + EP2 (a few float32 ulps of logprobs near -7), max |logprob - transformers|
-2.9e-6; greedy tokens identical. A mis-sharded head or expert moves logprobs by far more (a single
-changed MSA block choice moves them by 1e-2 and beyond, test_index_fp8_served.py).
+place of one sum over the whole width; PP2 changes no sum at all). Greedy tokens must be identical
+to TP1's. Prompt logprobs must agree with TP1's within ``TP_LOGPROB_TOLERANCE`` and with
+transformers within the suite's usual 2e-3. Measured on both prompts (2 and 4 prefill chunks): max
+|logprob - TP1| 1.9e-6 at TP2 and at TP2 + EP2 (a few float32 ulps of logprobs near -7), 0 at PP2,
+max |logprob - transformers| 2.9e-6 (1.9e-6 at PP2); greedy tokens identical. A mis-sharded head
+or expert moves logprobs by far more (a single changed MSA block choice moves them by 1e-2 and
+beyond, test_index_fp8_served.py).
 """
 
 from __future__ import annotations
@@ -33,10 +37,12 @@ PROMPTS = {"p163": random_prompt(31, 163), "p397": random_prompt(32, 397)}
 #: 5x the measured 1.9e-6 (module docstring): float32 reordering, nothing else.
 TP_LOGPROB_TOLERANCE = 1e-5
 
-#: layout -> (server flags, the log tag of the second rank: it must exist and name its EP rank)
+#: layout -> (server flags, lines its log must hold: the second rank's tag, naming its EP rank or
+#: pipeline stage; under PP each stage's loader passing over the other stage's tensors)
 LAYOUTS = {
-    "tp2": (("--tp-size", "2"), " TP1]"),
-    "tp2_ep2": (("--tp-size", "2", "--ep-size", "2"), " TP1 EP1]"),
+    "tp2": (("--tp-size", "2"), (" TP1]",)),
+    "tp2_ep2": (("--tp-size", "2", "--ep-size", "2"), (" TP1 EP1]",)),
+    "pp2": (("--pp-size", "2"), ("PP1", "other pipeline stages hold")),
 }
 
 
@@ -61,8 +67,8 @@ def test_parallel_server_equals_tp1_and_transformers(parallel_server, tiny_m3_se
     layout, server = parallel_server
     with open(server.log_path, encoding="utf-8", errors="replace") as handle:
         log = handle.read()
-    second_rank = LAYOUTS[layout][1]
-    assert second_rank in log, f"{layout}: no rank tagged '{second_rank.strip()}' in the server log"
+    for line in LAYOUTS[layout][1]:
+        assert line in log, f"{layout}: no '{line.strip()}' in the server log"
     for label, prompt in PROMPTS.items():
         result, tokens, logprobs = _served(server, prompt)
         _, tp1_tokens, tp1_logprobs = _served(tiny_m3_server, prompt)

@@ -45,13 +45,32 @@ def vl_server(tiny_m3_vl_checkpoint, server_log_dir):
             yield server
 
 
+@pytest.fixture(scope="module")
+def vl_server_pp2(tiny_m3_vl_checkpoint, server_log_dir):
+    """The same checkpoint at ``--pp-size 2``: the first stage builds the vision tower and embeds
+    the media, the second never builds it and takes the first stage's hidden states."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv(PACKAGE_ENV, raising=False)
+        with launch_cpu_server(tiny_m3_vl_checkpoint, server_log_dir, "--pp-size", "2") as server:
+            yield server
+
+
+def _assert_served_as_transformers(server, checkpoint, name):
+    prompt, images, video = CASES[name]
+    inputs = processed(checkpoint, prompt, images, video)
+    result = generate(server, prompt, images, video)
+    assert result["meta_info"]["prompt_tokens"] == inputs["input_ids"].shape[1]
+    assert served_tokens(result) == oracle_tokens(checkpoint, inputs)
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_greedy_tokens_match_transformers(vl_server, tiny_m3_vl_checkpoint, name):
-    prompt, images, video = CASES[name]
-    inputs = processed(tiny_m3_vl_checkpoint, prompt, images, video)
-    result = generate(vl_server, prompt, images, video)
-    assert result["meta_info"]["prompt_tokens"] == inputs["input_ids"].shape[1]
-    assert served_tokens(result) == oracle_tokens(tiny_m3_vl_checkpoint, inputs)
+    _assert_served_as_transformers(vl_server, tiny_m3_vl_checkpoint, name)
+
+
+@pytest.mark.parametrize("name", ["two images", "video"])
+def test_pipeline_stages_serve_media_as_transformers(vl_server_pp2, tiny_m3_vl_checkpoint, name):
+    _assert_served_as_transformers(vl_server_pp2, tiny_m3_vl_checkpoint, name)
 
 
 def test_radix_cache_reuses_a_repeated_image_prefix(vl_server, tiny_m3_vl_checkpoint):

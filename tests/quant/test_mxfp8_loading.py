@@ -20,6 +20,8 @@ from sglang_m3.quant.loading import MXFP8Weight
 from sglang_m3.quant.mxfp8 import quantize
 from sglang_m3.tiny.checkpoint import build_tiny_checkpoint
 
+from names_only_loader import whole_model_stage
+
 GATE = "language_model.model.layers.1.block_sparse_moe.gate.weight"
 INDEX_Q = "language_model.model.layers.2.self_attn.index_q_proj.weight"
 W2 = "language_model.model.layers.3.block_sparse_moe.experts.1.w2.weight"
@@ -39,6 +41,7 @@ class _Recording(TextWeightLoader):
     def __init__(self, spec, mxfp8_expert_layers=()):
         holder = nn.Module()
         holder.spec = spec
+        holder.model = whole_model_stage(spec)
         holder.blocks = nn.ModuleList(_Mxfp8Experts(layer) for layer in mxfp8_expert_layers)
         super().__init__(holder)
         self.copied: dict[str, torch.Tensor] = {}
