@@ -61,6 +61,15 @@ HOOKS: tuple[Hook, ...] = (
         "crashed the server in the embedding lookup. M3 prompts are refused with the id named.",
     ),
     Hook(
+        "sglang.srt.arg_groups.model_hook.handle_language_model_only",
+        "AROUND",
+        hooks.allow_language_model_only_for_m3,
+        "SGLang serves --language-model-only only for the architectures on its allow-list and "
+        "refused M3's at start-up (a recipe's multimodal.enabled: false renders it); M3 serves text "
+        "alone with it (no vision tower built or loaded, media requests refused), so M3's "
+        "architectures pass that check. Other models meet the list unchanged.",
+    ),
+    Hook(
         "sglang.srt.configs.model_config.is_minimax_sparse",
         "REPLACE",
         hooks.upstream_minimax_sparse_wiring_off,

@@ -113,6 +113,29 @@ def refuse_out_of_vocabulary_ids(tokenizer_manager, obj, input_ids, *args, **kwa
     return None
 
 
+def allow_language_model_only_for_m3(original, server_args):
+    """AROUND SGLang's check of ``--language-model-only``: M3's architectures pass it.
+
+    SGLang 0.5.23 serves the flag only for the architectures on its allow-list
+    (``ServerArgs.LANGUAGE_MODEL_ONLY_ARCHITECTURES``) and refused M3's at start-up, though M3
+    serves text alone with it: ``ModelConfig`` writes the flag onto the config, the VL class then
+    builds and loads no vision tower, and SGLang builds no media processor and refuses media
+    requests. For an M3 model the check runs with M3's architectures on the list (its other
+    checks, the flags it does not combine with, as they are); other models meet the list unchanged.
+    """
+    from sglang.srt.arg_groups.model_override_base import model_config_of, resolving_view
+
+    if not resolving_view(server_args).language_model_only or not is_m3(model_config_of(server_args).hf_config):
+        return original(server_args)
+    record = type(server_args)
+    allowed = record.LANGUAGE_MODEL_ONLY_ARCHITECTURES
+    record.LANGUAGE_MODEL_ONLY_ARCHITECTURES = (*allowed, *M3_ARCHITECTURES)
+    try:
+        return original(server_args)
+    finally:
+        record.LANGUAGE_MODEL_ONLY_ARCHITECTURES = allowed
+
+
 def upstream_minimax_sparse_wiring_off(config) -> bool:
     return False
 

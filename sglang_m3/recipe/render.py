@@ -18,6 +18,10 @@ from .schema import NO_PARSER, Recipe
 #: container arguments, so the rendered multi-node command works unchanged in a pod.
 LEADER_DIST_INIT_ADDR = "$(LWS_LEADER_ADDRESS):20000"
 
+#: Environment variable by which SGLang selects its platform. The renderer owns it: it sets it
+#: for the cpu profile and leaves it unset on GPU profiles, where SGLang detects the GPU's own.
+PLATFORM_ENV = "SGLANG_PLATFORM"
+
 #: ``SGLANG_PLATFORM`` value that selects the project's torch-native CPU platform.
 CPU_PLATFORM_NAME = "sglang_m3_cpu"
 
@@ -192,7 +196,7 @@ def render_launch(
     _add_serving(add, recipe)
     argv.extend(spec.serving.extra_args)
 
-    env = {"SGLANG_PLATFORM": CPU_PLATFORM_NAME} if not profile.is_gpu else {}
+    env = {PLATFORM_ENV: CPU_PLATFORM_NAME} if not profile.is_gpu else {}
     if spec.kv_cache.index_key_dtype != "bf16":
         env[INDEX_KEY_DTYPE_ENV] = spec.kv_cache.index_key_dtype
     env.update(_sparse_offload_env(recipe))

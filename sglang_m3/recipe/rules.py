@@ -7,6 +7,7 @@ with the field at fault and the fix; ``RULES`` lists them in the order they repo
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Iterator
 
@@ -15,7 +16,10 @@ from .catalog import CATALOG, HardwareProfile, get_profile
 from .findings import Finding
 from .fit import estimate_fit, fit_applies
 from .model_geometry import M3, MAX_CONTEXT_LENGTH, TINY_MODEL_PATH
+from .plugin_switches import PLUGIN_SWITCHES
 from .render import (
+    CPU_PLATFORM_NAME,
+    PLATFORM_ENV,
     TYPED_ENV,
     TYPED_FLAGS,
     attention_backend_for,
@@ -358,6 +362,28 @@ def check_typed_env(recipe: Recipe, profile: HardwareProfile) -> Iterator[Findin
                 "env.typed-field")
 
 
+def check_platform_env(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
+    if PLATFORM_ENV in recipe.spec.env:
+        yield _error(
+            f"spec.env.{PLATFORM_ENV}",
+            f"{PLATFORM_ENV} is rendered from hardware.profile (the cpu profile selects the project's CPU "
+            f"platform, {CPU_PLATFORM_NAME}; on a GPU profile SGLang detects the GPU's platform), and an env "
+            f"value would override it unseen by these rules; remove it from env and choose the hardware with "
+            f"hardware.profile",
+            "env.platform")
+
+
+def check_plugin_switches(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
+    for name, value in recipe.spec.env.items():
+        switch = PLUGIN_SWITCHES.get(name)
+        if switch is not None and not switch.accepts(value):
+            yield _error(
+                f"spec.env.{name}",
+                f"{value!r} is not a value of the plugin's switch {name}, which the server refuses at "
+                f"start-up; set {switch.expected}, or remove it for the default",
+                "env.plugin-switch")
+
+
 #: Environment variable names a recipe may set: what a shell (``recipe render``'s output,
 #: ``sglang-m3 serve``) and a Kubernetes container both accept.
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -367,7 +393,7 @@ def check_env_names(recipe: Recipe, profile: HardwareProfile) -> Iterator[Findin
     for name in recipe.spec.env:
         if not _ENV_NAME.fullmatch(name):
             yield _error(
-                f"spec.env.{name}",
+                f"spec.env[{json.dumps(name, ensure_ascii=False)}]",  # a key, not a path: "my.var"
                 f"{name!r} is not an environment variable name (letters, digits and '_', not starting "
                 f"with a digit): Kubernetes refuses the pod and a shell cannot set it",
                 "env.name")
@@ -781,11 +807,14 @@ def check_parsers(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]
 
 def check_multimodal(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
     multimodal = recipe.spec.multimodal
-    if not multimodal.enabled and multimodal.limit_per_request is not None:
-        yield _error("spec.multimodal.limitPerRequest",
-                     "media limits have no effect with multimodal disabled; remove them or set "
-                     "enabled: true",
-                     "multimodal.limits-unused")
+    if multimodal.enabled:
+        return
+    for field, value in (("limitPerRequest", multimodal.limit_per_request), ("media", multimodal.media)):
+        if value is not None:
+            yield _error(f"spec.multimodal.{field}",
+                         "media limits have no effect with multimodal disabled; remove them or set "
+                         "enabled: true",
+                         "multimodal.limits-unused")
 
 
 def check_host_offload(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
@@ -813,11 +842,29 @@ def check_host_offload(recipe: Recipe, profile: HardwareProfile) -> Iterator[Fin
         yield _error("spec.hostOffload.sizeGbPerRank",
                      "hisparse is sized by hostToDeviceRatio; remove sizeGbPerRank",
                      "offload.mode-field")
+    if offload.mode == "hierarchical-cache":
+        yield from _check_radix_cache_kept(recipe)
     if offload.mode == "sparse-offload":
         yield from _check_sparse_offload(recipe, profile)
     elif offload.cache_blocks is not None:
         yield _error("spec.hostOffload.cacheBlocks", "cacheBlocks sizes sparse-offload only; remove it",
                      "offload.mode-field")
+
+
+#: The SGLang switch that turns the radix cache off, which the hierarchical cache extends.
+RADIX_OFF_FLAG = "--disable-radix-cache"
+
+
+def _check_radix_cache_kept(recipe: Recipe) -> Iterator[Finding]:
+    """SGLang refuses --enable-hierarchical-cache beside --disable-radix-cache at start-up: the
+    host tier keeps the prefixes the radix tree evicts."""
+    for index, flag in _extra_flags(recipe.spec.serving.extra_args):
+        if resolve(flag).matches == (RADIX_OFF_FLAG,):
+            yield _error(f"spec.serving.extraArgs[{index}]",
+                         f"{RADIX_OFF_FLAG}: hostOffload.mode hierarchical-cache keeps the prefixes the radix "
+                         f"cache evicts in host memory, and SGLang refuses the two together at start-up; remove "
+                         f"{flag} or the hostOffload section",
+                         "offload.hierarchical-cache-radix")
 
 
 def _check_sparse_offload(recipe: Recipe, profile: HardwareProfile) -> Iterator[Finding]:
@@ -900,6 +947,8 @@ RULES: tuple[Rule, ...] = (
     check_page_size,
     check_kv_dtype,
     check_typed_env,
+    check_platform_env,
+    check_plugin_switches,
     check_env_names,
     check_index_key_dtype,
     check_context_length,

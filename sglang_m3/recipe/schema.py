@@ -116,6 +116,10 @@ class RecipeModel(BaseModel):
         return value
 
 
+#: A day as the CRD's ``format: date`` takes it (RFC 3339 full-date).
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}", re.ASCII)
+
+
 class Verified(RecipeModel):
     """A run that confirmed this recipe serves correctly."""
 
@@ -125,6 +129,18 @@ class Verified(RecipeModel):
     """SGLang version it ran with, e.g. "0.5.23"."""
     date: datetime.date
     """Day of the run (YYYY-MM-DD)."""
+
+    @field_validator("date", mode="before")
+    @classmethod
+    def _date_as_the_crd_takes_it(cls, value: Any) -> Any:
+        """A day written YYYY-MM-DD, quoted or not (YAML reads it unquoted as a date): the CRD's
+        ``format: date``. pydantic's lax mode also took a number (seconds since 1970) and a
+        date-time, which the API server refuses, so ``recipe validate`` refuses them too."""
+        written = value.isoformat() if type(value) is datetime.date else value
+        if not isinstance(written, str) or not _DATE.fullmatch(written):
+            raise ValueError("Input should be a valid date written YYYY-MM-DD, the day alone (the CRD's "
+                             "format: date, which kubectl apply checks, takes no time and no number)")
+        return value
 
 
 class Provenance(RecipeModel):

@@ -8,10 +8,14 @@
   null for removal), so a null the CLI read as anything other than "left out" would deploy
   differently. Wherever a recipe accepts null, it means what leaving the field out means; the
   nulls that used to switch a default off are refused, naming the field and what to write.
+- ``provenance.verified.date`` is a day written YYYY-MM-DD, the CRD's ``format: date``: a number or
+  a date-time, which pydantic's lax mode converted, is refused at validate as at ``kubectl apply``.
 """
 
 from __future__ import annotations
 
+import datetime
+import json
 import types
 import typing
 
@@ -127,3 +131,56 @@ def test_the_crd_stores_no_null_the_cli_refuses():
                          ("serving", "chunkedPrefillSize")):
         assert "nullable" not in spec[section]["properties"][key], (section, key)
 
+
+
+# --- provenance.verified.date --------------------------------------------------------------------
+
+def verified_on(day) -> dict:
+    return recipe_document(spec__provenance={"source": "tests", "verified": {
+        "hardware": "8x H200", "sglangVersion": "0.5.23", "date": day}})
+
+
+def applied(document: dict) -> dict:
+    """The object kubectl sends: YAML as JSON (a YAML date or date-time becomes its ISO text)."""
+    return json.loads(json.dumps(document, default=lambda value: value.isoformat()))
+
+
+def crd_accepts(document: dict) -> bool:
+    checker = jsonschema.Draft202012Validator(as_json_schema(crd_openapi_schema()),
+                                              format_checker=jsonschema.FormatChecker())
+    return checker.is_valid(applied(document))
+
+
+def test_the_crd_types_the_verified_date_as_a_day():
+    verified = crd_openapi_schema()["properties"]["spec"]["properties"]["provenance"]["properties"]["verified"]
+    assert {key: verified["properties"]["date"][key] for key in ("type", "format")} == {"type": "string", "format": "date"}
+
+
+@pytest.mark.parametrize("day", [1735689600, "1735689600", "2025-01-01T00:00:00Z",
+                                 datetime.datetime(2025, 1, 1), "2025-1-1", 2025.5, True])
+def test_a_verified_date_the_crd_refuses_is_refused_at_validate(day):
+    """pydantic's lax date took seconds since 1970 and date-times; the CRD refuses both."""
+    assert not crd_accepts(verified_on(day))
+    [(field, message)] = load_problems(verified_on(day))
+    assert field == "spec.provenance.verified.date" and "YYYY-MM-DD" in message
+
+
+@pytest.mark.parametrize("day", [datetime.date(2025, 1, 1), "2025-01-01"])
+def test_a_day_is_accepted_by_both(day):
+    assert crd_accepts(verified_on(day))
+    assert parse_recipe(verified_on(day)).spec.provenance.verified.date == datetime.date(2025, 1, 1)
+
+
+def test_the_cli_and_the_crd_agree_on_a_date_time_in_yaml(tmp_path, capsys):
+    """Unquoted in YAML, a date-time is read as one (a date alone as a date)."""
+    path = tmp_path / "dated.yaml"
+    text = yaml.safe_dump(verified_on("DAY")).replace("DAY", "2025-01-01T00:00:00Z")
+    path.write_text(text)
+    assert not crd_accepts(yaml.safe_load(text))
+    code, out, _ = run_cli(capsys, "validate", str(path), "--output", "json")
+    [result] = json.loads(out)
+    assert code == 1 and [p["field"] for p in result["problems"]] == ["spec.provenance.verified.date"]
+    path.write_text(text.replace("2025-01-01T00:00:00Z", "2025-01-01"))
+    assert crd_accepts(yaml.safe_load(path.read_text()))
+    code, _, _ = run_cli(capsys, "validate", str(path), "--output", "json")
+    assert code == 0

@@ -25,7 +25,7 @@ from sglang_m3.recipe import (
     validate_recipe,
 )
 from tests.recipe.cli_runner import run_cli
-from tests.recipe.recipe_factory import BASE, recipe_document
+from tests.recipe.recipe_factory import BASE, REPO, recipe_document
 
 BASE_TEXT = yaml.safe_dump(BASE, sort_keys=False)
 
@@ -314,8 +314,74 @@ def test_draft_trees_offer_enough_candidates_as_sglang_counts_them(topk, steps):
     ("A=B", True), ("DOT.TED", True), ("TRAILING\n", True),
 ])
 def test_env_names_must_be_variable_names(name, refused):
+    """The field names the key as a key: ``spec.env["my.var"]`` is one entry, where
+    ``spec.env.my.var`` read as a path to a field ``var`` (and ``spec.env.`` as no name at all)."""
     found = errors(parse_recipe(recipe_document(spec__env={name: "1"})))
-    assert ((f"spec.env.{name}", "env.name") in found) == refused, found
+    assert ((f"spec.env[{json.dumps(name)}]", "env.name") in found) == refused, found
+    assert [field for field, rule in found if rule == "env.name"] == ([f"spec.env[{json.dumps(name)}]"] if refused else [])
+
+
+CPU_TINY = yaml.safe_load((REPO / "recipes" / "cpu-tiny.yaml").read_text())
+
+
+@pytest.mark.parametrize("document", [recipe_document(), CPU_TINY], ids=["b200", "cpu"])
+@pytest.mark.parametrize("platform", ["sglang_m3_cpu", "cuda_oot", ""])
+def test_the_platform_is_the_renderers_not_envs(document, platform):
+    """``SGLANG_PLATFORM`` in env selected the torch CPU platform on a GPU node, or replaced the cpu
+    profile's own (``env.update(spec.env)`` wins), with no finding: the renderer owns it."""
+    document = copy.deepcopy(document)
+    document["spec"]["env"] = {"SGLANG_PLATFORM": platform}
+    recipe = parse_recipe(document)
+    assert ("spec.env.SGLANG_PLATFORM", "env.platform") in errors(recipe)
+    message = next(f.message for f in validate_recipe(recipe) if f.rule == "env.platform")
+    assert "hardware.profile" in message and "remove it from env" in message
+
+
+@pytest.mark.parametrize("name, value, refused", [
+    ("SGLANG_M3_SPARSE_OFFLOAD_LOG_STEPS", "abc", True),
+    ("SGLANG_M3_SPARSE_OFFLOAD_LOG_STEPS", "-1", True),
+    ("SGLANG_M3_SPARSE_OFFLOAD_LOG_STEPS", "0", False),
+    ("SGLANG_M3_SPARSE_OFFLOAD_LOG_STEPS", " 50 ", False),
+    ("SGLANG_M3_MOE_OVERLAP", "off", True),
+    ("SGLANG_M3_MOE_OVERLAP", "0", False),
+    ("SGLANG_M3_MOE_IMPL", "Fused", True),
+    ("SGLANG_M3_MOE_IMPL", "fused", False),
+    ("SGLANG_M3_DENSE_DECODE", "msa ", True),
+    ("SGLANG_M3_FUSED_NORM", " 0", False),
+    ("NCCL_DEBUG", "anything", False),
+])
+def test_the_plugins_switches_take_only_values_the_plugin_takes(name, value, refused):
+    """``SGLANG_M3_SPARSE_OFFLOAD_LOG_STEPS: abc`` validated, and the server refused it at start-up
+    (``env_switch``); each switch's value is now read as the plugin reads it, and refused by name
+    with the values it takes (``test_plugin_switches`` holds the table to the plugin's readers)."""
+    recipe = parse_recipe(recipe_document(spec__env={name: value}))
+    assert ((f"spec.env.{name}", "env.plugin-switch") in errors(recipe)) == refused
+    if refused:
+        message = next(f.message for f in validate_recipe(recipe) if f.rule == "env.plugin-switch")
+        assert repr(value) in message and name in message and "set " in message
+
+
+def test_media_caps_with_multimodal_off_are_refused():
+    """``media`` was dropped silently with ``enabled: false``, where ``limitPerRequest`` is refused."""
+    recipe = parse_recipe(recipe_document(spec__multimodal={"enabled": False, "media": {"maxImageMegabytes": 1}}))
+    assert errors(recipe) == [("spec.multimodal.media", "multimodal.limits-unused")]
+    assert errors(parse_recipe(recipe_document(spec__multimodal={"media": {"maxImageMegabytes": 1}}))) == []
+
+
+HICACHE = {"mode": "hierarchical-cache", "sizeGbPerRank": 400}
+
+
+@pytest.mark.parametrize("extra_args, index", [
+    (["--disable-radix-cache"], 0),
+    (["--log-level", "info", "--disable-radix"], 2),  # an abbreviation SGLang expands
+])
+def test_hierarchical_cache_with_the_radix_cache_off_is_refused(extra_args, index):
+    """SGLang refuses --enable-hierarchical-cache with --disable-radix-cache at start-up ("mutually
+    exclusive"); the recipe validated, and the operator would have asked for the host memory."""
+    serving = {**BASE["spec"]["serving"], "extraArgs": extra_args}
+    recipe = parse_recipe(recipe_document(spec__hostOffload=HICACHE, spec__serving=serving))
+    assert errors(recipe) == [(f"spec.serving.extraArgs[{index}]", "offload.hierarchical-cache-radix")]
+    assert errors(parse_recipe(recipe_document(spec__serving=serving))) == []  # alone it is SGLang's business
 
 
 def test_block_caches_that_eat_the_kv_budget_are_blamed_not_the_weights():

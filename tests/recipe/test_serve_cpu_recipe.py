@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import requests
+import yaml
 from server_harness import serve_tiny_recipe
 
 from tests.recipe.recipe_factory import LIBRARY
@@ -32,3 +33,22 @@ def test_serve_cpu_tiny_recipe_answers_a_chat_request(tmp_path):
             log_text = log.read()
     # SGLang resolved what the recipe rendered
     assert "'page_size': 1," in log_text and "'max_total_tokens': 8192," in log_text
+
+
+def test_a_recipe_with_multimodal_off_serves(tmp_path):
+    """``multimodal.enabled: false`` renders ``--language-model-only``, which SGLang 0.5.23 refused
+    for M3 at start-up; the plugin lets M3 serve text alone with it (``tests/test_language_model_only.py``)."""
+    document = yaml.safe_load((LIBRARY / "cpu-tiny.yaml").read_text())
+    document["spec"]["multimodal"] = {"enabled": False}
+    path = tmp_path / "cpu-text-only.yaml"
+    path.write_text(yaml.safe_dump(document))
+    with serve_tiny_recipe(str(path), tmp_path) as server:
+        response = requests.post(
+            f"{server.openai_url}/chat/completions",
+            json={"model": "tiny", "messages": [{"role": "user", "content": "Hello"}],
+                  "max_tokens": 3, "temperature": 0},
+            timeout=900)
+        assert response.status_code == 200, response.text
+        assert response.json()["usage"]["completion_tokens"] == 3
+        with open(server.log_path, encoding="utf-8") as log:
+            assert "'language_model_only': True," in log.read()
