@@ -557,12 +557,6 @@ def _check_adaptive(recipe: Recipe) -> Iterator[Finding]:
                      "SGLang ignores adaptive under attention data parallelism (its chain length would differ "
                      "between DP ranks; a warning in its log); remove adaptive or set attentionDp: 1",
                      "speculative.adaptive-attention-dp")
-    if spec.parallelism.pp > 1:
-        yield _error("spec.speculative.adaptive",
-                     f"pp {spec.parallelism.pp}: SGLang relays drafts between pipeline stages at a fixed "
-                     f"numDraftTokens and refuses adaptive with {PP_SPEC_ENV} at start-up; remove adaptive "
-                     "or set pp: 1",
-                     "speculative.adaptive-pipeline")
     for index, flag in _extra_flags(spec.serving.extra_args):
         spelled = _flags_spelled(flag, ADAPTIVE_DROPPED_BY)
         if len(spelled) == 1:  # an ambiguous abbreviation never reaches adaptive: SGLang refuses it
@@ -581,26 +575,17 @@ ADAPTIVE_DROPPED_BY = {
 }
 
 
-#: SGLang 0.5.23 verifies EAGLE over pipeline stages only when this is set (PP_SPEC relay).
-PP_SPEC_ENV = "SGLANG_ENABLE_PP_SPEC"
-
-
 def _check_pipeline_speculative(recipe: Recipe) -> Iterator[Finding]:
+    """The plugin's M3 serves drafts with one pipeline stage only: a draft reads the target's
+    embedding (first stage), its head (last stage) and, for EAGLE3, layer outputs of every stage,
+    and the model refuses a draft under ``--pp-size`` > 1 at start-up."""
     pp, algorithm = recipe.spec.parallelism.pp, recipe.spec.speculative.algorithm
-    if pp == 1:
-        return
-    if algorithm != "EAGLE":
+    if pp > 1:
         yield _error(
             "spec.speculative.algorithm",
-            f"pp {pp} with {algorithm}: SGLang's pipeline parallelism serves EAGLE drafts only (it "
-            f"refuses {algorithm} at start-up); remove speculative or set pp: 1",
-            "speculative.pipeline")
-    elif recipe.spec.env.get(PP_SPEC_ENV, "").lower() not in ("1", "true"):
-        yield _error(
-            f"spec.env.{PP_SPEC_ENV}",
-            f"pp {pp} with EAGLE: SGLang verifies drafts across pipeline stages only with "
-            f"{PP_SPEC_ENV}=1 (otherwise only on a prefill-disaggregated node, which recipes do not "
-            f"deploy); set env {PP_SPEC_ENV}: \"1\" or set pp: 1",
+            f"pp {pp} with {algorithm}: sglang-m3's M3 serves speculative decoding with pp 1 only (a draft "
+            f"reads the target's embedding on the first pipeline stage and its head on the last; the server "
+            f"refuses the pair at start-up); remove speculative or set pp: 1",
             "speculative.pipeline")
 
 

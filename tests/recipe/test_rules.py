@@ -214,9 +214,6 @@ def test_adaptive_rules_fire_exactly_where_sglang_drops_or_refuses_adaptive(algo
 
 def test_adaptive_chain_of_three_passes_and_each_refusal_names_its_field():
     assert validate_recipe(make_recipe(spec__speculative=ADAPTIVE_CHAIN)) == []
-    pipeline = {"spec__hardware": {"profile": "h100", "nodes": 2},
-                "spec__model": {"path": "MiniMaxAI/MiniMax-M3-MXFP8", "variant": "mxfp8"},
-                "spec__parallelism": {"tp": 8, "pp": 2}, "spec__env": {"SGLANG_ENABLE_PP_SPEC": "1"}}
     offload = {"spec__hardware": {"profile": "h100"},
                "spec__model": {"path": "MiniMaxAI/MiniMax-M3-MXFP8", "variant": "mxfp8"},
                "spec__parallelism": {"tp": 8, "ep": 1},
@@ -230,9 +227,6 @@ def test_adaptive_chain_of_three_passes_and_each_refusal_names_its_field():
                                               {"spec__parallelism": {"tp": 8, "ep": 8, "attentionDp": 2}}),
         "speculative.adaptive-algorithm": ("spec.speculative.adaptive", {"spec__speculative__algorithm": "NGRAM",
                                                                          "spec__speculative__draftModel": None}),
-        "speculative.adaptive-pipeline": ("spec.speculative.adaptive",
-                                          {**pipeline, "spec__speculative__algorithm": "EAGLE",
-                                           "spec__speculative__draftModel": {"path": "Inferact/MiniMax-M3-EAGLE"}}),
         "offload.cache-blocks-min": ("spec.hostOffload.cacheBlocks", offload),
         "speculative.adaptive-extra-args": ("spec.serving.extraArgs[2]",
                                             {"spec__serving__extraArgs": ["--log-level", "info", "--enable-pdmux"]}),
@@ -403,19 +397,18 @@ def test_sparse_offload_block_cache_must_hold_one_requests_selection(tp, blocks,
     assert ("offload.cache-blocks-min" in rules_fired(recipe)) == (blocks < needed)
 
 
-def test_pipeline_parallel_speculation_follows_sglang():
+def test_pipeline_parallel_speculation_is_refused():
+    """The model refuses a draft under --pp-size > 1 at start-up (MiniMaxM3SparseForCausalLM), with
+    or without SGLang's pipeline relay of EAGLE drafts."""
     draft = {"path": "Inferact/MiniMax-M3-EAGLE"}
     pp2 = {"spec__hardware": {"profile": "h100", "nodes": 2},
            "spec__model": {"path": "MiniMaxAI/MiniMax-M3-MXFP8", "variant": "mxfp8"},
            "spec__parallelism": {"tp": 8, "pp": 2}}
-    eagle3 = make_recipe(**pp2, spec__speculative={"algorithm": "EAGLE3", "draftModel": draft})
-    eagle = make_recipe(**pp2, spec__speculative={"algorithm": "EAGLE", "draftModel": draft})
-    relayed = make_recipe(**pp2, spec__speculative={"algorithm": "EAGLE", "draftModel": draft},
-                          spec__env={"SGLANG_ENABLE_PP_SPEC": "1"})
-    fields = {f.field for f in validate_recipe(eagle) if f.rule == "speculative.pipeline"}
-    assert "speculative.pipeline" in rules_fired(eagle3)
-    assert fields == {"spec.env.SGLANG_ENABLE_PP_SPEC"}
-    assert "speculative.pipeline" not in rules_fired(relayed)
+    for algorithm, env in (("EAGLE3", {}), ("EAGLE", {}), ("EAGLE", {"SGLANG_ENABLE_PP_SPEC": "1"})):
+        recipe = make_recipe(**pp2, spec__speculative={"algorithm": algorithm, "draftModel": draft}, spec__env=env)
+        refusals = [(f.severity, f.field) for f in validate_recipe(recipe) if f.rule == "speculative.pipeline"]
+        assert refusals == [("error", "spec.speculative.algorithm")], (algorithm, env)
+    assert "speculative.pipeline" not in rules_fired(make_recipe(**pp2))
 
 
 def test_cpu_profile_serves_two_ranks():
