@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
 import sys
+
+from sglang_m3 import __version__
 
 COMMAND_MODULES = (
     "sglang_m3.commands.tiny_checkpoint",
@@ -27,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="sglang-m3",
         description="Serve MiniMax M3 with SGLang and manage its deployment recipes.",
     )
+    parser.add_argument("--version", action="version", version=f"sglang-m3 {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module_name in COMMAND_MODULES:
         importlib.import_module(module_name).register(subparsers)
@@ -40,7 +45,21 @@ def main(argv: list[str] | None = None) -> int:
         build_parser().error(f"unrecognized arguments: {' '.join(extra)}")
     args.extra_args = extra
     args.argv = argv
-    return int(args.handler(args) or 0)
+    try:
+        status = int(args.handler(args) or 0)
+        sys.stdout.flush()  # here, not at exit, so that a closed pipe is met below
+    except BrokenPipeError:
+        return _closed_pipe_status()
+    return status
+
+
+def _closed_pipe_status() -> int:
+    """A reader that stopped early (``sglang-m3 recipe schema | head``) ends the command quietly
+    with the shell's status for a process SIGPIPE ended, as ``cat`` ends, where Python printed a
+    BrokenPipeError traceback. stdout is pointed at /dev/null so that the interpreter's flush at
+    exit does not meet the closed pipe again."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":

@@ -179,3 +179,49 @@ def test_write_geometry_to_an_impossible_path_names_it(where, tmp_path, capsys):
     assert "Traceback" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-directory"]
     assert not any((tmp_path / "a-directory").iterdir())
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"{not json", "not valid JSON (Expecting property name enclosed in double quotes"),
+        (b"[1, 2]", "must hold a JSON object, got list"),
+        (b'{"a": "\x9a\xff"}', "not UTF-8 text (invalid start byte at byte 7)"),
+    ],
+    ids=["malformed", "not-an-object", "not-utf8"],
+)
+@pytest.mark.parametrize("given", ["directory", "file"])
+def test_a_config_that_cannot_be_read_is_named_in_one_line(content, message, given, tmp_path, capsys):
+    """A checkpoint directory's config.json like this reached the build with a traceback
+    (JSONDecodeError, AttributeError, UnicodeDecodeError), and a non-UTF-8 file named directly too."""
+    (tmp_path / "config.json").write_bytes(content)
+    code, out, err = _run(capsys, str(tmp_path) if given == "directory" else str(tmp_path / "config.json"))
+    assert (code, out) == (1, "")
+    assert err == f"sglang-m3 inspect: {tmp_path / 'config.json'}: {message}" + err.split(message, 1)[1]
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32}
+
+
+@pytest.mark.parametrize(
+    "config",
+    [LLAMA, {k: v for k, v in LLAMA.items() if k != "architectures"}, {"hidden_size": 4096}],
+    ids=["llama", "llama-no-architectures", "names-nothing"],
+)
+def test_a_config_of_another_model_is_said_not_to_be_m3(config, tmp_path, capsys):
+    """It was refused as "config field 'head_dim' is missing", as if M3 with a field left out
+    (and one naming no model failed in transformers with a traceback)."""
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    code, out, err = _run(capsys, str(tmp_path))
+    assert (code, out) == (1, "")
+    assert err.startswith(f"sglang-m3 inspect: {tmp_path / 'config.json'}: not an M3 config (architectures ")
+    assert f"model_type {config.get('model_type')!r}" in err and "MiniMaxM3SparseForCausalLM" in err
+    assert err.count("\n") == 1
+
+
+def test_an_m3_model_type_under_another_architecture_is_named(tmp_path, capsys):
+    path = _config_with(tmp_path, lambda c: c.update(architectures=["MiniMaxM3ForEverything"]))
+    code, _, err = _run(capsys, path)
+    assert code == 1
+    assert err.startswith(f"sglang-m3 inspect: {path}: not an M3 config (architectures ['MiniMaxM3ForEverything'], model_type 'minimax_m3_vl')")

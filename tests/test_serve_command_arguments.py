@@ -14,9 +14,9 @@ import shutil
 import socket
 import subprocess
 import sys
-import types
 
 import pytest
+from serve_doubles import Started, no_server  # noqa: F401 (no_server: an autouse fixture)
 from server_harness import free_port
 
 import sglang_m3.commands.serve as serve
@@ -24,20 +24,6 @@ import sglang_m3.serve_support as serve_support
 from sglang_m3.cli import main
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-class Started(Exception):
-    """Raised in place of starting SGLang: the command got past every check."""
-
-
-@pytest.fixture(autouse=True)
-def no_server(monkeypatch, tmp_path):
-    def start(command, **kwargs):
-        raise Started(command)
-
-    # the command's own subprocess module only: the end-to-end test below runs the command
-    monkeypatch.setattr(serve, "subprocess", types.SimpleNamespace(Popen=start, TimeoutExpired=subprocess.TimeoutExpired))
-    monkeypatch.setenv("SGLANG_M3_CACHE", str(tmp_path / "cache"))
 
 
 def refusal(*args: str) -> str:
@@ -244,3 +230,24 @@ def test_abbreviated_options_are_read_one_way():
     assert (parsed.dry_run, parsed.model) == (own.dry_run, own.model) == (False, None)
     assert own.extra_args == ["--dry", "--mod", "some/model"]
     assert extra[:2] == ["--dry", "--mod"]  # (argparse takes the value for the recipe; the command reads argv itself)
+
+
+def test_a_local_m3_checkpoint_is_served_with_m3s_parsers(m3_dir):
+    """Without them SGLang only logged a suggestion: reasoning came back in `content`, and a
+    required tool call as plain text from SGLang's JSON grammar."""
+    with pytest.raises(Started) as started:
+        main(["serve", "--model", str(m3_dir), "--port", str(free_port()), "--tp-size", "1"])
+    argv = started.value.args[0][3:]
+    assert argv[:6] == ["--model-path", str(m3_dir), "--reasoning-parser", "minimax-m3", "--tool-call-parser", "minimax-m3"]
+    assert argv[-2:] == ["--tp-size", "1"]
+
+
+def test_the_users_parser_flags_come_after_and_win(m3_dir, capsys):
+    assert main(["serve", "--model", str(m3_dir), "--tool-call-parser", "qwen", "--dry-run"]) == 0
+    assert capsys.readouterr().out.split()[-4:] == ["--tool-call-parser", "minimax-m3", "--tool-call-parser", "qwen"]
+
+
+def test_another_model_gets_no_m3_parsers(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
+    assert main(["serve", "--model", str(tmp_path), "--dry-run"]) == 0
+    assert "--tool-call-parser" not in capsys.readouterr().out

@@ -170,3 +170,20 @@ def test_an_unusable_directory_is_refused_before_torch_is_imported(existing, tmp
     assert done.stdout == "1 False\n", done.stderr
     assert done.stderr.startswith(f"sglang-m3 tiny-checkpoint: {out} exists and is not empty" if existing == "non-empty"
                                   else f"sglang-m3 tiny-checkpoint: cannot write {out}: Not a directory")
+
+
+@pytest.mark.parametrize("content", [b"garbage", b"\xff" * 16], ids=["text", "huge-header"])
+def test_tiny_draft_names_a_corrupt_tensor_file_of_the_target(content, tiny_target, tmp_path, capsys):
+    """safetensors' "Error while deserializing header" came with a traceback naming no file."""
+    import shutil
+
+    target = tmp_path / "m3"
+    shutil.copytree(tiny_target, target)
+    (target / "model.safetensors").write_bytes(content)
+    out = tmp_path / "draft"
+    capsys.readouterr()
+    assert main(["tiny-draft", str(target), str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"sglang-m3 tiny-draft: {target / 'model.safetensors'}: not a readable safetensors file (")
+    assert err.count("\n") == 1
+    assert not out.exists()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from sglang_m3.commands.arg_types import token_count
@@ -58,7 +59,56 @@ def register(subparsers) -> None:
     parser.set_defaults(handler=run)
 
 
+class ConfigFileError(ValueError):
+    """A config file ``inspect`` cannot measure; the message names the file."""
+
+
+def config_file(path: str) -> str | None:
+    """The config.json ``path`` names (itself, or the one in a checkpoint directory); None when
+    there is none, which the build reports in its own words."""
+    candidate = os.path.join(path, "config.json") if os.path.isdir(path) else path
+    return candidate if os.path.isfile(candidate) else None
+
+
+def check_config_file(path: str) -> None:
+    """Refuse, naming the file, a config.json that is not UTF-8 JSON text holding an object, or
+    that does not name an M3 architecture, before the build imports SGLang: the reader under
+    the build met the first ones with a traceback."""
+    file = config_file(path)
+    if file is None:
+        return
+    try:
+        with open(file, encoding="utf-8") as handle:
+            config = json.load(handle)
+    except UnicodeDecodeError as error:
+        raise ConfigFileError(f"{file}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+    except json.JSONDecodeError as error:
+        raise ConfigFileError(f"{file}: not valid JSON ({error})") from None
+    except OSError as error:
+        raise ConfigFileError(f"{file}: cannot read it ({error.strerror})") from None
+    if not isinstance(config, dict):
+        raise ConfigFileError(f"{file}: must hold a JSON object, got {type(config).__name__}")
+    _check_names_m3(file, config)
+
+
+def _check_names_m3(file: str, config: dict) -> None:
+    """M3 by ``architectures[0]``, which SGLang's model config needs to build the model: a config
+    of another model met a missing-field message, one naming none a traceback in SGLang."""
+    from sglang_m3.integration.hooks import M3_ARCHITECTURES, first_architecture
+
+    if first_architecture(config) not in M3_ARCHITECTURES:
+        raise ConfigFileError(
+            f"{file}: not an M3 config (architectures {config.get('architectures')!r}, model_type "
+            f"{config.get('model_type')!r}): architectures[0] must be {' or '.join(M3_ARCHITECTURES)}"
+        )
+
+
 def run(args: argparse.Namespace) -> int:
+    try:
+        check_config_file(args.config)
+    except ConfigFileError as error:
+        print(f"sglang-m3 inspect: {error}", file=sys.stderr)
+        return 1
     from sglang_m3.config import M3ConfigError
     from sglang_m3.inspect.decode_floor import FloorContextError
     from sglang_m3.inspect.parallel_sizes import ParallelSizeError

@@ -6,6 +6,8 @@ import argparse
 import contextlib
 import json
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -14,6 +16,8 @@ import urllib.error
 import urllib.request
 
 from sglang_m3.commands.output_errors import describe_write_error
+from sglang_m3.integration.hooks import M3_ARCHITECTURES, first_architecture
+from sglang_m3.parsers.serving_hooks import PARSER_NAME
 from sglang_m3.serve_support import (
     CPU_PLATFORM_ENV,
     TINY_CPU_ARGS,
@@ -22,7 +26,9 @@ from sglang_m3.serve_support import (
     check_listen_address,
     check_model,
     ensure_tiny_checkpoint,
+    is_local_model,
     launch_command,
+    read_model_config,
     tiny_checkpoint_path,
 )
 
@@ -39,7 +45,8 @@ def register(subparsers) -> None:
         description=(
             "Start sglang.launch_server. With no model and no recipe, build (once, cached in\n"
             "$SGLANG_M3_CACHE or ~/.cache/sglang-m3) and serve the tiny random-weight M3 on the CPU\n"
-            "platform, then print how to query it. With --model, pass everything through to SGLang.\n"
+            "platform, then print how to query it. With --model, serve that model with the SGLang\n"
+            "options given (a local M3 checkpoint also gets M3's reasoning and tool-call parsers).\n"
             "With a recipe file, serve what the recipe renders."
         ),
         epilog=(
@@ -47,10 +54,13 @@ def register(subparsers) -> None:
             "(python -m sglang.launch_server --help lists them), e.g. --tp-size 8. It follows the\n"
             "tiny model's CPU defaults (--dtype float32 --max-total-tokens 8192 ...) and a recipe's\n"
             "flags, so it overrides them. SGLang's --model-path is read as --model: give the model once.\n"
+            "A recipe file (kind M3Recipe) is the recipe wherever it stands.\n"
             "\n"
-            "Checks: before SGLang starts, a local --model directory must hold a readable config.json\n"
-            "(an M3 one is checked field by field) and the listen port must be free; --dry-run checks\n"
-            "neither (its line may be meant for another machine)."
+            "Checks: before SGLang starts, a local --model directory (or a recipe's spec.model.path)\n"
+            "must hold a readable config.json (an M3 one is checked field by field) and the listen\n"
+            "port must be free; --dry-run checks neither (its line may be meant for another machine:\n"
+            "it is quoted for a POSIX shell, and a recipe's $(LWS_...) references become \"${LWS_...}\",\n"
+            "expanded where the line is pasted, as Kubernetes expands them in the pod)."
         ),
     )
     parser.add_argument("recipe", nargs="?", help="a recipe YAML file (see recipes/)")
@@ -94,6 +104,9 @@ def split_command_line(argv: list[str]) -> argparse.Namespace:
         elif own.recipe is None and not own.extra_args and not token.startswith("-"):
             own.recipe = token
             i += 1
+        elif _is_recipe_file(token):
+            _set_recipe(own, token)
+            i += 1
         else:
             own.extra_args.append(token)
             i += 1
@@ -103,6 +116,30 @@ def split_command_line(argv: list[str]) -> argparse.Namespace:
         except argparse.ArgumentTypeError as error:
             raise SystemExit(f"sglang-m3 serve: --port: {error}") from None
     return own
+
+
+def _is_recipe_file(token: str) -> bool:
+    """Whether ``token`` is a recipe file (a YAML file of kind M3Recipe). Given after an SGLang
+    flag (``serve --enable-metrics recipe.yaml``) it used to go to SGLang as a stray argument
+    while the tiny model was served; read by its kind, not its name, since SGLang's own
+    ``--config`` takes a YAML file too."""
+    if not token.endswith((".yaml", ".yml")) or not os.path.isfile(token):
+        return False
+    import yaml
+
+    try:
+        with open(token, encoding="utf-8") as handle:
+            document = yaml.safe_load(handle)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False
+    return isinstance(document, dict) and document.get("kind") == "M3Recipe"
+
+
+def _set_recipe(own: argparse.Namespace, path: str) -> None:
+    """Take a recipe found among the SGLang options, once."""
+    if own.recipe is not None:
+        raise SystemExit(f"sglang-m3 serve: two recipes ({own.recipe}, {path}): give one")
+    own.recipe = path
 
 
 def _set_model(own: argparse.Namespace, flag: str, value: str) -> None:
@@ -152,7 +189,7 @@ def build_launch(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     if args.recipe:
         argv, env = _recipe_launch(args.recipe)
     elif args.model:
-        argv, env = ["--model-path", args.model], {}
+        argv, env = ["--model-path", args.model, *_m3_parsers(args.model)], {}
     else:
         # SGLang's own defaults (127.0.0.1:30000) apply unless --host / --port say otherwise.
         argv, env = ["--model-path", _tiny_checkpoint(), *TINY_CPU_ARGS], dict(CPU_PLATFORM_ENV)
@@ -161,6 +198,25 @@ def build_launch(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     if args.port:
         argv += ["--port", str(args.port)]
     return argv + list(args.extra_args), env
+
+
+#: What the tiny model and every recipe pass: M3's reasoning and tool-call parsers.
+M3_PARSER_ARGS = ("--reasoning-parser", PARSER_NAME, "--tool-call-parser", PARSER_NAME)
+
+
+def _m3_parsers(model: str) -> list[str]:
+    """M3's parsers for a local M3 checkpoint: SGLang only suggests them in its log, so such a
+    ``--model`` was served with reasoning left in ``content`` and tool calls as plain text (a
+    ``tool_choice="required"`` fell to SGLang's JSON grammar, which M3 does not write). Put
+    before the user's SGLang flags, so a ``--tool-call-parser`` given there overrides them. A
+    config that cannot be read adds nothing: the checks before the start name it."""
+    if not is_local_model(model):
+        return []
+    try:
+        config = read_model_config(model)
+    except ServeInputError:
+        return []
+    return list(M3_PARSER_ARGS) if first_architecture(config) in M3_ARCHITECTURES else []
 
 
 def _tiny_checkpoint() -> str:
@@ -193,12 +249,35 @@ def _check_before_start(args: argparse.Namespace, argv: list[str], host: str, po
     for another machine."""
     try:
         if args.model:
-            note = check_model(args.model, _model_overrides(argv))
-            if note:
-                print(f"sglang-m3 serve: {note}", file=sys.stderr, flush=True)
+            _check_model(args.model, argv)
+        elif args.recipe:
+            _check_recipe_model(args.recipe, _option(argv, "--model-path", ""), argv)
         check_listen_address(host, port)
     except ServeInputError as error:
         raise SystemExit(f"sglang-m3 serve: {error}") from None
+
+
+def _check_model(model: str, argv: list[str]) -> None:
+    """Refuse a local model SGLang could not start; say when it is not M3 (served all the same)."""
+    note = check_model(model, _model_overrides(argv))
+    if note:
+        print(f"sglang-m3 serve: {note}", file=sys.stderr, flush=True)
+
+
+def _check_recipe_model(recipe: str, model: str, argv: list[str]) -> None:
+    """A recipe's local ``spec.model.path`` is checked as ``--model`` is (README: the model
+    folder is checked before SGLang starts), with the recipe field named: a missing one reached
+    SGLang, which took it for a hub id and failed with a traceback."""
+    if not is_local_model(model):
+        return
+    field = f"{recipe}: spec.model.path {model}"
+    if not os.path.exists(model):
+        raise ServeInputError(f"{field}: no such directory")
+    if not os.path.isdir(model):
+        raise ServeInputError(f"{field}: not a directory (a model is a directory with config.json)")
+    if not os.path.isfile(os.path.join(model, "config.json")):
+        raise ServeInputError(f"{field}: no config.json there (not a model directory)")
+    _check_model(model, argv)
 
 
 def _model_overrides(argv: list[str]) -> dict:
@@ -211,6 +290,28 @@ def _model_overrides(argv: list[str]) -> dict:
     if not isinstance(overrides, dict):
         raise ServeInputError(f"--json-model-override-args: must be a JSON object, got {text}")
     return overrides
+
+
+#: A Kubernetes variable reference, ``$(NAME)``, as a multi-node recipe's ``--dist-init-addr``
+#: holds it (``$(LWS_LEADER_ADDRESS):20000``); the pod expands it from its environment.
+_KUBERNETES_REFERENCE = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
+def shell_word(text: str) -> str:
+    """``text`` quoted for a POSIX shell, its Kubernetes references turned into the shell's
+    ``"${NAME}"``: pasted in the pod, the line expands them as Kubernetes would, where quoted
+    as they stand they would reach SGLang literally, and unquoted the shell would run
+    ``LWS_LEADER_ADDRESS`` as a command."""
+    parts = _KUBERNETES_REFERENCE.split(text)  # literal, name, literal, name, ..., literal
+    words = [f'"${{{part}}}"' if index % 2 else shlex.quote(part) for index, part in enumerate(parts) if part]
+    return "".join(words) or "''"
+
+
+def shell_line(env: dict[str, str], command: list[str]) -> str:
+    """The command line ``--dry-run`` prints, to paste into a POSIX shell: the recipe's JSON
+    arguments (``--default-chat-template-kwargs {"thinking_mode": ...}``) used to be split by
+    the shell at their spaces and quotes."""
+    return " ".join([f"{name}={shell_word(value)}" for name, value in env.items()] + [shell_word(word) for word in command])
 
 
 def _wait_until_ready(base_url: str, process: subprocess.Popen, timeout_s: float = 900) -> bool:
@@ -253,7 +354,7 @@ def run(args: argparse.Namespace) -> int:
     argv, env = build_launch(args)
     command = launch_command(argv)
     if args.dry_run:
-        print(" ".join(f"{k}={v}" for k, v in env.items()), *command)
+        print(shell_line(env, command))
         return 0
     host, port = _option(argv, "--host", "127.0.0.1"), int(_option(argv, "--port", "30000"))
     _check_before_start(args, argv, host, port)

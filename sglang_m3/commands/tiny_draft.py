@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import textwrap
 
@@ -88,7 +89,24 @@ def register(subparsers) -> None:
     parser.set_defaults(handler=run)
 
 
+def _unreadable_tensor_file(target: str) -> str:
+    """The first safetensors file in ``target`` whose header cannot be read, else ``target``:
+    safetensors' error ("header too large") names no file."""
+    from safetensors import SafetensorError, safe_open
+
+    for name in sorted(os.listdir(target)):
+        if name.endswith(".safetensors"):
+            try:
+                with safe_open(os.path.join(target, name), "pt") as handle:
+                    handle.keys()
+            except SafetensorError:
+                return os.path.join(target, name)
+    return target
+
+
 def run(args: argparse.Namespace) -> int:
+    from safetensors import SafetensorError
+
     try:
         prepare_output(args.directory)  # before the import below, which loads torch
         from sglang_m3.speculative.tiny_draft import build_tiny_draft
@@ -104,6 +122,9 @@ def run(args: argparse.Namespace) -> int:
         )
     except ValueError as error:
         print(f"sglang-m3 tiny-draft: {error}", file=sys.stderr)
+        return 1
+    except SafetensorError as error:  # a corrupt tensor file in TARGET
+        print(f"sglang-m3 tiny-draft: {_unreadable_tensor_file(args.target)}: not a readable safetensors file ({error})", file=sys.stderr)
         return 1
     except OSError as error:  # a non-empty, unwritable or impossible output directory
         print(f"sglang-m3 tiny-draft: {describe_write_error(args.directory, error)}", file=sys.stderr)

@@ -8,6 +8,12 @@ without a schema to follow, so every tool is constrained by a *narrowed* copy of
 whose outputs all satisfy the original: untyped values become strings, objects take only their
 declared properties (required ones listed as the original lists them), arrays without item
 schemas hold strings.
+
+One relaxation: in `minimax_m3_xml` a string value runs up to the next namespace marker, and
+XGrammar cannot combine that exclusion with `pattern`, a `format` it knows, `minLength` or
+`maxLength` (its C++ check fails the whole request). Those keywords constrain only strings, so
+they are dropped and such strings are constrained to be strings, as SGLang's own XML response
+templates drop length bounds; a call may then break them, and the client sees what was written.
 """
 
 from typing import Any, Dict, List, Literal, Union
@@ -21,14 +27,18 @@ MAX_WHITESPACE_BETWEEN_ELEMENTS = 8
 
 _SCHEMA_LIST_KEYS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _SCHEMA_MAP_KEYS = ("properties", "$defs", "definitions")
+# Keywords XGrammar's `minimax_m3_xml` style cannot compile, with why they may go.
+_OPEN_ENDED_KEYS = ("additionalProperties", "patternProperties")  # re-closed below
+_STRING_BOUND_KEYS = ("pattern", "format", "minLength", "maxLength")  # relaxed: see the docstring
 _CONSTRAINING_KEYS = ("type", "properties", "items", "prefixItems", "anyOf", "oneOf", "allOf", "$ref", "enum", "const")
 
 
 def narrowed_schema(schema: Any) -> Dict[str, Any]:
-    """A schema XGrammar's `minimax_m3_xml` style compiles, accepting a subset of `schema`."""
+    """A schema XGrammar's `minimax_m3_xml` style compiles, accepting a subset of `schema` less
+    its string bounds (see the module docstring)."""
     if not isinstance(schema, dict) or not any(key in schema for key in _CONSTRAINING_KEYS):
         return {"type": "string"}
-    narrowed = {key: value for key, value in schema.items() if key not in ("additionalProperties", "patternProperties")}
+    narrowed = {key: value for key, value in schema.items() if key not in _OPEN_ENDED_KEYS + _STRING_BOUND_KEYS}
     for key in _SCHEMA_MAP_KEYS:
         if isinstance(schema.get(key), dict):
             narrowed[key] = {name: narrowed_schema(sub) for name, sub in schema[key].items()}
@@ -37,6 +47,8 @@ def narrowed_schema(schema: Any) -> Dict[str, Any]:
             narrowed[key] = [narrowed_schema(sub) for sub in schema[key]]
     if _may_be(schema, "array") and "prefixItems" not in schema:
         narrowed["items"] = narrowed_schema(schema.get("items"))
+    elif isinstance(schema.get("items"), dict):  # the items after `prefixItems`
+        narrowed["items"] = narrowed_schema(schema["items"])
     if _may_be(schema, "object"):
         properties = narrowed.setdefault("properties", {})
         extra = schema.get("additionalProperties")

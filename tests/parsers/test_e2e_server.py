@@ -14,7 +14,7 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from sglang_m3.parsers.m3_format import THINK_CLOSE, THINK_OPEN
+from sglang_m3.parsers.m3_format import NAMESPACE, THINK_CLOSE, THINK_OPEN
 from tests.parsers.test_reasoning_detector import split_oracle
 
 pytestmark = pytest.mark.server
@@ -209,3 +209,62 @@ def test_streamed_reasoning_split_matches_non_streamed(client):
             content += delta.content or ""
     assert (reasoning, content) == ((message.model_extra or {}).get("reasoning_content") or "", message.content or "")
     assert reasoning, "enabled thinking must put the first output into reasoning"
+
+
+BOUNDED_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "book",
+        "description": "Book a table",
+        "strict": True,
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "day": {"type": "string", "format": "date"},
+                "name": {"type": "string", "minLength": 1, "maxLength": 5},
+                "phone": {"type": "string", "pattern": r"^\d{3}-\d{4}$"},
+                "guests": {"type": "array", "items": {"type": "string", "maxLength": 3}},
+            },
+            "required": ["day"],
+        },
+    },
+}
+STRING_BOUNDS = ("format", "pattern", "minLength", "maxLength")
+
+
+def _without_string_bounds(schema):
+    """The tool's schema as the constraint enforces it: string keywords dropped (XGrammar's M3
+    style cannot bound a string that runs to the namespace marker)."""
+    kept = {key: sub for key, sub in schema.items() if key not in STRING_BOUNDS}
+    if "properties" in schema:
+        kept["properties"] = {name: _without_string_bounds(sub) for name, sub in schema["properties"].items()}
+    if "items" in schema:
+        kept["items"] = _without_string_bounds(schema["items"])
+    return kept
+
+
+@pytest.mark.parametrize(
+    "tool_choice", ["required", {"type": "function", "function": {"name": "book"}}, "auto"], ids=["required", "named", "auto-strict"]
+)
+def test_string_keywords_in_a_tool_schema_are_served(client, tool_choice):
+    """`format`, `pattern`, `minLength` and `maxLength` got a 400 quoting XGrammar's internal
+    check; now the call is constrained by the rest of the schema and answered (a call cut by
+    max_tokens in a string comes back as its text, which the grammar made a call)."""
+    response = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "Book a table for tomorrow."}],
+        tools=[BOUNDED_TOOL],
+        tool_choice=tool_choice,
+        parallel_tool_calls=False,
+        max_tokens=CALL_TOKENS,
+        temperature=0,
+    )
+    choice = response.choices[0]
+    relaxed = _without_string_bounds(BOUNDED_TOOL["function"]["parameters"])
+    for call in choice.message.tool_calls or []:
+        assert call.function.name == "book"
+        jsonschema.validate(json.loads(call.function.arguments), relaxed)
+    if tool_choice != "auto":  # random weights may not end a free string within max_tokens
+        assert choice.message.tool_calls or (
+            choice.finish_reason == "length" and (choice.message.content or "").startswith(f"{NAMESPACE}<tool_call>")
+        ), "the reply is not a constrained call"

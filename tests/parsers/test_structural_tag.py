@@ -156,3 +156,112 @@ def test_auto_choice_with_strict_tools_constrains_calls_but_allows_plain_answers
     assert xgr.testing._is_grammar_accept_string(grammar, "Just an answer.")
     assert xgr.testing._is_grammar_accept_string(grammar, "Let me look. " + call)
     assert not xgr.testing._is_grammar_accept_string(grammar, call.replace("<n>4", "<n>four"))
+
+
+# ---- string keywords XGrammar's M3 style cannot compile ------------------------------------
+
+STRING_BOUNDS = ("pattern", "format", "minLength", "maxLength")
+_STRING_BOUND_VALUES = {
+    "pattern": st.sampled_from([r"^[a-z]+$", r"\d{3}-\d{4}", r"^[A-Z][a-z]*( [A-Z][a-z]*)*$"]),
+    "format": st.sampled_from(["date", "date-time", "time", "email", "uri", "uuid", "ipv4", "hostname", "no-such-format"]),
+    "minLength": st.integers(0, 5),
+    "maxLength": st.integers(0, 20),
+}
+
+
+def _may_hold_a_string(schema):
+    declared = schema.get("type")
+    return declared == "string" or (isinstance(declared, list) and "string" in declared) or "enum" in schema
+
+
+@st.composite
+def _with_string_bounds(draw, schema):
+    """`schema` with random string keywords on sub-schemas that may hold strings (and now and
+    then on others, where they mean nothing)."""
+    if isinstance(schema, list):
+        return [draw(_with_string_bounds(sub)) for sub in schema]
+    if not isinstance(schema, dict):
+        return schema
+    bounded = {key: draw(_with_string_bounds(sub)) if key in ("items", "anyOf") else sub for key, sub in schema.items()}
+    if isinstance(schema.get("properties"), dict):
+        bounded["properties"] = {name: draw(_with_string_bounds(sub)) for name, sub in schema["properties"].items()}
+    if _may_hold_a_string(schema) or draw(st.integers(0, 9)) == 0:
+        for key in draw(st.lists(st.sampled_from(STRING_BOUNDS), unique=True)):
+            bounded[key] = draw(_STRING_BOUND_VALUES[key])
+    return bounded
+
+
+def without_string_bounds(schema):
+    """What the constraint still enforces of `schema`: everything but the string keywords."""
+    if isinstance(schema, list):
+        return [without_string_bounds(sub) for sub in schema]
+    if not isinstance(schema, dict):
+        return schema
+    kept = {key: without_string_bounds(sub) for key, sub in schema.items() if key not in STRING_BOUNDS}
+    for key in ("properties", "$defs"):
+        if isinstance(schema.get(key), dict):
+            kept[key] = {name: without_string_bounds(sub) for name, sub in schema[key].items()}
+    return kept
+
+
+@st.composite
+def bounded_calls(draw):
+    """m3 calls whose schemas carry string keywords; the arguments are not used."""
+    generated = draw(m3.calls(untyped_allowed=False, max_calls=2))
+    return [(name, draw(_with_string_bounds(schema)), value) for name, schema, value in generated]
+
+
+@TAG_SETTINGS
+@given(generated=bounded_calls(), seed=st.integers(0, 2**32 - 1))
+def test_string_keywords_compile_and_the_rest_of_the_schema_holds(generated, seed):
+    """`pattern`, `format`, `minLength` and `maxLength` anywhere in a tool's schema compile
+    under every constrained tool choice (XGrammar's own check refused them); sampled calls
+    satisfy everything else in the schema."""
+    tools = m3.openai_tools(generated)
+    forced = {"type": "function", "function": {"name": generated[-1][0]}}
+    for tool_choice in ("required", forced, "auto"):
+        COMPILER.compile_structural_tag(build_structural_tag(tools, tool_choice, reasoning=False, parallel_tool_calls=True))
+    schemas = {name: without_string_bounds(schema) for name, schema, _ in generated}
+    text = sample(tools, "required", random.Random(seed))
+    result = MiniMaxM3ToolCallDetector().detect_and_parse(text, sglang_tools(generated))
+    assert result.calls, f"no call parsed from {text!r}"
+    for call in result.calls:
+        _SampledArgumentsValidator(schemas[call.name]).validate(json.loads(call.parameters))
+
+
+def _required_property(schema):
+    return {"type": "object", "properties": {"p": schema}, "required": ["p"]}
+
+
+_DATE = {"type": "string", "format": "date"}
+_CODE = {"type": "string", "pattern": r"^\d{3}$", "minLength": 3, "maxLength": 3}
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        _required_property({"type": "string", "maxLength": 5}),
+        _required_property({"type": "string", "minLength": 1}),
+        _required_property({"type": "string", "pattern": "^[a-z]+$"}),
+        _required_property({"type": "string", "format": "email"}),
+        _required_property(_required_property(_DATE)),
+        _required_property({"type": "array", "items": _CODE}),
+        _required_property({"type": "array", "items": _required_property(_DATE)}),
+        _required_property({"type": "array", "prefixItems": [{"type": "integer"}], "items": _CODE}),
+        _required_property({"anyOf": [_CODE, {"type": "integer"}]}),
+        _required_property({"type": ["string", "null"], "maxLength": 4}),
+        {"type": "object", "properties": {"p": {"$ref": "#/$defs/Code"}}, "required": ["p"], "$defs": {"Code": _CODE}},
+    ],
+    ids=["maxLength", "minLength", "pattern", "format", "nested-object", "array-items", "array-of-objects",
+         "items-after-prefixItems", "anyOf", "type-list", "ref"],
+)
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "f"}}, "auto"])
+def test_string_keywords_anywhere_compile(schema, tool_choice):
+    tools = [{"type": "function", "function": {"name": "f", "parameters": schema, "strict": True}}]
+    COMPILER.compile_structural_tag(build_structural_tag(tools, tool_choice, reasoning=False, parallel_tool_calls=True))
+
+
+def test_string_keywords_are_dropped_and_nothing_else():
+    schema = _required_property({"type": "string", "format": "date", "pattern": "x", "minLength": 1, "maxLength": 9, "description": "d"})
+    assert narrowed_schema(schema)["properties"]["p"] == {"type": "string", "description": "d"}
+    assert narrowed_schema(_required_property({"type": "integer", "minimum": 1}))["properties"]["p"] == {"type": "integer", "minimum": 1}
