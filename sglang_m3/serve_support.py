@@ -12,8 +12,7 @@ import socket
 import sys
 
 from sglang_m3.integration.hooks import M3_ARCHITECTURES, first_architecture
-
-TINY_MODEL_PATH = "sglang-m3:tiny"
+from sglang_m3.recipe.model_geometry import TINY_MODEL_PATH
 # CPU serving defaults for the tiny model: small KV budget, float32 for exact comparisons.
 TINY_CPU_ARGS = (
     "--dtype", "float32", "--max-total-tokens", "8192", "--context-length", "4096",

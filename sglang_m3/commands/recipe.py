@@ -18,6 +18,7 @@ import yaml
 
 from sglang_m3.recipe import (
     CATALOG,
+    TINY_MODEL_PATH,
     RecipeLoadError,
     crd_openapi_schema,
     estimate_fit,
@@ -210,6 +211,23 @@ def parse_node_rank(text: str, nodes: int) -> int | str:
     return rank
 
 
+def parse_dist_init_addr(text: str | None, nodes: int) -> str | None:
+    """``host:port`` of the leader for a multi-node recipe (None: the LeaderWorkerSet leader's
+    address), or a variable reference left for Kubernetes or the shell to expand. A single-node
+    recipe has no leader to meet, and an address without a port reached SGLang, which cannot
+    rendezvous on it."""
+    if text is None:
+        return None
+    if nodes == 1:
+        raise ValueError("applies to multi-node recipes only (spec.hardware.nodes is 1)")
+    if "$" in text:
+        return text
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"takes host:port (port 1 .. 65535) or a variable reference, got {text!r}")
+    return text
+
+
 def run_render(args: argparse.Namespace) -> int:
     recipe = _load_or_report(args.file)
     if recipe is None:
@@ -220,17 +238,24 @@ def run_render(args: argparse.Namespace) -> int:
         for finding in findings:
             print(f"  {finding}", file=sys.stderr)
         return 1
-    try:
-        node_rank = parse_node_rank(args.node_rank, recipe.spec.hardware.nodes)
-    except ValueError as error:
-        print(f"{args.file}: not rendered: --node-rank: {error}", file=sys.stderr)
-        return 1
-    launch = render_launch(recipe, node_rank=node_rank, dist_init_addr=args.dist_init_addr)
+    nodes = recipe.spec.hardware.nodes
+    for flag, parse, value in (("--node-rank", parse_node_rank, args.node_rank),
+                               ("--dist-init-addr", parse_dist_init_addr, args.dist_init_addr)):
+        try:
+            parse(value, nodes)
+        except ValueError as error:
+            print(f"{args.file}: not rendered: {flag}: {error}", file=sys.stderr)
+            return 1
+    launch = render_launch(recipe, node_rank=parse_node_rank(args.node_rank, nodes), dist_init_addr=args.dist_init_addr)
     if args.output == "json":
         print(json.dumps({"argv": launch.argv, "env": launch.env}, indent=2))
     else:
         assignments = [f"{key}={shlex.quote(value)}" for key, value in launch.env.items()]
         print(" ".join(assignments + [shlex.join(launch.command())]))
+    if recipe.spec.model.path == TINY_MODEL_PATH:
+        print(f"note: --model-path {TINY_MODEL_PATH} is the embedded tiny model, which `sglang-m3 serve "
+              f"{args.file}` builds and serves; to run this command yourself, put a directory made by "
+              "`sglang-m3 tiny-checkpoint DIR` in its place", file=sys.stderr)
     return 0
 
 

@@ -121,6 +121,27 @@ def test_render_refuses_a_node_rank_the_recipe_does_not_have(capsys):
     assert code == 1 and out == "" and "--node-rank: 1 is outside 0 .. 0" in err
 
 
+def test_render_refuses_a_leader_address_it_cannot_use(capsys):
+    path = LIBRARY / "h100-bf16-tp8-pp2.yaml"  # 2 nodes
+    for address in ("leader", "leader:", ":5000", "leader:0", "leader:70000", ""):
+        code, out, err = run_cli(capsys, "render", str(path), "--dist-init-addr", address)
+        assert code == 1 and out == ""
+        assert f"{path}: not rendered: --dist-init-addr: takes host:port (port 1 .. 65535)" in err, address
+    code, out, err = run_cli(capsys, "render", str(LIBRARY / "cpu-tiny.yaml"), "--dist-init-addr", "10.1.2.3:5000")
+    assert code == 1 and out == "" and "--dist-init-addr: applies to multi-node recipes only" in err
+    code, out, _ = run_cli(capsys, "render", str(path), "--dist-init-addr", "[fd00::1]:5000")
+    assert code == 0 and "--dist-init-addr '[fd00::1]:5000'" in out
+
+
+def test_render_of_the_tiny_recipe_says_how_to_run_it(capsys):
+    """The tiny model's path is a name only `serve` resolves: the pasted line alone cannot start."""
+    code, out, err = run_cli(capsys, "render", str(LIBRARY / "cpu-tiny.yaml"))
+    assert code == 0 and "--model-path sglang-m3:tiny" in out
+    assert "sglang-m3 tiny-checkpoint DIR" in err and "sglang-m3 serve" in err
+    code, out, err = run_cli(capsys, "render", str(LIBRARY / "h200-bf16-tp8.yaml"))
+    assert code == 0 and err == ""
+
+
 def test_every_recipe_option_has_help(capsys):
     """`--help` explains each option: none is listed bare."""
     import argparse
