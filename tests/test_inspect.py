@@ -181,6 +181,16 @@ def test_write_geometry_to_an_impossible_path_names_it(where, tmp_path, capsys):
     assert not any((tmp_path / "a-directory").iterdir())
 
 
+def test_write_geometry_to_an_empty_path_is_refused(capsys):
+    """``--write-geometry ''`` was taken for the option not given: exit 0, nothing written or said."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["inspect", REAL_CONFIG, "--write-geometry", ""])
+    assert exit_info.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.endswith("sglang-m3 inspect: error: argument --write-geometry: takes the path of the file to write, got an empty one\n")
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [

@@ -4,9 +4,11 @@ nothing written; and what a build says and leaves (progress first, modes as the 
 import errno
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -187,3 +189,50 @@ def test_tiny_draft_names_a_corrupt_tensor_file_of_the_target(content, tiny_targ
     assert err.startswith(f"sglang-m3 tiny-draft: {target / 'model.safetensors'}: not a readable safetensors file (")
     assert err.count("\n") == 1
     assert not out.exists()
+
+
+def _run_in_a_fresh_process(argv, cwd):
+    """(status, whether torch was imported, stderr) of ``sglang-m3 ARGV`` run in ``cwd``."""
+    probe = f"import sys; from sglang_m3.cli import main; status = main({argv!r}); print(status, 'torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, cwd=cwd)
+    status, imported = done.stdout.split()
+    return int(status), imported == "True", done.stderr
+
+
+@pytest.mark.parametrize("command", [["tiny-checkpoint"], ["tiny-draft", "/nonexistent-m3-target"]])
+def test_an_empty_output_path_is_refused_before_the_build(command, tmp_path):
+    """``''`` had the whole checkpoint staged next to the working directory's parent, then failed
+    with ``cannot write : No such file or directory (<staging dir>)``."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    status, imported, err = _run_in_a_fresh_process([*command, ""], cwd)
+    assert (status, imported) == (1, False), err
+    assert err == f"sglang-m3 {command[0]}: the output directory is an empty path ('')\n"
+    assert [p.name for p in tmp_path.rglob("*")] == ["cwd"]
+
+
+def test_a_dangling_symlink_as_the_output_is_refused_before_the_build(tmp_path):
+    """It was built first, then refused naming a staging file (``.tiny-m3-.../tokenizer.json``)."""
+    link = tmp_path / "dangling"
+    link.symlink_to(tmp_path / "nowhere")
+    status, imported, err = _run_in_a_fresh_process(["tiny-checkpoint", str(link)], tmp_path)
+    assert (status, imported) == (1, False), err
+    assert err == (f"sglang-m3 tiny-checkpoint: the output directory {link} is a symbolic link to "
+                   f"{tmp_path / 'nowhere'}, which does not exist\n")
+    assert [p.name for p in tmp_path.iterdir()] == ["dangling"]
+
+
+def test_ctrl_c_during_the_build_leaves_nothing_and_no_traceback(tmp_path):
+    """Interrupted once its staging directory exists (mid-build), the command printed a
+    KeyboardInterrupt traceback; it says it was interrupted, exits 130 and takes the staging back."""
+    build = subprocess.Popen([sys.executable, "-m", "sglang_m3.cli", "tiny-checkpoint", str(tmp_path / "out")],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not any(tmp_path.iterdir()) and build.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert [p.name.startswith(".tiny-m3-") for p in tmp_path.iterdir()] == [True]
+    build.send_signal(signal.SIGINT)
+    out, err = build.communicate(timeout=300)
+    assert (build.returncode, out) == (130, "")
+    assert err.endswith("sglang-m3 tiny-checkpoint: interrupted\n") and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []

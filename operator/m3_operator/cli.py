@@ -7,8 +7,23 @@ nothing heavy; kopf and the Kubernetes client load only when a command runs.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
+
+#: A namespace name: an RFC 1123 label (``metadata.namespace`` of every object the operator writes).
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def namespace_name(text: str) -> str:
+    """A namespace the API server accepts. ``render --namespace Bad_NS!`` put that name in every
+    object it printed, none of which could then be applied, and ``run -n`` would watch a
+    namespace that cannot exist."""
+    if not _DNS_LABEL.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a namespace name: 1 to 63 lowercase letters, digits and '-', "
+            "starting and ending with a letter or digit (RFC 1123 label)")
+    return text
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -22,6 +37,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                     "credentials, else ~/.kube/config. Settings come from M3_OPERATOR_* "
                     "environment variables (see m3_operator.options.OperatorConfig).")
     run.add_argument("-n", "--namespace", action="append", default=[], dest="namespaces",
+                     type=namespace_name,
                      help="watch only this namespace (repeatable; default: all namespaces)")
     run.add_argument("--metrics-port", type=int, default=None,
                      help="serve Prometheus metrics on this port")
@@ -49,7 +65,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                     "the resulting objects as YAML. Exits 1, listing every problem, when the "
                     "recipe is invalid.")
     render.add_argument("recipe", type=Path, help="recipe YAML file")
-    render.add_argument("--namespace", default="default",
+    render.add_argument("--namespace", type=namespace_name, default="default",
                         help="namespace the objects are rendered for (default: default)")
     render.set_defaults(handler=_render)
 
@@ -61,6 +77,10 @@ def _run(args: argparse.Namespace) -> int:
     from m3_operator import runner, webhook
     from m3_operator.options import OperatorConfig
 
+    problem = _credentials_problem()
+    if problem is not None:
+        print(problem, file=sys.stderr)
+        return 1
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = OperatorConfig.from_env()
     hook = None
@@ -72,14 +92,55 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _credentials_problem() -> str | None:
+    """Why the operator has no cluster to talk to, in one line, or None. The credentials are
+    loaded as the operator loads them, before kopf starts: without any (the most common first
+    run) the client raised ConfigException, or a YAMLError for a malformed kubeconfig, with a
+    traceback from inside the event loop."""
+    import yaml
+    from kubernetes.config import KUBE_CONFIG_DEFAULT_LOCATION, ConfigException
+
+    from m3_operator.kube import api_client_for
+
+    try:
+        api_client_for().close()
+    except (ConfigException, yaml.YAMLError, OSError) as error:
+        reason = " ".join(str(error).split())  # a YAML error spans lines
+        return (f"no cluster credentials: not running inside a cluster, and the kubeconfig "
+                f"{KUBE_CONFIG_DEFAULT_LOCATION} (KUBECONFIG, else ~/.kube/config) gives none: {reason}")
+    return None
+
+
 def _crd(args: argparse.Namespace) -> int:
     from m3_operator import crd
 
-    if args.write is not None:
-        print(crd.write_manifest(args.write))
-    else:
+    if args.write is None:
         sys.stdout.write(crd.crd_yaml())
+        return 0
+    problem = _repo_root_problem(args.write, crd.MANIFEST_PATH.parents[1])
+    if problem is not None:
+        print(f"--write {args.write}: {problem}", file=sys.stderr)
+        return 1
+    try:
+        print(crd.write_manifest(args.write))
+    except OSError as error:  # no permission, a directory where the manifest goes
+        print(f"--write {args.write}: cannot write {error.filename}: {error.strerror}",
+              file=sys.stderr)
+        return 1
     return 0
+
+
+def _repo_root_problem(root: Path, chart: Path) -> str | None:
+    """Why ``root`` is not a checkout whose CRD chart the manifest belongs in, or None. A plain
+    file met a NotADirectoryError traceback, and any other path got a
+    ``charts/m3-crds/templates`` tree created under it."""
+    if not root.exists():
+        return "no such directory"
+    if not root.is_dir():
+        return "not a directory"
+    if not (root / chart).is_dir():
+        return f"no {chart} there (REPO_ROOT is the top folder of the sglang-m3 repository)"
+    return None
 
 
 def _render(args: argparse.Namespace) -> int:

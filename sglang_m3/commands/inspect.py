@@ -28,6 +28,14 @@ def write_geometry(path: str, record: dict) -> None:
         handle.write(text)
 
 
+def output_path(text: str) -> str:
+    """A file path to write to. An empty one was taken for the option not given: the command
+    exited 0 having written nothing and said nothing."""
+    if not text:
+        raise argparse.ArgumentTypeError("takes the path of the file to write, got an empty one")
+    return text
+
+
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "inspect",
@@ -53,7 +61,7 @@ def register(subparsers) -> None:
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--tensors", action="store_true", help="also list every expected checkpoint tensor with its full shape")
     parser.add_argument(
-        "--write-geometry", metavar="PATH",
+        "--write-geometry", type=output_path, metavar="PATH",
         help="also write the --tp/--ep independent part of the report to PATH (the recipe layer's m3_geometry.json)",
     )
     parser.set_defaults(handler=run)
@@ -122,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     except (M3ConfigError, ParallelSizeError) as error:
         print(f"sglang-m3 inspect: {error}", file=sys.stderr)
         return 1
-    if args.write_geometry:
+    if args.write_geometry is not None:
         try:
             write_geometry(args.write_geometry, geometry_record(report))
         except OSError as error:  # a missing folder, a directory, no permission: no traceback

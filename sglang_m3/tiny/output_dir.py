@@ -11,14 +11,28 @@ import os
 
 def prepare_output(directory: str) -> str:
     """Refuse an output ``directory`` a build must not write into, else create its parent (where
-    the build is staged) and return that parent. Raises FileExistsError (the project's own
-    message) for a directory that exists and is not empty, and the operating system's OSError
-    for a path that is not a directory or a parent that cannot be made."""
+    the build is staged) and return that parent. Raises ValueError for an empty path or a
+    dangling symbolic link, FileExistsError (the project's own message) for a directory that
+    exists and is not empty, and the operating system's OSError for a path that is not a
+    directory or a parent that cannot be made."""
+    _refuse_unnamed_target(directory)
     if os.path.exists(directory) and os.listdir(directory):
         raise FileExistsError(f"{directory} exists and is not empty")
     parent = os.path.dirname(os.path.abspath(directory))
     os.makedirs(parent, exist_ok=True)
     return parent
+
+
+def _refuse_unnamed_target(directory: str) -> None:
+    """Refuse the paths that name no directory the build could be put in, before it starts: both
+    got the whole build staged first and then failed naming a staging file, ``''`` after staging
+    it next to the working directory's parent."""
+    if not directory:
+        raise ValueError("the output directory is an empty path ('')")
+    if os.path.islink(directory) and not os.path.exists(directory):
+        raise ValueError(
+            f"the output directory {directory} is a symbolic link to {os.readlink(directory)}, which does not exist"
+        )
 
 
 def apply_umask(directory: str) -> None:
