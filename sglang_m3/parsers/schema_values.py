@@ -166,7 +166,7 @@ class _SchemaTyper:
             raise _Mismatch()
         for candidate in (element.text, element.text.strip()):
             for member in members:
-                if render_scalar(member) == candidate:
+                if _render_scalar(member) == candidate:
                     return member
         raise _Mismatch()
 
@@ -205,7 +205,7 @@ class _SchemaTyper:
         return self._object(element.children, ())
 
 
-def render_scalar(value: Any) -> Any:
+def _render_scalar(value: Any) -> Any:
     """How the chat template writes a scalar; None for containers."""
     if isinstance(value, str):
         return value
