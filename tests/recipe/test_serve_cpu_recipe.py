@@ -18,13 +18,18 @@ from tests.recipe.recipe_factory import LIBRARY
 pytestmark = pytest.mark.server
 
 
+def _chat(server, max_tokens: int):
+    """A greedy chat request of ``max_tokens`` to the recipe's server."""
+    return requests.post(
+        f"{server.openai_url}/chat/completions",
+        json={"model": "tiny", "messages": [{"role": "user", "content": "Hello"}],
+              "max_tokens": max_tokens, "temperature": 0},
+        timeout=900)
+
+
 def test_serve_cpu_tiny_recipe_answers_a_chat_request(tmp_path):
     with serve_tiny_recipe(str(LIBRARY / "cpu-tiny.yaml"), tmp_path) as server:
-        response = requests.post(
-            f"{server.openai_url}/chat/completions",
-            json={"model": "tiny", "messages": [{"role": "user", "content": "Hello"}],
-                  "max_tokens": 6, "temperature": 0},
-            timeout=900)
+        response = _chat(server, 6)
         assert response.status_code == 200, response.text
         body = response.json()
         assert body["usage"]["completion_tokens"] == 6
@@ -43,11 +48,7 @@ def test_a_recipe_with_multimodal_off_serves(tmp_path):
     path = tmp_path / "cpu-text-only.yaml"
     path.write_text(yaml.safe_dump(document))
     with serve_tiny_recipe(str(path), tmp_path) as server:
-        response = requests.post(
-            f"{server.openai_url}/chat/completions",
-            json={"model": "tiny", "messages": [{"role": "user", "content": "Hello"}],
-                  "max_tokens": 3, "temperature": 0},
-            timeout=900)
+        response = _chat(server, 3)
         assert response.status_code == 200, response.text
         assert response.json()["usage"]["completion_tokens"] == 3
         with open(server.log_path, encoding="utf-8") as log:
