@@ -13,15 +13,36 @@ import sys
 
 from sglang_m3.integration.hooks import M3_ARCHITECTURES, first_architecture
 from sglang_m3.recipe.model_geometry import TINY_MODEL_PATH
+
+#: The KV cache (in tokens) of a model served on the CPU platform when its command does not size
+#: one: the platform reports the machine's RAM as device memory, and SGLang's default
+#: ``--mem-fraction-static`` then took most of it (about 15 GB for a tiny model on a 23 GB
+#: machine). The tiny model's bound.
+CPU_MAX_TOTAL_TOKENS = 8192
+#: SGLang's options that size the KV cache: a user who gives either sizes it.
+KV_SIZE_OPTIONS = ("--max-total-tokens", "--mem-fraction-static")
+
 # CPU serving defaults for the tiny model: small KV budget, float32 for exact comparisons.
 TINY_CPU_ARGS = (
-    "--dtype", "float32", "--max-total-tokens", "8192", "--context-length", "4096",
+    "--dtype", "float32", "--max-total-tokens", str(CPU_MAX_TOTAL_TOKENS), "--context-length", "4096",
     "--mem-fraction-static", "0.5", "--sleep-on-idle",
     "--reasoning-parser", "minimax-m3", "--tool-call-parser", "minimax-m3",
 )
 # The tiny model is the only one served: SGLang then skips importing its ~200 model modules
 # (tens of seconds per process on a small machine).
 CPU_PLATFORM_ENV = {"SGLANG_PLATFORM": "sglang_m3_cpu", "SGLANG_EXTERNAL_MODEL_PACKAGE": "sglang_m3.models"}
+
+
+def serves_on_cpu_platform() -> bool:
+    """Whether a server started from here runs on sglang-m3's CPU platform: named by
+    ``SGLANG_PLATFORM``, or (none named) activated by the platform itself, which it is where torch
+    sees no accelerator. Imports torch (seconds), so asked only on the way to a real start."""
+    from sglang_m3.platform import PLATFORM_NAME, activate
+
+    named = os.environ.get("SGLANG_PLATFORM")
+    if named:
+        return named == PLATFORM_NAME
+    return activate() is not None
 
 
 def cache_dir() -> str:

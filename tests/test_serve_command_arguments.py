@@ -16,7 +16,7 @@ import subprocess
 import sys
 
 import pytest
-from serve_doubles import Started, no_server  # noqa: F401 (no_server: an autouse fixture)
+from serve_doubles import Started, no_server, option_values, started_argv  # noqa: F401 (no_server: an autouse fixture)
 from server_harness import free_port
 
 import sglang_m3.commands.serve as serve
@@ -251,3 +251,90 @@ def test_another_model_gets_no_m3_parsers(tmp_path, capsys):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
     assert main(["serve", "--model", str(tmp_path), "--dry-run"]) == 0
     assert "--tool-call-parser" not in capsys.readouterr().out
+
+
+@pytest.fixture
+def platform_here(monkeypatch):
+    """Choose what SGLang's platform discovery finds on this machine: ``cpu`` (torch sees no
+    accelerator, so sglang-m3's CPU platform activates) or ``gpu``."""
+    import sglang_m3.platform as platform
+
+    for name in ("SGLANG_PLATFORM", "SGLANG_USE_CPU_ENGINE"):
+        monkeypatch.delenv(name, raising=False)
+
+    def choose(kind: str) -> None:
+        monkeypatch.setattr(platform, "_has_accelerator", lambda: kind == "gpu")
+
+    return choose
+
+
+def test_a_local_model_on_the_cpu_platform_gets_a_bounded_kv_cache(m3_dir, platform_here, capsys):
+    """SGLang sized the KV pool from the machine's whole memory: ~15 GB for a tiny model on a
+    23 GB machine. The bound is the tiny model's, before the user's flags, and said."""
+    platform_here("cpu")
+    argv = started_argv("--model", str(m3_dir), "--port", str(free_port()), "--tp-size", "1")
+    assert option_values(argv, "--max-total-tokens") == [str(serve_support.CPU_MAX_TOTAL_TOKENS)] == ["8192"]
+    assert argv[-2:] == ["--tp-size", "1"]
+    err = capsys.readouterr().err
+    assert "CPU platform" in err and "--max-total-tokens 8192" in err and "--mem-fraction-static" in err
+
+
+def test_the_tiny_model_and_a_local_model_share_the_cpu_bound():
+    tiny = serve_support.TINY_CPU_ARGS
+    assert tiny[tiny.index("--max-total-tokens") + 1] == str(serve_support.CPU_MAX_TOTAL_TOKENS)
+
+
+@pytest.mark.parametrize("own", [
+    ["--max-total-tokens", "2048"],
+    ["--max-total-tokens=2048"],
+    ["--max-total-tok", "2048"],  # SGLang's argparse expands an unambiguous prefix
+    ["--mem-fraction-static", "0.3"],
+    ["--mem-fraction=0.3"],
+], ids=["max-total-tokens", "inline", "abbreviated", "mem-fraction", "mem-fraction-abbreviated"])
+def test_the_users_own_kv_sizing_is_left_alone(m3_dir, platform_here, capsys, own):
+    platform_here("cpu")
+    argv = started_argv("--model", str(m3_dir), "--port", str(free_port()), *own)
+    assert argv[-len(own):] == own and "8192" not in argv
+    assert "--max-total-tokens 8192" not in capsys.readouterr().err
+
+
+def test_kv_sizing_in_sglangs_config_file_is_left_alone(m3_dir, platform_here, tmp_path):
+    """SGLang's command line wins over its --config file: the bound would have replaced it."""
+    platform_here("cpu")
+    config = tmp_path / "sglang.yaml"
+    config.write_text("max_total_tokens: 2048\n")
+    argv = started_argv("--model", str(m3_dir), "--port", str(free_port()), "--config", str(config))
+    assert "--max-total-tokens" not in argv
+
+
+def test_a_hub_model_on_the_cpu_platform_is_bounded_too(platform_here):
+    platform_here("cpu")
+    argv = started_argv("--model", "some-org/some-model", "--port", str(free_port()))
+    assert option_values(argv, "--max-total-tokens") == ["8192"]
+
+
+def test_gpu_serving_keeps_sglangs_memory_defaults(m3_dir, platform_here, capsys):
+    platform_here("gpu")
+    argv = started_argv("--model", str(m3_dir), "--port", str(free_port()))
+    assert "--max-total-tokens" not in argv and "--mem-fraction-static" not in argv
+    assert "CPU platform" not in capsys.readouterr().err
+
+
+def test_another_platform_named_by_sglang_platform_keeps_sglangs_defaults(m3_dir, platform_here, monkeypatch):
+    platform_here("cpu")
+    monkeypatch.setenv("SGLANG_PLATFORM", "some_other_platform")
+    assert "--max-total-tokens" not in started_argv("--model", str(m3_dir), "--port", str(free_port()))
+
+
+def test_the_cpu_platform_named_by_sglang_platform_is_bounded(m3_dir, platform_here, monkeypatch):
+    platform_here("gpu")
+    monkeypatch.setenv("SGLANG_PLATFORM", "sglang_m3_cpu")
+    assert option_values(started_argv("--model", str(m3_dir), "--port", str(free_port())), "--max-total-tokens") == ["8192"]
+
+
+def test_the_dry_run_line_has_no_machine_dependent_bound(m3_dir, platform_here, capsys):
+    """--dry-run's line may be meant for another machine (a GPU one): the bound of this one
+    would cap its KV cache at 8192 tokens there."""
+    platform_here("cpu")
+    assert main(["serve", "--model", str(m3_dir), "--dry-run"]) == 0
+    assert "--max-total-tokens" not in capsys.readouterr().out

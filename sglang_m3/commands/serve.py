@@ -6,7 +6,6 @@ import argparse
 import contextlib
 import json
 import os
-import re
 import shlex
 import signal
 import subprocess
@@ -16,10 +15,13 @@ import urllib.error
 import urllib.request
 
 from sglang_m3.commands.output_errors import describe_write_error
+from sglang_m3.commands.recipe_launch import KUBERNETES_REFERENCE, note_pod_references, recipe_launch
 from sglang_m3.integration.hooks import M3_ARCHITECTURES, first_architecture
 from sglang_m3.parsers.serving_hooks import PARSER_NAME
 from sglang_m3.serve_support import (
+    CPU_MAX_TOTAL_TOKENS,
     CPU_PLATFORM_ENV,
+    KV_SIZE_OPTIONS,
     TINY_CPU_ARGS,
     TINY_MODEL_PATH,
     ServeInputError,
@@ -29,6 +31,7 @@ from sglang_m3.serve_support import (
     is_local_model,
     launch_command,
     read_model_config,
+    serves_on_cpu_platform,
     tiny_checkpoint_path,
 )
 
@@ -54,13 +57,22 @@ def register(subparsers) -> None:
             "(python -m sglang.launch_server --help lists them), e.g. --tp-size 8. It follows the\n"
             "tiny model's CPU defaults (--dtype float32 --max-total-tokens 8192 ...) and a recipe's\n"
             "flags, so it overrides them. SGLang's --model-path is read as --model: give the model once.\n"
-            "A recipe file (kind M3Recipe) is the recipe wherever it stands.\n"
+            "A recipe file (kind M3Recipe) is the recipe wherever it stands; --dist-init-addr\n"
+            "host:port and --node-rank N (checked as `recipe render` checks them) go into its\n"
+            "multi-node launch.\n"
+            "\n"
+            "On the CPU platform (no GPU here, or SGLANG_PLATFORM=sglang_m3_cpu) --model gets\n"
+            f"--max-total-tokens {CPU_MAX_TOTAL_TOKENS} unless --max-total-tokens or --mem-fraction-static is\n"
+            "given: SGLang would size the KV cache to most of the machine's memory.\n"
             "\n"
             "Checks: before SGLang starts, a local --model directory (or a recipe's spec.model.path)\n"
             "must hold a readable config.json (an M3 one is checked field by field) and the listen\n"
-            "port must be free; --dry-run checks neither (its line may be meant for another machine:\n"
-            "it is quoted for a POSIX shell, and a recipe's $(LWS_...) references become \"${LWS_...}\",\n"
-            "expanded where the line is pasted, as Kubernetes expands them in the pod)."
+            "port must be free, and a recipe's Kubernetes references, $(NAME), are taken from the\n"
+            "environment (one not set is refused: for $(LWS_LEADER_ADDRESS), the leader address of a\n"
+            "multi-node recipe, give --dist-init-addr host:port). --dry-run checks neither, nor adds\n"
+            "the CPU platform's bound (its line may be meant for another machine: it is quoted for a\n"
+            "POSIX shell, and $(NAME) becomes \"${NAME}\", expanded where the line is pasted, as\n"
+            "Kubernetes expands it in the pod)."
         ),
     )
     parser.add_argument("recipe", nargs="?", help="a recipe YAML file (see recipes/)")
@@ -160,34 +172,16 @@ def listen_port(text: str) -> int:
     return port
 
 
-def _recipe_launch(path: str) -> tuple[list[str], dict[str, str]]:
-    from sglang_m3.recipe import RecipeLoadError, has_errors, load_recipe, render_launch, validate_recipe
-
-    if os.path.isdir(path):  # most likely a model directory given without --model
-        raise SystemExit(f"sglang-m3 serve: {path} is a directory, not a recipe file: to serve the model in it, give --model {path}")
-    try:
-        recipe = load_recipe(path)
-    except RecipeLoadError as error:  # the file and the field at fault, without a traceback
-        raise SystemExit(f"sglang-m3 serve: {error}") from None
-    findings = validate_recipe(recipe)
-    for finding in findings:
-        print(f"{path}: {finding}", file=sys.stderr)
-    if has_errors(findings):
-        raise SystemExit(1)
-    launch = render_launch(recipe)
-    argv = list(launch.argv)
-    if TINY_MODEL_PATH in argv:
-        argv[argv.index(TINY_MODEL_PATH)] = _tiny_checkpoint()
-        argv += ["--dtype", "float32"]
-    return argv, dict(launch.env)
-
-
 def build_launch(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     """(SGLang arguments, extra environment) for the parsed command line."""
     if args.recipe and args.model:
         raise SystemExit(f"sglang-m3 serve: give a recipe or {args.model_flag}, not both")
+    extra_args = list(args.extra_args)
     if args.recipe:
-        argv, env = _recipe_launch(args.recipe)
+        argv, env, extra_args = recipe_launch(args.recipe, extra_args, local=not args.dry_run)
+        if TINY_MODEL_PATH in argv:
+            argv[argv.index(TINY_MODEL_PATH)] = _tiny_checkpoint()
+            argv += ["--dtype", "float32"]
     elif args.model:
         argv, env = ["--model-path", args.model, *_m3_parsers(args.model)], {}
     else:
@@ -197,7 +191,7 @@ def build_launch(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
         argv += ["--host", args.host]
     if args.port:
         argv += ["--port", str(args.port)]
-    return argv + list(args.extra_args), env
+    return argv + extra_args, env
 
 
 #: What the tiny model and every recipe pass: M3's reasoning and tool-call parsers.
@@ -241,6 +235,47 @@ def _option(argv: list[str], flag: str, default: str) -> str:
         if argv[i] == flag and i + 1 < len(argv):
             return argv[i + 1]
     return default
+
+
+def _with_cpu_kv_bound(args: argparse.Namespace, argv: list[str]) -> list[str]:
+    """``argv`` of ``--model`` with the CPU platform's KV bound before the user's SGLang options,
+    said in the progress output, unless those options size the KV cache (in any spelling SGLang
+    reads, or in its ``--config`` file, which they would override). SGLang sized it from its
+    default ``--mem-fraction-static`` of the machine's whole memory; GPUs keep SGLang's sizing,
+    and ``--dry-run`` (whose line may be meant for another machine) does not come here."""
+    if not args.model or _sizes_kv_cache(args.extra_args) or not serves_on_cpu_platform():
+        return argv
+    print(
+        f"sglang-m3 serve: on the CPU platform the KV cache is capped at --max-total-tokens {CPU_MAX_TOTAL_TOKENS} "
+        "(SGLang would size it to most of this machine's memory); give --max-total-tokens N or "
+        "--mem-fraction-static F to size it yourself",
+        file=sys.stderr, flush=True,
+    )
+    at = len(argv) - len(args.extra_args)
+    return [*argv[:at], "--max-total-tokens", str(CPU_MAX_TOTAL_TOKENS), *argv[at:]]
+
+
+def _sizes_kv_cache(sglang_args: list[str]) -> bool:
+    from sglang_m3.recipe.sglang_options import is_option_token, resolve
+
+    for token in sglang_args:
+        if is_option_token(token) and len(matches := resolve(token).matches) == 1 and matches[0] in KV_SIZE_OPTIONS:
+            return True
+    config = _option(sglang_args, "--config", "")
+    return bool(config) and any(f"--{key}" in KV_SIZE_OPTIONS for key in _config_keys(config))
+
+
+def _config_keys(path: str) -> list[str]:
+    """The option names of SGLang's ``--config`` YAML file, hyphenated (SGLang reads either); none
+    when it cannot be read (SGLang names that file itself)."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            document = yaml.safe_load(handle)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return []
+    return [str(key).replace("_", "-") for key in document] if isinstance(document, dict) else []
 
 
 def _check_before_start(args: argparse.Namespace, argv: list[str], host: str, port: int) -> None:
@@ -292,17 +327,12 @@ def _model_overrides(argv: list[str]) -> dict:
     return overrides
 
 
-#: A Kubernetes variable reference, ``$(NAME)``, as a multi-node recipe's ``--dist-init-addr``
-#: holds it (``$(LWS_LEADER_ADDRESS):20000``); the pod expands it from its environment.
-_KUBERNETES_REFERENCE = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
-
-
 def shell_word(text: str) -> str:
     """``text`` quoted for a POSIX shell, its Kubernetes references turned into the shell's
     ``"${NAME}"``: pasted in the pod, the line expands them as Kubernetes would, where quoted
     as they stand they would reach SGLang literally, and unquoted the shell would run
     ``LWS_LEADER_ADDRESS`` as a command."""
-    parts = _KUBERNETES_REFERENCE.split(text)  # literal, name, literal, name, ..., literal
+    parts = KUBERNETES_REFERENCE.split(text)  # literal, name, literal, name, ..., literal
     words = [f'"${{{part}}}"' if index % 2 else shlex.quote(part) for index, part in enumerate(parts) if part]
     return "".join(words) or "''"
 
@@ -354,10 +384,16 @@ def run(args: argparse.Namespace) -> int:
     argv, env = build_launch(args)
     command = launch_command(argv)
     if args.dry_run:
+        note_pod_references(argv, env)
         print(shell_line(env, command))
         return 0
     host, port = _option(argv, "--host", "127.0.0.1"), int(_option(argv, "--port", "30000"))
     _check_before_start(args, argv, host, port)
+    argv = _with_cpu_kv_bound(args, argv)
+    command = launch_command(argv)
+    if args.recipe and args.host is None and host == "0.0.0.0":
+        print(f"sglang-m3 serve: {args.recipe}: spec.serving.host 0.0.0.0 (what a pod needs) opens the server to every "
+              "network this machine is on; give --host 127.0.0.1 to keep it to this machine", file=sys.stderr, flush=True)
     base_url = f"http://{'127.0.0.1' if host == '0.0.0.0' else host}:{port}"
     print("starting:", " ".join(command), flush=True)
     # Its own process group: a terminal's Ctrl+C reaches this command alone, which stops the server
