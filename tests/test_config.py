@@ -18,6 +18,10 @@ def flat() -> dict:
     return text_config_flat(TinyGeometry(), SPECIAL)
 
 
+#: the tiny config's RoPE settings less ``partial_rotary_factor``: ``rotary_dim`` alone counts
+ROPE_WITHOUT_FACTOR = {key: value for key, value in flat()["rope_parameters"].items() if key != "partial_rotary_factor"}
+
+
 def to_nested_sparse_form(text: dict) -> dict:
     """The same settings with the sparse ones moved into ``sparse_attention_config``."""
     text = dict(text)
@@ -46,6 +50,25 @@ def test_vl_wrapper_reads_text_config():
     assert spec == M3TextSpec.from_config(flat())
     assert spec.sparse_layer_ids == [1, 2, 3] and spec.dense_layer_ids == [0]
     assert spec.moe_layers == (False, True, True, True)
+
+
+@pytest.mark.parametrize("top, text, tied", [(True, False, True), (False, True, True), (False, False, False), (True, True, True)])
+def test_embeddings_are_tied_when_either_level_says_so(top, text, tied):
+    """As transformers' MiniMaxM3VLConfig ties them: its VL model saves no lm_head when tied at
+    the top level over an untied text config."""
+    config = {"model_type": "minimax_m3_vl", "text_config": {**flat(), "tie_word_embeddings": text},
+              "vision_config": {}, "tie_word_embeddings": top}
+    assert M3TextSpec.from_config(config).tie_word_embeddings is tied
+
+
+def test_a_partial_rotary_factor_wins_over_a_disagreeing_rotary_dim(caplog):
+    """transformers rotates ``head_dim x partial_rotary_factor`` channels and writes its default
+    ``rotary_dim`` 64 beside any factor it saves; the disagreement is logged with both fields."""
+    text = {**flat(), "rotary_dim": 64, "partial_rotary_factor": 0.5}
+    with caplog.at_level("WARNING"):
+        spec = M3TextSpec.from_config(text)
+    assert spec.rotary_dim == text["head_dim"] // 2
+    assert "'rotary_dim' (64)" in caplog.text and "'partial_rotary_factor' (0.5" in caplog.text
 
 
 def test_nested_init_block_is_kept():
@@ -77,7 +100,7 @@ def test_init_block_survives_transformers_parsing(tmp_path):
         ({"num_key_value_heads": 3}, "num_key_value_heads"),
         ({"layer_types": ["full_attention", "linear"]}, "layer_types"),
         ({"mlp_layer_types": ["dense", "sparse", "sparse", "mixture"]}, "mlp_layer_types[3]"),
-        ({"rotary_dim": 7}, "rotary_dim"),
+        ({"rotary_dim": 7, "rope_parameters": ROPE_WITHOUT_FACTOR}, "rotary_dim"),  # a factor would win over it
         ({"num_experts_per_tok": 9}, "num_experts_per_tok"),
         ({"hidden_size": None}, "hidden_size"),
         ({"index_head_dim": 8}, "index_head_dim"),

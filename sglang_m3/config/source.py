@@ -89,17 +89,15 @@ def _with_overrides(top: dict, overrides: Mapping) -> dict:
     return top
 
 
-#: text settings a VL wrapper may also carry at its top level
-_TOP_LEVEL_TEXT_KEYS = ("tie_word_embeddings", "quantization_config")
-
-
 def text_part(top: Mapping) -> dict:
     """The text model's settings: ``text_config`` of a VL layout, else the top level itself.
 
     Nothing is ever taken from ``vision_config``. Of the wrapper's own keys only
-    ``tie_word_embeddings`` and ``quantization_config`` are text settings: taken when
-    ``text_config`` lacks them, and refused when both carry different values (transformers ties
-    when either says so, upstream SGLang reads the text config: no silent choice between them).
+    ``tie_word_embeddings`` and ``quantization_config`` are text settings, taken when
+    ``text_config`` lacks them. The embeddings are tied when either level says so, as
+    transformers' ``MiniMaxM3VLConfig`` ties them (``MiniMaxM3VLConfig(tie_word_embeddings=True)``
+    over an untied text config saves no ``lm_head`` at all; upstream SGLang reads the text
+    config alone and would look for one). Two different quantization configs are refused.
     """
     text = top.get("text_config")
     if text is None:
@@ -109,9 +107,12 @@ def text_part(top: Mapping) -> dict:
             raise M3ConfigError(f"config field 'text_config' must be a mapping, got {text!r}")
         text = _object_dict(text)
     merged = dict(text)
-    for key in _TOP_LEVEL_TEXT_KEYS:
-        if top.get(key) is not None:
-            merged[key] = fields.agree(key, top[key], f"text_config.{key}", merged.get(key))
+    if top.get("tie_word_embeddings") is not None:
+        tied = fields.boolean(top, "tie_word_embeddings")
+        merged["tie_word_embeddings"] = tied or fields.boolean(merged, "tie_word_embeddings", False, "text_config.tie_word_embeddings")
+    if top.get("quantization_config") is not None:
+        merged["quantization_config"] = fields.agree(
+            "quantization_config", top["quantization_config"], "text_config.quantization_config", merged.get("quantization_config"))
     return merged
 
 

@@ -201,10 +201,14 @@ def _read_rope_theta(text: Mapping) -> float:
 def _read_rotary_dim(text: Mapping, head_dim: int) -> int:
     """Channels rotated per head: ``rotary_dim``, or ``head_dim x partial_rotary_factor``.
 
-    Both are in the shipped config (64 and 0.5) and must agree. A config with ``rotary_dim``
-    alone is read as ``rotary_dim`` (as upstream SGLang does). transformers' M3 ignores
-    ``rotary_dim`` and rotates ``head_dim x rope_parameters.partial_rotary_factor`` (1.0 when
-    absent) channels, so such a config computes differently there; that is logged.
+    Both are in the shipped config (64 and 0.5), where they agree. transformers' M3 ignores
+    ``rotary_dim`` and rotates ``head_dim x rope_parameters.partial_rotary_factor`` channels, and
+    writes its class default ``rotary_dim`` 64 into every config it saves: a checkpoint saved with
+    a factor for a smaller head (``head_dim`` 32, factor 0.5) holds ``rotary_dim`` 64 beside it.
+    So where both are given and disagree, the factor counts (as in transformers, against which
+    outputs are checked), and the disagreement is logged. A config with ``rotary_dim`` alone is
+    read as ``rotary_dim``, as upstream SGLang reads it (transformers would rotate all
+    ``head_dim`` channels there; that is logged too).
     """
     rope = _rope_parameters(text)
     factor = fields.agree(
@@ -224,10 +228,12 @@ def _read_rotary_dim(text: Mapping, head_dim: int) -> int:
                 "must be an even whole number of rotated channels"
             )
     if rotary_dim is not None and from_factor is not None and rotary_dim != from_factor:
-        raise M3ConfigError(
-            f"config fields 'rotary_dim' ({rotary_dim!r}) and 'partial_rotary_factor' ({factor!r} x "
-            f"head_dim {head_dim} = {from_factor}) disagree"
+        logger.warning(
+            "config fields 'rotary_dim' (%r) and 'partial_rotary_factor' (%r x head_dim %s = %s) disagree: "
+            "rotating %s channels, as transformers' minimax_m3_vl does (it ignores rotary_dim)",
+            rotary_dim, factor, head_dim, from_factor, from_factor,
         )
+        rotary_dim = from_factor
     if rotary_dim is None:
         rotary_dim = head_dim if from_factor is None else from_factor
     elif from_factor is None and rotary_dim != head_dim:

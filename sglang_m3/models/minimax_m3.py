@@ -66,6 +66,13 @@ class M3Attention(nn.Module):
         tp_size, tp_rank = get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
         if spec.num_heads % tp_size:
             raise ValueError(f"num_attention_heads ({spec.num_heads}) is not divisible by the tensor-parallel size ({tp_size})")
+        if spec.num_kv_heads % tp_size and tp_size % spec.num_kv_heads:
+            # SGLang's QKV layer splits KV heads over the ranks, or replicates them evenly when there
+            # are fewer heads than ranks; anything else failed inside it on a bare assertion.
+            raise ValueError(
+                f"num_key_value_heads ({spec.num_kv_heads}) neither splits over nor evenly replicates across "
+                f"the tensor-parallel ranks (--tp-size {tp_size}): choose a --tp-size that it divides or that divides it"
+            )
         self.head_dim = spec.head_dim
         self.num_heads = spec.num_heads // tp_size
         self.num_kv_heads = max(1, spec.num_kv_heads // tp_size)
@@ -159,7 +166,10 @@ class M3DecoderLayer(nn.Module):
         if spec.moe_layers[layer_id]:
             self.mlp = make_moe_block(spec, layer_id, quant_config, prefix=f"{prefix}.mlp")
         else:
-            self.mlp = GatedMLP(spec, spec.dense_intermediate_size, reduce_results=True, quant_config=quant_config, prefix=f"{prefix}.mlp")
+            self.mlp = GatedMLP(
+                spec, spec.dense_intermediate_size, reduce_results=True, quant_config=quant_config, prefix=f"{prefix}.mlp",
+                field="dense_intermediate_size",
+            )
         self.input_layernorm = M3RMSNorm(spec.hidden_size, spec.rms_norm_eps, spec.use_gemma_norm)
         self.post_attention_layernorm = M3RMSNorm(spec.hidden_size, spec.rms_norm_eps, spec.use_gemma_norm)
 

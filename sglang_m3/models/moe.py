@@ -43,8 +43,19 @@ class GatedMLP(nn.Module):
     """Dense MLP (and M3's shared expert): separate gate/up halves, the config's gated activation
     (swiglu-oai in M3), down projection."""
 
-    def __init__(self, spec: M3TextSpec, intermediate_size: int, reduce_results: bool, quant_config=None, prefix: str = ""):
+    def __init__(
+        self, spec: M3TextSpec, intermediate_size: int, reduce_results: bool, quant_config=None, prefix: str = "",
+        field: str = "shared_intermediate_size",
+    ):
+        """``field``: the config field ``intermediate_size`` comes from, for the refusal of a width
+        that does not split over the tensor-parallel ranks."""
         super().__init__()
+        tp_size = get_parallel().tp_size
+        if intermediate_size % tp_size:
+            # SGLang's parallel linears failed on a bare assertion for such a width.
+            raise ValueError(
+                f"{field} ({intermediate_size}) is not divisible by the tensor-parallel size (--tp-size {tp_size})"
+            )
         self.act = GatedActivation(spec.hidden_act, spec.swiglu_alpha, spec.swiglu_limit)
         self.gate_up_proj = MergedColumnParallelLinear(
             spec.hidden_size, [intermediate_size] * 2, bias=False, quant_config=quant_config, prefix=f"{prefix}.gate_up_proj"

@@ -202,11 +202,6 @@ def _rope_yarn(top: dict) -> None:
     top["text_config"]["rope_parameters"]["rope_type"] = "yarn"
 
 
-def _rotary_dim_disagrees(top: dict) -> None:
-    text = top["text_config"]
-    text["rotary_dim"] = text["rotary_dim"] // 2
-
-
 def _heads_not_multiple(top: dict) -> None:
     text = top["text_config"]
     text["num_attention_heads"] = text["num_key_value_heads"] * 3 + 1
@@ -228,10 +223,6 @@ def _shared_disagrees(top: dict) -> None:
 
 def _quantized(top: dict) -> None:
     top["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}
-
-
-def _tie_disagrees(top: dict) -> None:
-    top["tie_word_embeddings"] = not top["text_config"]["tie_word_embeddings"]
 
 
 def _hidden_only_in_vision(top: dict) -> None:
@@ -256,7 +247,6 @@ CORPUS: tuple[Broken, ...] = (
     Broken("rope_theta disagrees with rope_parameters", _rope_theta_disagrees, ("rope_theta", "rope_parameters.rope_theta")),
     Broken("rope_type yarn", _rope_yarn, ("rope_type", "'default'")),
     Broken("rope_scaling type yarn", _text(rope_scaling={"type": "yarn", "factor": 4.0}), ("rope_scaling.type", "'default'")),
-    Broken("rotary_dim disagrees with partial_rotary_factor", _rotary_dim_disagrees, ("rotary_dim", "partial_rotary_factor")),
     Broken("partial_rotary_factor 0", _text(partial_rotary_factor=0), ("partial_rotary_factor",)),
     Broken("partial_rotary_factor 1.5", _text(partial_rotary_factor=1.5), ("partial_rotary_factor",)),
     Broken("hidden_act gelu", _text(hidden_act="gelu"), ("hidden_act", "'swigluoai'", "'silu'")),
@@ -278,7 +268,6 @@ CORPUS: tuple[Broken, ...] = (
     Broken("routed_scaling_factor negative", _text(routed_scaling_factor=-2.0), ("routed_scaling_factor",)),
     Broken("use_gemma_norm not a boolean", _text(use_gemma_norm="yes"), ("use_gemma_norm",)),
     Broken("num_experts disagrees with num_local_experts", _text(num_experts=3), ("num_local_experts", "num_experts")),
-    Broken("tie_word_embeddings top level disagrees", _tie_disagrees, ("tie_word_embeddings", "text_config.tie_word_embeddings")),
 )
 
 

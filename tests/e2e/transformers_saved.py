@@ -82,12 +82,14 @@ def save_transformers_model(directory: str, vision: dict, seed: int = 0, dtype=t
     return directory
 
 
-def rewrite_in_shipped_layout(directory: str) -> None:
+def rewrite_in_shipped_layout(directory: str, keep_rotary_dim: bool = True, n_shared_experts: int | None = None) -> None:
     """Rewrite the ``config.json`` transformers saved into the shipped checkpoint's layout
-    (M3_FACTS s.1): ``moe_layer_freq``, nested ``sparse_attention_config``, top-level
-    ``rope_theta`` / ``partial_rotary_factor``, "swigluoai", and a ``clip_vision_model`` vision
-    config with its RoPE theta at the top and ``projection_dim``. The shared expert (40) is
-    narrower than a routed one (48), so ``n_shared_experts`` is left out, as transformers ignores it."""
+    (M3_FACTS s.1): ``moe_layer_freq``, nested ``sparse_attention_config`` (``use_sparse_attention``
+    false for an all-dense schedule), top-level ``rope_theta`` / ``partial_rotary_factor``,
+    "swigluoai", and a ``clip_vision_model`` vision config with its RoPE theta at the top and
+    ``projection_dim``. The shared expert of this module's checkpoint (40) is narrower than a
+    routed one (48), so ``n_shared_experts`` is left out unless given, as transformers ignores it;
+    ``keep_rotary_dim`` False drops transformers' ``rotary_dim``."""
     path = os.path.join(directory, "config.json")
     with open(path, encoding="utf-8") as handle:
         top = json.load(handle)
@@ -100,11 +102,15 @@ def rewrite_in_shipped_layout(directory: str) -> None:
         swiglu_beta=1.0, use_qk_norm=True, qk_norm_type="per_head", use_gemma_norm=True, scoring_func="sigmoid",
         use_routing_bias=True,
         sparse_attention_config={
-            "use_sparse_attention": True, "sparse_score_type": "max", "sparse_init_block": 0,
+            "use_sparse_attention": any(sparse), "sparse_score_type": "max", "sparse_init_block": 0,
             **{nested: text.pop(flat) for flat, nested in _FLAT_TO_NESTED.items()},
             "sparse_attention_freq": sparse, "sparse_disable_index_value": sparse,
         },
     )
+    if not keep_rotary_dim:
+        del text["rotary_dim"]
+    if n_shared_experts is not None:
+        text["n_shared_experts"] = n_shared_experts
     vision.update(model_type="clip_vision_model", rope_theta=vision.pop("rope_parameters")["rope_theta"], projection_dim=top["projector_hidden_size"])
     top.pop("merged_hidden_size")
     with open(path, "w", encoding="utf-8") as handle:
