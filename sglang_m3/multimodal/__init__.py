@@ -19,7 +19,15 @@ fail at startup. Without ``video.fps`` / ``limits.video_fps`` the checkpoint's v
 resampler other than bicubic is refused at startup. The worker pool is ``--mm-io-worker-num``
 threads wide. A request's item may set its own ``min_pixels`` / ``max_pixels`` (up to the server's
 ``max_pixels``) and, for a video, ``fps`` / ``max_frames`` (up to ``limits.max_video_frames``);
-any other per-item option is refused, naming it and the item.
+any other per-item option is refused, naming it and the item. A request's ``mm_processor_kwargs``
+set the same options for all its items (flat, or in ``images_kwargs`` / ``videos_kwargs``, as
+transformers' processor takes its call's kwargs); an item's own option wins.
+
+Images: PNG, JPEG, WebP, GIF, BMP, TIFF, AVIF, JPEG 2000, ICO, QOI and PBM/PGM/PPM (the formats
+PIL decodes and transformers' processor so takes), first frame, alpha dropped, no EXIF rotation
+(transformers' processor applies none). Videos: what PyAV decodes, an animated GIF included.
+Data URLs with or without ``;base64`` (RFC 2397 percent-encoding, or base64 as transformers reads
+it); HTTP bodies of a generic ``application/octet-stream`` type are judged by their content.
 
 Modules: ``limits`` (configurable caps), ``errors`` (errors that name the content part),
 ``sources`` (reading media bytes), ``patches`` (resize geometry, normalise, patchify),

@@ -12,7 +12,7 @@ from PIL import Image, UnidentifiedImageError
 from sglang_m3.multimodal.errors import MediaError
 from sglang_m3.multimodal.limits import MediaLimits
 from sglang_m3.multimodal.patches import PatchGeometry, fit_size, resize_frames, to_patch_rows
-from sglang_m3.multimodal.sources import MediaSource
+from sglang_m3.multimodal.sources import PIL_FORMATS, MediaSource
 
 warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning, module=__name__)
 
@@ -37,7 +37,7 @@ def decode_image(source: MediaSource, limits: MediaLimits) -> torch.Tensor:
                 # PIL's lazy load() is not thread-safe.
                 with _IN_MEMORY_IMAGES:
                     return _rgb_pixels(source.image, part, limits)
-            with source.open() as handle, Image.open(handle) as image:
+            with source.open() as handle, Image.open(handle, formats=PIL_FORMATS) as image:
                 return _rgb_pixels(image, part, limits)
         except Image.DecompressionBombError as exc:
             raise MediaError(part, f"declared size is over PIL's decompression-bomb cap ({exc})") from None

@@ -8,6 +8,11 @@ transformers' M3 processors take per call are honoured: ``min_pixels`` / ``max_p
 videos) and ``fps`` (videos); ``max_frames`` caps a video's sampled frames as the server's
 ``max_video_frames`` does. Every other option is refused: all of them were accepted and silently
 ignored, so a caller believed they had taken effect.
+
+A request's ``mm_processor_kwargs`` (chat, completions and ``/generate`` carry it) are read as
+transformers' processor reads its call's kwargs: a flat option reaches every kind that takes it,
+``images_kwargs`` / ``videos_kwargs`` one kind, flat ones first (transformers' priority). They are
+the defaults of every item of the request; an item's own option wins.
 """
 
 from __future__ import annotations
@@ -34,12 +39,54 @@ class ItemOptions:
     max_frames: int | None = None
 
 
-def item_options(item: Any, *, kind: str, part: str, geometry: PatchGeometry) -> ItemOptions:
-    """The options ``item`` (an image or video part named ``part``) carries, on top of the server's
+REQUEST_PART = "mm_processor_kwargs"
+PER_KIND_KWARGS = {"images_kwargs": "image", "videos_kwargs": "video"}
+
+
+def request_options(kwargs: Any) -> dict[str, dict[str, Any]]:
+    """A request's ``mm_processor_kwargs``, split per kind (``{"image": {...}, "video": {...}}``)
+    as transformers' processor routes its call's kwargs. Options no kind takes are refused naming
+    them; the values are checked where they apply (:func:`check_request_options`)."""
+    split: dict[str, dict[str, Any]] = {"image": {}, "video": {}}
+    if kwargs is None:
+        return split
+    if not isinstance(kwargs, dict):
+        raise MediaError(REQUEST_PART, f"must be an object, got {type(kwargs).__name__}")
+    flat = {key: value for key, value in kwargs.items() if key not in PER_KIND_KWARGS and value is not None}
+    for section, kind in PER_KIND_KWARGS.items():
+        options = kwargs.get(section)
+        if options is None:
+            continue
+        if not isinstance(options, dict):
+            raise MediaError(REQUEST_PART, f"{section} must be an object, got {type(options).__name__}")
+        for name, value in options.items():
+            if value is not None:
+                _check_applies(name, kind, REQUEST_PART, f"{section}.{name}")
+                split[kind][name] = value
+    for name, value in flat.items():
+        kinds = [kind for kind in split if name in HONOURED[kind]]
+        if not kinds:
+            _check_applies(name, "image", REQUEST_PART, any_kind=True)
+        for kind in kinds:
+            split[kind][name] = value  # flat kwargs win, as in transformers
+    return split
+
+
+def check_request_options(options: dict[str, Any], *, kind: str, geometry: PatchGeometry) -> None:
+    """Refuses (naming ``mm_processor_kwargs``) request options of one kind that no item could honour."""
+    item_options({}, kind=kind, part=REQUEST_PART, geometry=geometry, request=options)
+
+
+def item_options(
+    item: Any, *, kind: str, part: str, geometry: PatchGeometry, request: dict[str, Any] | None = None
+) -> ItemOptions:
+    """The options ``item`` (an image or video part named ``part``) carries, on top of the
+    request's options of its kind (``request``, from :func:`request_options`) and the server's
     ``geometry``; a :class:`MediaError` naming ``part`` and the option for any it cannot honour."""
     given = _given_options(item, kind, part)
     for name in given:
         _check_applies(name, kind, part)
+    given = {**(request or {}), **given}
     return ItemOptions(
         geometry=_bounded_geometry(geometry, given, part),
         fps=_rate(given["fps"], part) if "fps" in given else None,
@@ -81,12 +128,18 @@ def _preprocess_kwargs(item: Any, part: str) -> dict[str, Any]:
     return {key: value for key, value in options.items() if value is not None}
 
 
-def _check_applies(name: str, kind: str, part: str) -> None:
-    """Refuses an option M3 has no setting for, or a video option on an image."""
+def _check_applies(name: str, kind: str, part: str, label: str | None = None, any_kind: bool = False) -> None:
+    """Refuses an option M3 has no setting for, a video option on an image, or (``any_kind``: a
+    request-wide option) one that no kind takes. ``label`` is how the message names the option."""
+    label = label or name
     if name in UNSUPPORTED:
-        raise MediaError(part, f"{name} is not supported for MiniMax M3 media; use min_pixels / max_pixels")
+        raise MediaError(part, f"{label} is not supported for MiniMax M3 media; use min_pixels / max_pixels")
+    if any_kind:
+        raise MediaError(part, f"{label} is not a media option; {_takes('image')}; {_takes('video')}")
+    if name in HONOURED["video"] and name not in HONOURED[kind]:
+        raise MediaError(part, f"{label} is a video option; {_takes(kind)}")
     if name not in HONOURED[kind]:
-        raise MediaError(part, f"{name} is a video option; {_takes(kind)}")
+        raise MediaError(part, f"{label} is not a media option; {_takes(kind)}")
 
 
 def _takes(kind: str) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 from sglang_m3.multimodal.errors import MediaError
 from sglang_m3.multimodal.image import ImageFeatures, image_features
 from sglang_m3.multimodal.limits import MediaLimits
-from sglang_m3.multimodal.options import ItemOptions, item_options
+from sglang_m3.multimodal.options import ItemOptions, check_request_options, item_options, request_options
 from sglang_m3.multimodal.patches import PatchGeometry
 from sglang_m3.multimodal.pool import MediaWorkerPool
 from sglang_m3.multimodal.prompt import MediaTokens
@@ -187,20 +187,29 @@ class MediaPreprocessor:
         source = read_media(item, kind="video", part=part, limits=self.config.limits)
         return video_features(source, options.geometry, self.config.limits, options.fps, options.max_frames)
 
-    def parts(self, images: list[Any], videos: list[Any]) -> list[tuple[Any, str, ItemOptions]]:
+    def parts(
+        self, images: list[Any], videos: list[Any], request_kwargs: Any = None
+    ) -> list[tuple[Any, str, ItemOptions]]:
         """Each part with its name and options, read before any media is: a refused option fails
-        the request at once, naming the first part at fault in request order."""
+        the request at once, naming the request's ``mm_processor_kwargs`` (``request_kwargs``) or
+        the first part at fault in request order. Request options are checked for the kinds the
+        request carries, as transformers' processor uses only those."""
+        shared = request_options(request_kwargs)
+        for kind, items, geometry in (("image", images, self.config.image), ("video", videos, self.config.video)):
+            if items and shared[kind]:
+                check_request_options(shared[kind], kind=kind, geometry=geometry)
         parts = [(item, "image", f"image {i + 1}", self.config.image) for i, item in enumerate(images)]
         parts += [(item, "video", f"video {i + 1}", self.config.video) for i, item in enumerate(videos)]
         return [
-            (item, part, item_options(item, kind=kind, part=part, geometry=geometry))
+            (item, part, item_options(item, kind=kind, part=part, geometry=geometry, request=shared[kind]))
             for item, kind, part, geometry in parts
         ]
 
-    async def process(self, images: list[Any], videos: list[Any]) -> ProcessedMedia:
-        """Decodes every part in parallel; the first failing part (in request order) is raised."""
+    async def process(self, images: list[Any], videos: list[Any], request_kwargs: Any = None) -> ProcessedMedia:
+        """Decodes every part in parallel; the first failing part (in request order) is raised.
+        ``request_kwargs``: the request's ``mm_processor_kwargs`` (see :mod:`.options`)."""
         self.check_counts(len(images), len(videos))
-        parts = self.parts(images, videos)
+        parts = self.parts(images, videos, request_kwargs)
         jobs = [self.pool.run(self.image, *part) for part in parts[: len(images)]]
         jobs += [self.pool.run(self.video, *part) for part in parts[len(images) :]]
         results = await asyncio.gather(*jobs, return_exceptions=True)

@@ -4,7 +4,8 @@ It runs in the tokenizer manager process: media are decoded and patched there, i
 worker pool, and the scheduler receives patch rows, grids and the expanded token ids. Errors are
 :class:`MediaError` (a ValueError naming the content part), which SGLang's OpenAI layer turns
 into an HTTP 400 while the server keeps serving. Each item's own options (``min_pixels``,
-``max_pixels``, ``fps``, ``max_frames``) are read by :mod:`sglang_m3.multimodal.options`.
+``max_pixels``, ``fps``, ``max_frames``) and the request's ``mm_processor_kwargs`` are read by
+:mod:`sglang_m3.multimodal.options`.
 
 Registration goes through SGLang's own switch for out-of-tree processors: the tokenizer manager
 imports ``SGLANG_EXTERNAL_MM_PROCESSOR_PACKAGE`` with ``overwrite=True``, which replaces the
@@ -80,15 +81,27 @@ class MiniMaxM3MultimodalProcessor(BaseMultimodalProcessor):
     def _encode(self, text: str) -> list[int]:
         return self._tokenizer.encode(text, add_special_tokens=False)
 
+    def _encode_prompt(self, text: str) -> list[int]:
+        """The expanded prompt, tokenized as SGLang tokenizes a text prompt and transformers'
+        processor tokenizes its text: with the special tokens the tokenizer adds by itself, unless
+        the text already starts with BOS (the chat template's), as upstream SGLang's processors
+        guard against a second one. It was always encoded without them, so a tokenizer that adds
+        BOS gave the same ``/generate`` prompt a BOS without an image and none with one."""
+        bos = getattr(self._tokenizer, "bos_token", None)
+        adds_specials = getattr(self, "_tokenizer_auto_adds_specials", False)  # set by SGLang's base class
+        add = bool(adds_specials) and not (bos and text.startswith(bos))
+        return self._tokenizer.encode(text, add_special_tokens=add)
+
     async def process_mm_data_async(
         self, image_data, audio_data, input_text, request_obj, **kwargs
     ) -> MultimodalProcessorOutput:
         if audio_data:
             raise MediaError("audio 1", "MiniMax M3 takes images and videos, not audio")
         videos = list(getattr(request_obj, "video_data", None) or [])
-        media = await self.media.process(list(image_data or []), videos)
+        request_kwargs = getattr(request_obj, "mm_processor_kwargs", None)
+        media = await self.media.process(list(image_data or []), videos, request_kwargs)
         if isinstance(input_text, str):
-            ids = self._encode(expand_text(input_text, self.tokens, media.image_texts, media.video_texts))
+            ids = self._encode_prompt(expand_text(input_text, self.tokens, media.image_texts, media.video_texts))
         else:
             ids = expand_ids(list(input_text), self.token_ids, media.image_texts, media.video_texts, self._encode)
         return MultimodalProcessorOutput(

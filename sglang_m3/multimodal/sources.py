@@ -2,9 +2,11 @@
 or an in-memory PIL image (SGLang's Engine API passes those through unchanged).
 
 Each source is read at most once and never past its byte cap: base64 is sized before decoding,
-HTTP bodies are streamed and cut off at the cap, local files are checked with ``stat`` and handed
-to the decoder as a path (decoders stream from disk). Declared MIME types (data URL, HTTP
-``Content-Type``) must belong to the part's kind; images must also *look* like an image.
+HTTP bodies are streamed and cut off at the cap (and at ``url_timeout_s`` for the whole fetch),
+local files are checked with ``stat`` and handed to the decoder as a path (decoders stream from
+disk). Declared MIME types (data URL, HTTP ``Content-Type``) must belong to the part's kind or be
+the generic ``application/octet-stream``; images must also *look* like an image of a format in
+:data:`IMAGE_SIGNATURES` (the formats the decoder opens).
 """
 
 from __future__ import annotations
@@ -14,11 +16,14 @@ import binascii
 import io
 import os
 import re
+import time
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import requests
+import urllib3
 from PIL import Image
 
 from sglang_m3.multimodal.errors import MediaError
@@ -32,9 +37,25 @@ IMAGE_SIGNATURES = {
     b"BM": "BMP",
     b"II*\x00": "TIFF",
     b"MM\x00*": "TIFF",
+    # PIL opens these too, and so transformers' processor takes them: they were refused here.
+    b"\xff\x4f\xff\x51": "JPEG2000",  # codestream
+    b"\x00\x00\x00\x0cjP  \r\n\x87\n": "JPEG2000",  # JP2 container
+    b"\x00\x00\x01\x00": "ICO",
+    b"qoif": "QOI",
+    **{b"P" + kind: "PPM" for kind in (b"1", b"2", b"3", b"4", b"5", b"6")},  # PBM / PGM / PPM
 }
+# ISO-BMFF images, named by the brand of their ``ftyp`` box (bytes 4-12; MP4 videos carry others).
+FTYP_IMAGE_BRANDS = {b"avif": "AVIF", b"avis": "AVIF"}
+# The PIL plugins image decoding may use: the formats above, and no other (EPS, for one, runs
+# Ghostscript).
+PIL_FORMATS = ("PNG", "JPEG", "GIF", "BMP", "TIFF", "WEBP", "JPEG2000", "ICO", "QOI", "PPM", "AVIF")
 URL_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]{0,31}):")  # bounded: never scans a base64 body
-VIDEO_MIME_PASS = {"application/octet-stream", "binary/octet-stream"}
+# Declared types that say nothing about the content (object stores send them for files uploaded
+# without a type); the content decides.
+GENERIC_MIME = {"application/octet-stream", "binary/octet-stream"}
+# Image formats that are also videos: transformers' PyAV reader decodes an animated GIF as one.
+VIDEO_IMAGE_FORMATS = {"GIF": "image/gif"}
+INVALID_PERCENT_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 HTTP_CHUNK = 1 << 16
 
 
@@ -64,6 +85,8 @@ def sniff_image_format(head: bytes) -> str | None:
     """The image format the leading bytes announce, or None."""
     if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
         return "WEBP"
+    if head[4:8] == b"ftyp" and head[8:12] in FTYP_IMAGE_BRANDS:
+        return FTYP_IMAGE_BRANDS[head[8:12]]
     for signature, name in IMAGE_SIGNATURES.items():
         if head.startswith(signature):
             return name
@@ -93,8 +116,8 @@ def read_media(item: Any, *, kind: str, part: str, limits: MediaLimits) -> Media
         source = _read_text_source(payload.strip(), kind=kind, part=part, cap=cap, limits=limits)
     image_format = sniff_image_format(source.head())
     if kind == "image" and image_format is None:
-        raise MediaError(part, "content is not a supported image (PNG, JPEG, WebP, GIF, BMP, TIFF)")
-    if kind == "video" and image_format is not None:
+        raise MediaError(part, f"content is not a supported image ({', '.join(PIL_FORMATS)})")
+    if kind == "video" and image_format is not None and image_format not in VIDEO_IMAGE_FORMATS:
         raise MediaError(part, f"content is a {image_format} image, not a video")
     return source
 
@@ -109,9 +132,12 @@ def _read_text_source(payload: str, *, kind: str, part: str, cap: int, limits: M
     """
     scheme = _scheme(payload)
     if scheme == "data":
-        mime, encoded = _split_data_url(payload, part)
+        mime, is_base64, encoded = _split_data_url(payload, part)
         _check_declared_mime(mime, kind, part)
-        return _checked_bytes(_decode_base64(encoded, part, cap), part, cap)
+        if is_base64 and "%" in encoded:  # a data URL is a URL: its base64 may be percent-encoded too
+            encoded = urllib.parse.unquote(encoded)
+        data = _decode_base64(encoded, part, cap) if is_base64 else _decode_plain_data(encoded, part, cap)
+        return _checked_bytes(data, part, cap)
     if scheme in ("http", "https"):
         return _fetch_url(payload, kind=kind, part=part, cap=cap, timeout=limits.url_timeout_s)
     if scheme == "file" or os.path.isabs(payload) or payload.startswith("./"):
@@ -145,18 +171,36 @@ def _checked_bytes(data: bytes, part: str, cap: int) -> MediaSource:
     return MediaSource(part=part, data=data)
 
 
-def _split_data_url(url: str, part: str) -> tuple[str, str]:
+def _split_data_url(url: str, part: str) -> tuple[str, bool, str]:
+    """``data:[<mime>][;param=value]*[;base64],<data>`` -> (mime, base64?, data) (RFC 2397)."""
     header, comma, encoded = url[5:].partition(",")
-    if not comma or not header.endswith(";base64"):
-        raise MediaError(part, "data URL must be 'data:<mime>;base64,<data>'")
-    mime = header[: -len(";base64")].split(";")[0].strip().lower()
-    return mime, encoded
+    if not comma:
+        raise MediaError(part, "data URL must be 'data:[<mime>][;base64],<data>'")
+    mime, *parameters = (piece.strip() for piece in header.split(";"))
+    is_base64 = bool(parameters) and parameters[-1].lower() == "base64"
+    return mime.lower(), is_base64, encoded
+
+
+def _decode_plain_data(encoded: str, part: str, cap: int) -> bytes:
+    """The data of a data URL without ``;base64``. RFC 2397 makes them percent-encoded octets;
+    data with no ``%`` escape that are valid base64 are read as base64, as transformers reads any
+    data URL (binary media always need escapes, so the two never meet)."""
+    if len(encoded) // 3 > cap:  # the fewest bytes either reading gives
+        raise MediaError(part, f"media is at least {len(encoded) // 3} bytes, over the limit of {cap}")
+    if "%" not in encoded:
+        try:
+            return base64.b64decode("".join(encoded.split()), validate=True)
+        except (binascii.Error, ValueError):
+            pass
+    if INVALID_PERCENT_ESCAPE.search(encoded):
+        raise MediaError(part, "invalid percent-encoding in the data URL")
+    return urllib.parse.unquote_to_bytes(encoded)
 
 
 def _check_declared_mime(mime: str | None, kind: str, part: str) -> None:
-    if not mime:
+    if not mime or mime in GENERIC_MIME:
         return
-    if mime.startswith(f"{kind}/") or (kind == "video" and mime in VIDEO_MIME_PASS):
+    if mime.startswith(f"{kind}/") or (kind == "video" and mime in VIDEO_IMAGE_FORMATS.values()):
         return
     article = "an" if kind == "image" else "a"
     raise MediaError(part, f"declared MIME type {mime!r} is not {article} {kind} type")
@@ -173,6 +217,13 @@ def _decode_base64(encoded: str, part: str, cap: int) -> bytes:
 
 
 def _fetch_url(url: str, *, kind: str, part: str, cap: int, timeout: float) -> MediaSource:
+    """The body of ``url``, within ``cap`` bytes and ``timeout`` seconds in all.
+
+    requests' timeout bounds each wait for the server, not the fetch: a body sent a byte at a
+    time never timed out and held the request and a media worker for hours. The body is read a
+    socket read at a time (``read1``), so the deadline is checked at least once per ``timeout``.
+    """
+    deadline = time.monotonic() + timeout
     try:
         with requests.get(url, stream=True, timeout=timeout) as response:
             if response.status_code != 200:
@@ -183,11 +234,13 @@ def _fetch_url(url: str, *, kind: str, part: str, cap: int, timeout: float) -> M
             if declared is not None and declared.isdigit() and int(declared) > cap:
                 raise MediaError(part, f"{url} declares {declared} bytes, over the limit of {cap}")
             body = bytearray()
-            for chunk in response.iter_content(HTTP_CHUNK):
+            while chunk := response.raw.read1(HTTP_CHUNK, decode_content=True):
                 body += chunk
                 if len(body) > cap:
                     raise MediaError(part, f"{url} sent more than the limit of {cap} bytes")
-    except requests.RequestException as exc:
+                if time.monotonic() > deadline:
+                    raise MediaError(part, f"fetching {url} took longer than {timeout:g} s (url_timeout_s)")
+    except (requests.RequestException, urllib3.exceptions.HTTPError) as exc:
         raise MediaError(part, f"fetching {url} failed: {type(exc).__name__}") from None
     return _checked_bytes(bytes(body), part, cap)
 
