@@ -10,7 +10,8 @@ lengths, `items` / `prefixItems`, `required`, `properties`, `patternProperties`,
 
 Deliberately left out: `pattern` and `format`. Every text is a string whatever its pattern,
 so they never change a reading, and running a request's regular expression over model output
-in the server process invites catastrophic backtracking.
+in the server process invites catastrophic backtracking. `check_patterns` adds `pattern` for
+values the client wrote itself (`schema_narrowing` checks the property names it declares).
 
 A `$ref` cycle that returns to the same value without descending (`A = anyOf[A, integer]`)
 adds nothing that holds, matching the least reading `schema_alternatives` gives it.
@@ -31,8 +32,9 @@ from sglang_m3.parsers.schema_alternatives import (
 
 
 class SchemaValidator:
-    def __init__(self, index: SchemaIndex):
+    def __init__(self, index: SchemaIndex, check_patterns: bool = False):
         self._index = index
+        self._check_patterns = check_patterns
         # (id(value), id(schema), refs) -> (value, schema, verdict): the objects are held so
         # their ids stay unique while the memo lives (one tool call).
         self._memo: Dict[Tuple[int, int, frozenset], Tuple[Any, Any, bool]] = {}
@@ -72,6 +74,9 @@ class SchemaValidator:
         if kind in ("integer", "number"):
             return _within_bounds(value, schema)
         if kind == "string":
+            pattern = schema.get("pattern") if self._check_patterns else None
+            if pattern is not None and not pattern_matches(pattern, value):
+                return False
             return _length_within(len(value), schema, "minLength", "maxLength")
         if kind == "array":
             return self._array(value, schema)

@@ -243,6 +243,20 @@ def _without_string_bounds(schema):
     return kept
 
 
+def _one_tool_reply(client, tool: dict, tool_choice, prompt: str):
+    """The greedy reply to ``prompt`` offered ``tool`` alone, one call at most."""
+    response = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": prompt}],
+        tools=[tool],
+        tool_choice=tool_choice,
+        parallel_tool_calls=False,
+        max_tokens=CALL_TOKENS,
+        temperature=0,
+    )
+    return response.choices[0]
+
+
 @pytest.mark.parametrize(
     "tool_choice", ["required", {"type": "function", "function": {"name": "book"}}, "auto"], ids=["required", "named", "auto-strict"]
 )
@@ -250,16 +264,7 @@ def test_string_keywords_in_a_tool_schema_are_served(client, tool_choice):
     """`format`, `pattern`, `minLength` and `maxLength` got a 400 quoting XGrammar's internal
     check; now the call is constrained by the rest of the schema and answered (a call cut by
     max_tokens in a string comes back as its text, which the grammar made a call)."""
-    response = client.chat.completions.create(
-        model="tiny",
-        messages=[{"role": "user", "content": "Book a table for tomorrow."}],
-        tools=[BOUNDED_TOOL],
-        tool_choice=tool_choice,
-        parallel_tool_calls=False,
-        max_tokens=CALL_TOKENS,
-        temperature=0,
-    )
-    choice = response.choices[0]
+    choice = _one_tool_reply(client, BOUNDED_TOOL, tool_choice, "Book a table for tomorrow.")
     relaxed = _without_string_bounds(BOUNDED_TOOL["function"]["parameters"])
     for call in choice.message.tool_calls or []:
         assert call.function.name == "book"
@@ -268,3 +273,42 @@ def test_string_keywords_in_a_tool_schema_are_served(client, tool_choice):
         assert choice.message.tool_calls or (
             choice.finish_reason == "length" and (choice.message.content or "").startswith(f"{NAMESPACE}<tool_call>")
         ), "the reply is not a constrained call"
+
+
+CONJUNCTION_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "reserve",
+        "description": "Reserve seats",
+        "strict": True,
+        "parameters": {
+            "allOf": [
+                {"$ref": "#/$defs/Party"},
+                {"properties": {"seats": {"allOf": [{"type": "integer"}, {"minimum": 1}, {"maximum": 8}]}}, "required": ["seats"]},
+            ],
+            "propertyNames": {"pattern": "^[a-z]+$"},
+            "$defs": {
+                "Party": {
+                    "type": "object",
+                    "properties": {"size": {"type": "integer", "allOf": [{"minimum": 1}, {"maximum": 20}]}, "Notes": {"type": "string"}},
+                    "required": ["size"],
+                }
+            },
+        },
+    },
+}
+
+
+@pytest.mark.parametrize(
+    "tool_choice", ["required", {"type": "function", "function": {"name": "reserve"}}, "auto"], ids=["required", "named", "auto-strict"]
+)
+def test_allOf_and_propertyNames_in_a_tool_schema_are_served(client, tool_choice):
+    """`allOf` (of a `$ref` and an extension, of bound-only branches) and `propertyNames` got a
+    400 quoting XGrammar; now the call is constrained to a merged subset of the schema, and what
+    comes back satisfies the schema as written."""
+    calls = _one_tool_reply(client, CONJUNCTION_TOOL, tool_choice, "Reserve seats for four.").message.tool_calls or []
+    for call in calls:
+        assert call.function.name == "reserve"
+        jsonschema.validate(json.loads(call.function.arguments), CONJUNCTION_TOOL["function"]["parameters"])
+    if tool_choice != "auto":  # random weights need not call when they may answer
+        assert calls, "no constrained call"
