@@ -16,6 +16,7 @@ beside an `anyOf` / `oneOf`, a `$ref` or an `enum`. So:
   `oneOf` beside other constraints takes them into each branch. A conjunction met again
   inside itself (a recursive `$ref`) becomes a generated `$defs` entry;
 - enum members the node's other keywords refuse are removed (string bounds aside: relaxed);
+- an integer's fractional bounds become the whole bounds admitting the same integers;
 - `propertyNames` goes, with the declared members whose names it refuses (`format` aside, which
   validators do not assert by default);
 - what admits no value (a contradiction between branches, bounds that cross, a `false` schema,
@@ -141,6 +142,7 @@ class _Narrower:
 
     def _plain(self, schema: dict) -> Any:
         """A node with no conjunction left: keyword by keyword."""
+        schema = _whole_bounds(schema)
         if _empty_range(schema):
             return False
         dropped = ("properties", *_OPEN_ENDED_KEYS, *_STRING_BOUND_KEYS)  # properties: see `_properties`
@@ -201,6 +203,28 @@ class _Narrower:
         if _is_number(least) and least > len(properties) or _is_number(most) and most < len(required):
             return None
         return properties
+
+
+def _whole_bounds(schema: dict) -> dict:
+    """An integer node's fractional bounds as the inclusive whole bounds admitting the same
+    integers (XGrammar refuses them: "Integer constraint must be a whole number")."""
+    if _kinds(schema.get("type")) != ["integer"]:
+        return schema
+    rounded = dict(schema)
+    for inclusive, exclusive, from_inclusive, from_exclusive, tightest in _INTEGER_BOUNDS:
+        bounds = {key: schema[key] for key in (inclusive, exclusive) if _is_number(schema.get(key)) and math.isfinite(schema[key])}
+        if all(value == int(value) for value in bounds.values()):
+            continue
+        rounded.pop(exclusive, None)
+        rounded[inclusive] = tightest((from_inclusive if key == inclusive else from_exclusive)(value) for key, value in bounds.items())
+    return rounded
+
+
+#: (inclusive key, exclusive key, the first whole value each admits, the tighter of two)
+_INTEGER_BOUNDS = (
+    ("minimum", "exclusiveMinimum", math.ceil, lambda bound: math.floor(bound) + 1, max),
+    ("maximum", "exclusiveMaximum", math.floor, lambda bound: math.ceil(bound) - 1, min),
+)
 
 
 def _empty_range(schema: dict) -> bool:

@@ -317,6 +317,9 @@ CONJUNCTIONS = {
     # one branch: XGrammar took the branch for the whole schema, a bound-only one narrowed to a string
     "bound-only-branch": _BOUND_ONLY_BRANCH,
     "required-only-branch": {"type": "object", "properties": {"a": _INT}, "allOf": [{"required": ["a"]}]},
+    # fractional bounds on an integer: "Integer constraint must be a whole number"
+    "fractional-integer-bounds": _required_property({"type": "integer", "minimum": 0.5, "exclusiveMaximum": 3.5}),
+    "fractional-exclusive-minimum-and-whole-maximum": _required_property({"type": "integer", "exclusiveMinimum": -1.5, "maximum": 2}),
     # propertyNames: "minimax_m3_xml requires fixed object property names"
     "propertyNames": _NAMES_PATTERN,
     "propertyNames-open": _required_property({"type": "object", "propertyNames": {"maxLength": 3}, "additionalProperties": _INT}),
@@ -340,6 +343,8 @@ def test_conjunctions_are_merged_into_one_schema():
     assert (merged["properties"], merged["required"]) == ({"a": _INT, "b": {"type": "string"}, "c": {"type": "boolean"}}, ["a", "b"])
     assert narrowed_schema(CONJUNCTIONS["closed-branch"])["properties"] == {"a": _INT}
     assert narrowed_schema(CONJUNCTIONS["enum-and-bound"])["properties"]["p"] == {"enum": [2, 3], "minimum": 2}
+    assert narrowed_schema(CONJUNCTIONS["fractional-integer-bounds"])["properties"]["p"] == {"type": "integer", "minimum": 1, "maximum": 3}
+    assert narrowed_schema(_required_property({"type": "integer", "minimum": 0.2, "maximum": 0.8})) is False
 
 
 def test_property_names_refused_are_left_out():
