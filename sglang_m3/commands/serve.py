@@ -382,15 +382,13 @@ def _forward_stop_signals(process: subprocess.Popen) -> None:
 def run(args: argparse.Namespace) -> int:
     args = split_command_line(args.argv)
     argv, env = build_launch(args)
-    command = launch_command(argv)
     if args.dry_run:
         note_pod_references(argv, env)
-        print(shell_line(env, command))
+        print(shell_line(env, launch_command(argv)))
         return 0
     host, port = _option(argv, "--host", "127.0.0.1"), int(_option(argv, "--port", "30000"))
     _check_before_start(args, argv, host, port)
-    argv = _with_cpu_kv_bound(args, argv)
-    command = launch_command(argv)
+    command = launch_command(_with_cpu_kv_bound(args, argv))
     if args.recipe and args.host is None and host == "0.0.0.0":
         print(f"sglang-m3 serve: {args.recipe}: spec.serving.host 0.0.0.0 (what a pod needs) opens the server to every "
               "network this machine is on; give --host 127.0.0.1 to keep it to this machine", file=sys.stderr, flush=True)
