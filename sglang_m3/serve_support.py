@@ -144,6 +144,22 @@ def check_model(model: str, overrides: dict) -> str | None:
     return f"{path} names {architecture or config.get('model_type')}, not MiniMax M3: SGLang serves it without sglang-m3's M3 support"
 
 
+def m3_context_length(model: str, overrides: dict) -> int | None:
+    """The context length a local M3 checkpoint declares (its text config's
+    ``max_position_embeddings``, ``overrides`` applied), which SGLang takes as the server's; None
+    for a hub id, another model, or a config the checks before the start refuse."""
+    from sglang_m3.config import M3ConfigError, M3TextSpec
+
+    if not is_local_model(model):
+        return None
+    try:
+        if first_architecture(read_model_config(model)) not in M3_ARCHITECTURES:
+            return None
+        return M3TextSpec.from_config(None, model, overrides=overrides).max_position_embeddings
+    except (ServeInputError, M3ConfigError):
+        return None
+
+
 def check_listen_address(host: str, port: int) -> None:
     """Refuse an address the server could not listen on. SGLang binds its HTTP port only after
     loading the model; on a port in use it then logs the bind error and hangs in its warm-up,

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import shutil
 import re
 import signal
 import subprocess
@@ -120,6 +122,33 @@ def test_ctrl_c_stops_the_server_cleanly(tmp_path):
         output = "".join(lines)
         assert "stopping the server" in output
         assert "Traceback" not in output
+    finally:
+        stop(process)
+
+
+def test_a_million_token_m3_on_the_cpu_platform_serves_in_bounded_memory(tmp_path, tiny_m3_checkpoint, monkeypatch):
+    """A local checkpoint declaring M3's 1M context: before the context was capped with the KV
+    cache, SGLang wrote a 2,049 x 1M request-slot table at start-up (the scheduler at 9.2 GB RSS
+    on a 23 GB machine). Now the server runs with the 8,192-token bound, answers a chat, and
+    refuses a longer prompt up front with a 400 naming the context length."""
+    model = tmp_path / "m3-1m"
+    shutil.copytree(tiny_m3_checkpoint, model)
+    config = json.loads((model / "config.json").read_text())
+    config["text_config"]["max_position_embeddings"] = 1_048_576
+    (model / "config.json").write_text(json.dumps(config))
+    monkeypatch.setenv("SGLANG_PLATFORM", "sglang_m3_cpu")
+    process, base_url, lines = run_serve(["--model", str(model), "--port", str(free_port())], str(tmp_path))
+    try:
+        assert any("--context-length 8192 (the model declares 1,048,576 tokens)" in line for line in lines)
+        with urllib.request.urlopen(f"{base_url}/server_info", timeout=30) as response:
+            info = json.load(response)
+        assert info["context_length"] == 8192 and info["max_total_num_tokens"] == 8192
+        rss_gb = sum(p.memory_info().rss for p in psutil.Process(process.pid).children(recursive=True)) / 1e9
+        assert rss_gb < 5, f"the server's processes hold {rss_gb:.1f} GB"
+        assert chat(base_url, str(model)).usage.completion_tokens >= 1
+        client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="none")
+        with pytest.raises(openai.BadRequestError, match="context length"):
+            client.completions.create(model=str(model), prompt=[7] * 9000, max_tokens=4)
     finally:
         stop(process)
 

@@ -279,6 +279,52 @@ def test_a_local_model_on_the_cpu_platform_gets_a_bounded_kv_cache(m3_dir, platf
     assert "CPU platform" in err and "--max-total-tokens 8192" in err and "--mem-fraction-static" in err
 
 
+def declare_context(directory, tokens: int) -> None:
+    edit_config(directory, lambda config: config["text_config"].update(max_position_embeddings=tokens))
+
+
+def test_a_million_token_context_is_capped_with_the_kv_cache_on_the_cpu_platform(m3_dir, platform_here, capsys):
+    """M3 declares 1M positions: SGLang's request-slot table then held 2,049 x 1M int32 slots
+    (8.6 GB written at start-up, the scheduler at 9.2 GB RSS) for a pool of 8,192 tokens that no
+    longer request fits."""
+    platform_here("cpu")
+    declare_context(m3_dir, 1_048_576)
+    argv = started_argv("--model", str(m3_dir), "--port", str(free_port()), "--tp-size", "1")
+    assert option_values(argv, "--context-length") == ["8192"]
+    assert option_values(argv, "--max-total-tokens") == ["8192"]
+    assert argv[-2:] == ["--tp-size", "1"]
+    assert "--context-length 8192 (the model declares 1,048,576 tokens)" in capsys.readouterr().err
+
+
+def test_a_context_overridden_by_json_model_override_args_is_the_one_read(m3_dir, platform_here):
+    platform_here("cpu")
+    override = '{"text_config": {"max_position_embeddings": 65536}}'
+    argv = started_argv("--model", str(m3_dir), "--port", str(free_port()), "--json-model-override-args", override)
+    assert option_values(argv, "--context-length") == ["8192"]
+
+
+@pytest.mark.parametrize("own", [["--context-length", "32768"], ["--context-len=32768"]], ids=["spelled-out", "abbreviated"])
+def test_the_users_own_context_length_is_left_alone(m3_dir, platform_here, own):
+    platform_here("cpu")
+    declare_context(m3_dir, 1_048_576)
+    argv = started_argv("--model", str(m3_dir), "--port", str(free_port()), *own)
+    assert argv[-len(own):] == own and option_values(argv, "--context-length") == own[1:]
+    assert option_values(argv, "--max-total-tokens") == ["8192"]
+
+
+def test_a_context_within_the_bound_is_not_touched(m3_dir, platform_here):
+    platform_here("cpu")
+    declare_context(m3_dir, 4096)
+    assert "--context-length" not in started_argv("--model", str(m3_dir), "--port", str(free_port()))
+
+
+def test_a_user_sized_kv_cache_keeps_the_declared_context(m3_dir, platform_here):
+    platform_here("cpu")
+    declare_context(m3_dir, 1_048_576)
+    argv = started_argv("--model", str(m3_dir), "--port", str(free_port()), "--max-total-tokens", "65536")
+    assert "--context-length" not in argv
+
+
 def test_the_tiny_model_and_a_local_model_share_the_cpu_bound():
     tiny = serve_support.TINY_CPU_ARGS
     assert tiny[tiny.index("--max-total-tokens") + 1] == str(serve_support.CPU_MAX_TOTAL_TOKENS)

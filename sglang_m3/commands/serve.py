@@ -30,6 +30,7 @@ from sglang_m3.serve_support import (
     ensure_tiny_checkpoint,
     is_local_model,
     launch_command,
+    m3_context_length,
     read_model_config,
     serves_on_cpu_platform,
     tiny_checkpoint_path,
@@ -63,7 +64,9 @@ def register(subparsers) -> None:
             "\n"
             "On the CPU platform (no GPU here, or SGLANG_PLATFORM=sglang_m3_cpu) --model gets\n"
             f"--max-total-tokens {CPU_MAX_TOTAL_TOKENS} unless --max-total-tokens or --mem-fraction-static is\n"
-            "given: SGLang would size the KV cache to most of the machine's memory.\n"
+            "given: SGLang would size the KV cache to most of the machine's memory. A local M3\n"
+            "checkpoint declaring a longer context (M3's is 1M) also gets --context-length 8192 unless\n"
+            "one is given: no longer request fits, and SGLang's request-slot table for 1M took 8.6 GB.\n"
             "\n"
             "Checks: before SGLang starts, a local --model directory (or a recipe's spec.model.path)\n"
             "must hold a readable config.json (an M3 one is checked field by field) and the listen\n"
@@ -242,27 +245,39 @@ def _with_cpu_kv_bound(args: argparse.Namespace, argv: list[str]) -> list[str]:
     said in the progress output, unless those options size the KV cache (in any spelling SGLang
     reads, or in its ``--config`` file, which they would override). SGLang sized it from its
     default ``--mem-fraction-static`` of the machine's whole memory; GPUs keep SGLang's sizing,
-    and ``--dry-run`` (whose line may be meant for another machine) does not come here."""
-    if not args.model or _sizes_kv_cache(args.extra_args) or not serves_on_cpu_platform():
+    and ``--dry-run`` (whose line may be meant for another machine) does not come here.
+
+    A local M3 checkpoint declaring a longer context than the bound holds (M3's own: 1M) also
+    gets ``--context-length`` of the bound, unless the user gives one: no longer request fits the
+    pool, and SGLang's request-slot table holds a context's worth of slots for each of its 2,048
+    requests (8 GB for 1M, written at start-up)."""
+    if not args.model or _gives_option(args.extra_args, KV_SIZE_OPTIONS) or not serves_on_cpu_platform():
         return argv
+    bound = ["--max-total-tokens", str(CPU_MAX_TOTAL_TOKENS)]
+    declared = m3_context_length(args.model, _model_overrides(argv))
+    if declared and declared > CPU_MAX_TOTAL_TOKENS and not _gives_option(args.extra_args, ("--context-length",)):
+        bound += ["--context-length", str(CPU_MAX_TOTAL_TOKENS)]
     print(
-        f"sglang-m3 serve: on the CPU platform the KV cache is capped at --max-total-tokens {CPU_MAX_TOTAL_TOKENS} "
-        "(SGLang would size it to most of this machine's memory); give --max-total-tokens N or "
+        f"sglang-m3 serve: on the CPU platform the KV cache is capped at {' '.join(bound)} "
+        + (f"(the model declares {declared:,} tokens) " if len(bound) > 2 else "")
+        + "(SGLang would size it to most of this machine's memory); give --max-total-tokens N or "
         "--mem-fraction-static F to size it yourself",
         file=sys.stderr, flush=True,
     )
     at = len(argv) - len(args.extra_args)
-    return [*argv[:at], "--max-total-tokens", str(CPU_MAX_TOTAL_TOKENS), *argv[at:]]
+    return [*argv[:at], *bound, *argv[at:]]
 
 
-def _sizes_kv_cache(sglang_args: list[str]) -> bool:
+def _gives_option(sglang_args: list[str], names: tuple[str, ...]) -> bool:
+    """Whether the user's SGLang options give one of ``names``, in any spelling SGLang reads
+    (abbreviated, with ``=``) or in its ``--config`` file."""
     from sglang_m3.recipe.sglang_options import is_option_token, resolve
 
     for token in sglang_args:
-        if is_option_token(token) and len(matches := resolve(token).matches) == 1 and matches[0] in KV_SIZE_OPTIONS:
+        if is_option_token(token) and len(matches := resolve(token).matches) == 1 and matches[0] in names:
             return True
     config = _option(sglang_args, "--config", "")
-    return bool(config) and any(f"--{key}" in KV_SIZE_OPTIONS for key in _config_keys(config))
+    return bool(config) and any(f"--{key}" in names for key in _config_keys(config))
 
 
 def _config_keys(path: str) -> list[str]:
